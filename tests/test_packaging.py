@@ -1,0 +1,61 @@
+"""The install story: pyproject.toml and environment.yml agree; README's commands are what CI runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import yaml
+
+from tests.conftest import REPO
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+
+def pyproject_requirements() -> dict[str, str]:
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    out = {}
+    for dep in deps:
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]+\])?\s*(.*)", dep)
+        name, extras, spec = m.group(1).lower(), m.group(2), m.group(3)
+        out[name] = spec
+        if extras and "distributed" in extras:
+            out["distributed"] = spec
+    return out
+
+
+def conda_requirements() -> dict[str, str]:
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    out = {}
+    for dep in env["dependencies"]:
+        if isinstance(dep, str) and dep not in ("pip",) and not dep.startswith("python"):
+            m = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*(.*)", dep)
+            out[m.group(1).lower()] = m.group(2)
+    return out
+
+
+def test_environment_yml_matches_pyproject():
+    assert conda_requirements() == pyproject_requirements()
+
+
+def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():
+    commands = re.findall(r"```bash\n(.+?)\n```", (REPO / "README.md").read_text())
+    install_run, install_test = commands[0], commands[1]
+    assert "pip install" in install_run and install_run.endswith("dasknn train")
+    assert "pip install" in install_test and "pytest" in install_test
+    assert install_test in (REPO / ".ci" / "run").read_text()
+
+
+def test_cli_entry_point_runs():
+    out = subprocess.run([sys.executable, "-m", "dasknn", "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().startswith("dasknn ")
+
+
+def test_importing_dasknn_does_not_import_cupy_or_dask_distributed():
+    code = "import sys, dasknn.nn.net, dasknn.nn.zoo; print('cupy' in sys.modules, 'distributed' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.split() == ["False", "False"]
