@@ -1,0 +1,231 @@
+"""Pooling (max, average) and local response normalisation, with Caffe's exact conventions.
+
+Both slide a window over a padded input; each is written as a loop over the few window offsets,
+every step a vectorised operation on a strided view of the whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dasknn.backend import array_module
+from dasknn.nn.base import Layer, pair
+
+POOL_METHODS = ("max", "ave")
+NORM_REGIONS = ("across_channels", "within_channel")
+
+
+def pool_output_size(n: int, k: int, stride: int, pad: int) -> int:
+    """Caffe's pooled size: ceil((n + 2p − k)/s) + 1, minus one if the last window starts in the pad."""
+    out = -(-(n + 2 * pad - k) // stride) + 1
+    if pad > 0 and (out - 1) * stride >= n + pad:
+        out -= 1
+    return out
+
+
+def _windows(xpad, kh, kw, sh, sw, oh, ow):
+    """Yield (offset index, strided view) of each window position (i, j) over a padded batch."""
+    for i in range(kh):
+        for j in range(kw):
+            yield i * kw + j, (slice(None), slice(None), slice(i, i + sh * (oh - 1) + 1, sh),
+                               slice(j, j + sw * (ow - 1) + 1, sw))
+
+
+class Pooling(Layer):
+    """Max or average pooling over k×k windows with stride and padding (Caffe's PoolingLayer).
+
+    Output size rounds up as Caffe does; a max window only sees real pixels; an average divides by
+    the window's size clipped to the padded image (Caffe's AVE semantics).
+    """
+
+    type = "Pooling"
+
+    def __init__(
+        self,
+        name: str,
+        pool: str = "max",
+        kernel_size: int | tuple[int, int] = 2,
+        stride: int | tuple[int, int] = 1,
+        pad: int | tuple[int, int] = 0,
+        global_pooling: bool = False,
+    ) -> None:
+        super().__init__(name)
+        if pool not in POOL_METHODS:
+            raise ValueError(f"layer {name!r}: unknown pool {pool!r}; expected one of {POOL_METHODS}")
+        self.pool = pool
+        self.kernel_size = pair(kernel_size, f"layer {name!r}: kernel_size")
+        self.stride = pair(stride, f"layer {name!r}: stride")
+        self.pad = pair(pad, f"layer {name!r}: pad")
+        self.global_pooling = bool(global_pooling)
+        if min(self.kernel_size) < 1 or min(self.stride) < 1 or min(self.pad) < 0:
+            raise ValueError(f"layer {name!r}: need kernel_size >= 1, stride >= 1, pad >= 0")
+        if max(self.pad[0] - self.kernel_size[0], self.pad[1] - self.kernel_size[1]) >= 0:
+            raise ValueError(f"layer {name!r}: pad must be smaller than the kernel")
+
+    def _infer(self, in_shape):
+        if len(in_shape) != 3:
+            raise ValueError(f"layer {self.name!r}: Pooling needs (C, H, W) input, got {in_shape}")
+        c, h, w = in_shape
+        if self.global_pooling:
+            self.kernel_size, self.stride, self.pad = (h, w), (1, 1), (0, 0)
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.pad
+        if h + 2 * ph < kh or w + 2 * pw < kw:
+            raise ValueError(f"layer {self.name!r}: window {kh}x{kw} larger than padded input {h}x{w}")
+        return (c, pool_output_size(h, kh, sh, ph), pool_output_size(w, kw, sw, pw))
+
+    def _padded_extent(self):
+        (_, h, w), (_, oh, ow) = self.in_shape, self.out_shape
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.pad
+        # rows before the image (ph), the image, then enough rows for the last window.
+        return (ph, max((oh - 1) * sh + kh - ph - h, 0)), (pw, max((ow - 1) * sw + kw - pw - w, 0))
+
+    def _pad(self, x, fill):
+        xp = array_module(x)
+        (top, bottom), (left, right) = self._padded_extent()
+        n, c, h, w = x.shape
+        out = xp.full((n, c, top + h + bottom, left + w + right), fill, dtype=x.dtype)
+        out[:, :, top : top + h, left : left + w] = x
+        return out
+
+    def _divisor(self, xp, dtype):
+        """Caffe's AVE pool size per output: the window clipped to the image plus its padding."""
+        (_, h, w), (_, oh, ow) = self.in_shape, self.out_shape
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.pad
+        hs = xp.arange(oh) * sh - ph
+        ws = xp.arange(ow) * sw - pw
+        hsize = xp.minimum(hs + kh, h + ph) - hs
+        wsize = xp.minimum(ws + kw, w + pw) - ws
+        return (hsize[:, None] * wsize[None, :]).astype(dtype)
+
+    def forward(self, x, train=True, rng=None):
+        xp = array_module(x)
+        (kh, kw), (sh, sw) = self.kernel_size, self.stride
+        _, oh, ow = self.out_shape
+        if self.pool == "max":
+            xpad = self._pad(x, -xp.inf)
+            y = None
+            argmax = xp.zeros((x.shape[0], x.shape[1], oh, ow), dtype=xp.int8 if kh * kw < 128 else xp.int32)
+            for idx, sl in _windows(xpad, kh, kw, sh, sw, oh, ow):
+                v = xpad[sl]
+                if y is None:
+                    y = v.copy()
+                    continue
+                better = v > y
+                y = xp.where(better, v, y)
+                argmax[better] = idx
+            return y, argmax
+        xpad = self._pad(x, 0)
+        y = xp.zeros((x.shape[0], x.shape[1], oh, ow), dtype=x.dtype)
+        for _, sl in _windows(xpad, kh, kw, sh, sw, oh, ow):
+            y += xpad[sl]
+        return y / self._divisor(xp, x.dtype), None
+
+    def backward(self, dy, cache, need_dx=True):
+        if not need_dx:
+            return None, {}
+        xp = array_module(dy)
+        (kh, kw), (sh, sw) = self.kernel_size, self.stride
+        (_, h, w), (_, oh, ow) = self.in_shape, self.out_shape
+        (top, bottom), (left, right) = self._padded_extent()
+        dxpad = xp.zeros((dy.shape[0], dy.shape[1], top + h + bottom, left + w + right), dtype=dy.dtype)
+        if self.pool == "max":
+            for idx, sl in _windows(dxpad, kh, kw, sh, sw, oh, ow):
+                dxpad[sl] += dy * (cache == idx)
+        else:
+            g = dy / self._divisor(xp, dy.dtype)
+            for _, sl in _windows(dxpad, kh, kw, sh, sw, oh, ow):
+                dxpad[sl] += g
+        return dxpad[:, :, top : top + h, left : left + w], {}
+
+    def flops(self):
+        return math.prod(self.out_shape) * self.kernel_size[0] * self.kernel_size[1]
+
+    def config(self):
+        return {
+            "pool": self.pool,
+            "kernel_size": self.kernel_size,
+            "stride": self.stride,
+            "pad": self.pad,
+            "global_pooling": self.global_pooling,
+        }
+
+
+class LRN(Layer):
+    """Local response normalisation, Caffe's formula (AlexNet §3.3).
+
+    across_channels: y = x · (k + α/n · Σ_{c' in window(c)} x_{c'}²)^−β, window of n channels;
+    within_channel:  y = x · (1 + α/n² · Σ_{n×n spatial window} x²)^−β (Caffe ignores k here).
+    """
+
+    type = "LRN"
+
+    def __init__(
+        self,
+        name: str,
+        local_size: int = 5,
+        alpha: float = 1.0,
+        beta: float = 0.75,
+        k: float = 1.0,
+        norm_region: str = "across_channels",
+    ) -> None:
+        super().__init__(name)
+        self.local_size = int(local_size)
+        if self.local_size < 1 or self.local_size % 2 == 0:
+            raise ValueError(f"layer {name!r}: LRN local_size must be a positive odd number, got {local_size}")
+        if norm_region not in NORM_REGIONS:
+            raise ValueError(f"layer {name!r}: unknown norm_region {norm_region!r}; expected one of {NORM_REGIONS}")
+        self.alpha, self.beta, self.k = float(alpha), float(beta), float(k)
+        self.norm_region = norm_region
+
+    def _window_sum(self, a):
+        """Σ over the LRN window of `a` (channels, or an n×n spatial window), zero-padded."""
+        xp = array_module(a)
+        n, half = self.local_size, (self.local_size - 1) // 2
+        if self.norm_region == "across_channels":
+            c = a.shape[1]
+            apad = xp.zeros((a.shape[0], c + n - 1, *a.shape[2:]), dtype=a.dtype)
+            apad[:, half : half + c] = a
+            out = apad[:, 0:c].copy()
+            for i in range(1, n):
+                out += apad[:, i : i + c]
+            return out
+        h, w = a.shape[2:]
+        apad = xp.zeros((*a.shape[:2], h + n - 1, w + n - 1), dtype=a.dtype)
+        apad[:, :, half : half + h, half : half + w] = a
+        out = xp.zeros_like(a)
+        for i in range(n):
+            for j in range(n):
+                out += apad[:, :, i : i + h, j : j + w]
+        return out
+
+    def _coefficients(self, dtype):
+        if self.norm_region == "across_channels":
+            return dtype.type(self.k), dtype.type(self.alpha / self.local_size)
+        return dtype.type(1.0), dtype.type(self.alpha / self.local_size**2)
+
+    def forward(self, x, train=True, rng=None):
+        shift, a = self._coefficients(x.dtype)
+        scale = shift + a * self._window_sum(x * x)
+        y = x * scale ** x.dtype.type(-self.beta)
+        return y, (x, y, scale)
+
+    def backward(self, dy, cache, need_dx=True):
+        if not need_dx:
+            return None, {}
+        x, y, scale = cache
+        _, a = self._coefficients(dy.dtype)
+        beta = dy.dtype.type(self.beta)
+        dx = dy * scale ** (-beta) - (2 * a * beta) * x * self._window_sum(dy * y / scale)
+        return dx, {}
+
+    def flops(self):
+        return math.prod(self.out_shape) * (2 * self.local_size + 4)
+
+    def config(self):
+        return {
+            "local_size": self.local_size,
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "k": self.k,
+            "norm_region": self.norm_region,
+        }
