@@ -54,12 +54,15 @@ def time_to_accuracy(
 
 
 def compare_runs(
-    histories: Mapping[str, object], thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
-    rule: str = "first", baseline: str | None = None,
+    histories: Mapping[str, object],
+    thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+    rule: str = "first",
+    baseline: str | None = None,
 ) -> pd.DataFrame:
     """Time to accuracy of several runs side by side, with the speedup over `baseline` (a run name)."""
-    table = pd.concat([time_to_accuracy(h, thresholds, rule, run=name) for name, h in histories.items()],
-                      ignore_index=True)
+    table = pd.concat(
+        [time_to_accuracy(h, thresholds, rule, run=name) for name, h in histories.items()], ignore_index=True
+    )
     if baseline is not None:
         if baseline not in histories:
             raise ValueError(f"baseline {baseline!r} is not one of the runs {list(histories)}")
@@ -68,8 +71,12 @@ def compare_runs(
     return table
 
 
-def plot_accuracy(histories: Mapping[str, object], path: str | Path | None = None,
-                  title: str = "Accuracy over time", simulated: bool = False):
+def plot_accuracy(
+    histories: Mapping[str, object],
+    path: str | Path | None = None,
+    title: str = "Accuracy over time",
+    simulated: bool = False,
+):
     """Accuracy vs seconds for each run; saved to `path` as PNG when given. Returns the figure."""
     import matplotlib
 

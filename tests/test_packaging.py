@@ -51,11 +51,15 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():
 
 
 def test_cli_entry_point_runs():
-    out = subprocess.run([sys.executable, "-m", "dasknn", "--version"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "dasknn", "--version"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip().startswith("dasknn ")
 
 
 def test_importing_dasknn_does_not_import_cupy_or_dask_distributed():
-    code = "import sys, dasknn.nn.net, dasknn.nn.zoo; print('cupy' in sys.modules, 'distributed' in sys.modules)"
+    code = (
+        "import sys, dasknn.nn.net, dasknn.nn.zoo; print('cupy' in sys.modules, 'distributed' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.split() == ["False", "False"]

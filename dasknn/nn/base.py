@@ -43,7 +43,8 @@ class Layer(ABC):
         return in_shape
 
     def init_params(self, rng: np.random.Generator, dtype=np.float32) -> None:
-        """Draw the parameters from their fillers (layers without parameters do nothing)."""
+        """Draw the parameters from their fillers (layers without parameters have none)."""
+        self.params = {}
 
     @abstractmethod
     def forward(self, x, train: bool = True, rng: np.random.Generator | None = None):

@@ -45,9 +45,7 @@ class Filler:
         fan_out = count / shape[1] if len(shape) > 1 else count
         return {"fan_in": fan_in, "fan_out": fan_out, "average": (fan_in + fan_out) / 2}[self.variance_norm]
 
-    def fill(
-        self, shape: tuple[int, ...], rng: np.random.Generator, dtype=np.float32, xp: ModuleType = np
-    ):
+    def fill(self, shape: tuple[int, ...], rng: np.random.Generator, dtype=np.float32, xp: ModuleType = np):
         """A new array of `shape` drawn from this filler with the seeded generator `rng`."""
         if self.type == "constant":
             out = np.full(shape, self.value, dtype=np.float64)

@@ -105,7 +105,9 @@ class Convolution(_Weighted):
         if self.group < 1 or self.num_output % self.group:
             raise ValueError(f"layer {name!r}: num_output {num_output} not divisible by group {group}")
         if lowering != "auto" and lowering not in LOWERINGS:
-            raise ValueError(f"layer {name!r}: unknown lowering {lowering!r}; expected 'auto' or one of {LOWERINGS}")
+            raise ValueError(
+                f"layer {name!r}: unknown lowering {lowering!r}; expected 'auto' or one of {LOWERINGS}"
+            )
         if bp is not None and int(bp) < 1:
             raise ValueError(f"layer {name!r}: bp must be >= 1 or None, got {bp}")
         self.lowering = lowering

@@ -79,7 +79,9 @@ class Net:
         for layer in self.layers:
             if layer.name == name:
                 return layer
-        raise KeyError(f"no layer named {name!r} in net {self.name!r}; layers: {[lr.name for lr in self.layers]}")
+        raise KeyError(
+            f"no layer named {name!r} in net {self.name!r}; layers: {[lr.name for lr in self.layers]}"
+        )
 
     def architecture(self) -> list[tuple[str, str, dict, Shape]]:
         """(type, name, hyperparameters, output shape) per layer: equal lists mean equal nets."""
@@ -91,15 +93,17 @@ class Net:
         conv_names = {layer.name for layer in self.split_phases()[0].layers}
         rows = []
         for layer in self.layers:
-            rows.append({
-                "layer": layer.name,
-                "type": layer.type,
-                "phase": "conv" if layer.name in conv_names else "fc",
-                "output_shape": layer.out_shape,
-                "flops": layer.flops(),
-                "param_bytes": sum(int(p.size) for p in layer.params.values()) * itemsize,
-                "activation_bytes": math.prod(layer.out_shape) * itemsize,
-            })
+            rows.append(
+                {
+                    "layer": layer.name,
+                    "type": layer.type,
+                    "phase": "conv" if layer.name in conv_names else "fc",
+                    "output_shape": layer.out_shape,
+                    "flops": layer.flops(),
+                    "param_bytes": sum(int(p.size) for p in layer.params.values()) * itemsize,
+                    "activation_bytes": math.prod(layer.out_shape) * itemsize,
+                }
+            )
         return pd.DataFrame(rows).set_index("layer")
 
     def split_point(self, at: str | None = None) -> int:
@@ -118,7 +122,9 @@ class Net:
         """
         i = self.split_point(at)
         if i == 0:
-            raise ValueError(f"net {self.name!r}: the conv phase would be empty (split at {self.layers[0].name!r})")
+            raise ValueError(
+                f"net {self.name!r}: the conv phase would be empty (split at {self.layers[0].name!r})"
+            )
         kw = {"transform": self.transform, "seed": self.seed, "dtype": self.dtype, "init_params": False}
         conv = Net(self.layers[:i], self.input_shape, name=f"{self.name}/conv", **kw)
         if i == len(self.layers):
@@ -147,7 +153,9 @@ class Net:
             raise KeyError(f"parameters missing for net {self.name!r}: {missing}")
         for key, value in params.items():
             if tuple(value.shape) != tuple(own[key].shape):
-                raise ValueError(f"parameter {key!r}: shape {tuple(value.shape)} != expected {own[key].shape}")
+                raise ValueError(
+                    f"parameter {key!r}: shape {tuple(value.shape)} != expected {own[key].shape}"
+                )
         for layer in self.layers:
             for k in layer.params:
                 key = f"{layer.name}.{k}"
@@ -161,7 +169,9 @@ class Net:
 
     @property
     def decay_mult(self) -> dict[str, float]:
-        return {f"{layer.name}.{k}": layer.decay_mult.get(k, 1.0) for layer in self.layers for k in layer.params}
+        return {
+            f"{layer.name}.{k}": layer.decay_mult.get(k, 1.0) for layer in self.layers for k in layer.params
+        }
 
     @property
     def n_params(self) -> int:

@@ -27,8 +27,15 @@ def _windows(xpad, kh, kw, sh, sw, oh, ow):
     """Yield (offset index, strided view) of each window position (i, j) over a padded batch."""
     for i in range(kh):
         for j in range(kw):
-            yield i * kw + j, (slice(None), slice(None), slice(i, i + sh * (oh - 1) + 1, sh),
-                               slice(j, j + sw * (ow - 1) + 1, sw))
+            yield (
+                i * kw + j,
+                (
+                    slice(None),
+                    slice(None),
+                    slice(i, i + sh * (oh - 1) + 1, sh),
+                    slice(j, j + sw * (ow - 1) + 1, sw),
+                ),
+            )
 
 
 class Pooling(Layer):
@@ -171,9 +178,13 @@ class LRN(Layer):
         super().__init__(name)
         self.local_size = int(local_size)
         if self.local_size < 1 or self.local_size % 2 == 0:
-            raise ValueError(f"layer {name!r}: LRN local_size must be a positive odd number, got {local_size}")
+            raise ValueError(
+                f"layer {name!r}: LRN local_size must be a positive odd number, got {local_size}"
+            )
         if norm_region not in NORM_REGIONS:
-            raise ValueError(f"layer {name!r}: unknown norm_region {norm_region!r}; expected one of {NORM_REGIONS}")
+            raise ValueError(
+                f"layer {name!r}: unknown norm_region {norm_region!r}; expected one of {NORM_REGIONS}"
+            )
         self.alpha, self.beta, self.k = float(alpha), float(beta), float(k)
         self.norm_region = norm_region
 

@@ -111,12 +111,23 @@ class SGD:
 
     def current_lr(self) -> float:
         return learning_rate(
-            self.iter, self.base_lr, self.lr_policy, self.gamma, self.power,
-            self.stepsize, self.stepvalue, self.max_iter,
+            self.iter,
+            self.base_lr,
+            self.lr_policy,
+            self.gamma,
+            self.power,
+            self.stepsize,
+            self.stepvalue,
+            self.max_iter,
         )
 
-    def step(self, params: dict[str, Any], grads: dict[str, Any], lr: float | None = None,
-             momentum: float | None = None) -> None:
+    def step(
+        self,
+        params: dict[str, Any],
+        grads: dict[str, Any],
+        lr: float | None = None,
+        momentum: float | None = None,
+    ) -> None:
         """Apply one update to every parameter that has a gradient; advance the iteration."""
         lr = self.current_lr() if lr is None else lr
         momentum = self.momentum if momentum is None else momentum
@@ -126,7 +137,9 @@ class SGD:
             if v is None:
                 v = self.history[key] = array_module(w).zeros_like(w)
             sgd_update(
-                w, v, grad,
+                w,
+                v,
+                grad,
                 lr * self.lr_mult.get(key, 1.0),
                 momentum,
                 self.weight_decay * self.decay_mult.get(key, 1.0),

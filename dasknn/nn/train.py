@@ -18,8 +18,15 @@ from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
 
 
-def train_step(net: Net, solver: SGD, xb, yb, rng: np.random.Generator | None = None,
-               lr: float | None = None, momentum: float | None = None) -> tuple[float, float]:
+def train_step(
+    net: Net,
+    solver: SGD,
+    xb,
+    yb,
+    rng: np.random.Generator | None = None,
+    lr: float | None = None,
+    momentum: float | None = None,
+) -> tuple[float, float]:
     """Forward, backward and one solver update on a batch; returns (loss, batch accuracy)."""
     loss, acc, grads = net.loss_and_grads(xb, yb, rng=rng)
     if not np.isfinite(loss):
@@ -66,8 +73,14 @@ def train_arrays(
         idx = to_device(idx, xp)
         lr = solver.current_lr()
         loss, acc = train_step(net, solver, X[idx], y[idx], rng=rng)
-        row = {"iteration": solver.iter, "epoch": epoch, "time": time.perf_counter() - start,
-               "loss": loss, "accuracy": acc, "lr": lr}
+        row = {
+            "iteration": solver.iter,
+            "epoch": epoch,
+            "time": time.perf_counter() - start,
+            "loss": loss,
+            "accuracy": acc,
+            "lr": lr,
+        }
         history.append(row)
         if callback is not None:
             callback(row)

@@ -14,14 +14,30 @@ from dasknn.nn.net import Net
 
 def _conv(name, n, k, std=None, pad=0, stride=1, group=1, bias=0.0, decay=(1.0, 1.0)):
     wf = Filler("gaussian", std=std) if std is not None else Filler("xavier")
-    return Convolution(name, n, k, stride=stride, pad=pad, group=group, weight_filler=wf,
-                       bias_filler=Filler("constant", value=bias), lr_mult=(1.0, 2.0), decay_mult=decay)
+    return Convolution(
+        name,
+        n,
+        k,
+        stride=stride,
+        pad=pad,
+        group=group,
+        weight_filler=wf,
+        bias_filler=Filler("constant", value=bias),
+        lr_mult=(1.0, 2.0),
+        decay_mult=decay,
+    )
 
 
 def _ip(name, n, std=None, bias=0.0, decay=(1.0, 1.0)):
     wf = Filler("gaussian", std=std) if std is not None else Filler("xavier")
-    return InnerProduct(name, n, weight_filler=wf, bias_filler=Filler("constant", value=bias),
-                        lr_mult=(1.0, 2.0), decay_mult=decay)
+    return InnerProduct(
+        name,
+        n,
+        weight_filler=wf,
+        bias_filler=Filler("constant", value=bias),
+        lr_mult=(1.0, 2.0),
+        decay_mult=decay,
+    )
 
 
 def lenet(input_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10, seed: int = 0) -> Net:
@@ -38,7 +54,9 @@ def lenet(input_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10
     return Net(layers, input_shape, name="LeNet", seed=seed)
 
 
-def cifar10_quick(input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, seed: int = 0) -> Net:
+def cifar10_quick(
+    input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, seed: int = 0
+) -> Net:
     """Caffe's CIFAR-10 quick net (examples/cifar10/cifar10_quick_train_test.prototxt)."""
     layers = [
         _conv("conv1", 32, 5, std=0.0001, pad=2),
@@ -56,9 +74,12 @@ def cifar10_quick(input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: 
     return Net(layers, input_shape, name="CIFAR10_quick", seed=seed)
 
 
-def cifar10_full(input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, seed: int = 0) -> Net:
+def cifar10_full(
+    input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, seed: int = 0
+) -> Net:
     """Caffe's CIFAR-10 full net (examples/cifar10/cifar10_full_train_test.prototxt), with
     within-channel LRN after the first two pooling layers."""
+
     def norm(name):
         return LRN(name, local_size=3, alpha=5e-05, beta=0.75, norm_region="within_channel")
 
@@ -129,8 +150,9 @@ NETS: dict[str, Callable[..., Net]] = {
 }
 
 
-def get_net(name: str, input_shape: tuple[int, int, int] | None = None, num_classes: int = 10,
-            seed: int = 0) -> Net:
+def get_net(
+    name: str, input_shape: tuple[int, int, int] | None = None, num_classes: int = 10, seed: int = 0
+) -> Net:
     """A zoo net by name ("lenet", "cifar10_quick", "cifar10_full", "caffenet")."""
     key = name.lower().replace("-", "_")
     if key not in NETS:

@@ -34,7 +34,9 @@ def away_from_zero(rng, shape):
 )
 def test_convolution_gradients(kernel, stride, pad, group):
     rng = np.random.default_rng(0)
-    layer = build(Convolution("c", 4, kernel, stride=stride, pad=pad, group=group, weight_filler=G), (4, 6, 7))
+    layer = build(
+        Convolution("c", 4, kernel, stride=stride, pad=pad, group=group, weight_filler=G), (4, 6, 7)
+    )
     check_layer(layer, rng.standard_normal((2, 4, 6, 7)), rng)
 
 
@@ -53,8 +55,10 @@ def test_grouped_convolution_equals_two_independent_convolutions():
     y, _ = grouped.forward(x)
     for i in range(2):
         half = build(Convolution("h", 3, 3, weight_filler=G), (2, 6, 6))
-        half.params = {"weight": grouped.params["weight"][3 * i : 3 * i + 3],
-                       "bias": grouped.params["bias"][3 * i : 3 * i + 3]}
+        half.params = {
+            "weight": grouped.params["weight"][3 * i : 3 * i + 3],
+            "bias": grouped.params["bias"][3 * i : 3 * i + 3],
+        }
         yi, _ = half.forward(x[:, 2 * i : 2 * i + 2])
         np.testing.assert_allclose(y[:, 3 * i : 3 * i + 3], yi, rtol=1e-12)
 
@@ -94,7 +98,9 @@ def reference_pool(x, method, k, s, p):
 
 
 @pytest.mark.parametrize("method", ["max", "ave"])
-@pytest.mark.parametrize("k, s, p, hw", [(2, 2, 0, 8), (3, 2, 0, 8), (3, 2, 1, 7), (3, 3, 1, 10), (2, 1, 0, 5)])
+@pytest.mark.parametrize(
+    "k, s, p, hw", [(2, 2, 0, 8), (3, 2, 0, 8), (3, 2, 1, 7), (3, 3, 1, 10), (2, 1, 0, 5)]
+)
 def test_pooling_matches_caffe_reference_and_gradients(method, k, s, p, hw):
     rng = np.random.default_rng(5)
     layer = build(Pooling("p", method, k, stride=s, pad=p), (3, hw, hw))
@@ -108,9 +114,9 @@ def test_pooling_output_sizes_round_up_like_caffe():
     assert pool_output_size(32, 3, 2, 0) == 16  # cifar10_quick pool1: ceil(29/2) + 1
     assert pool_output_size(24, 2, 2, 0) == 12  # LeNet pool1
     assert pool_output_size(55, 3, 2, 0) == 27  # CaffeNet pool1
-    assert pool_output_size(13, 3, 2, 0) == 6   # CaffeNet pool5
+    assert pool_output_size(13, 3, 2, 0) == 6  # CaffeNet pool5
     assert pool_output_size(6, 3, 2, 1) == 4
-    assert pool_output_size(5, 2, 2, 1) == 3    # the 4th window would start in the pad: dropped
+    assert pool_output_size(5, 2, 2, 1) == 3  # the 4th window would start in the pad: dropped
     layer = build(Pooling("g", "ave", global_pooling=True), (4, 5, 5))
     assert layer.out_shape == (4, 1, 1)
 
@@ -176,7 +182,10 @@ def test_fillers_follow_caffe():
     g = Filler("gaussian", std=0.01).fill((500, 800), rng)
     assert g.std() == pytest.approx(0.01, rel=0.01)
     assert (Filler("constant", value=1.0).fill((3,), rng) == 1).all()
-    same = Filler("xavier").fill((4, 3), np.random.default_rng(5)), Filler("xavier").fill((4, 3), np.random.default_rng(5))
+    same = (
+        Filler("xavier").fill((4, 3), np.random.default_rng(5)),
+        Filler("xavier").fill((4, 3), np.random.default_rng(5)),
+    )
     np.testing.assert_array_equal(*same)
     with pytest.raises(ValueError, match="unknown filler type 'bogus'"):
         Filler("bogus")

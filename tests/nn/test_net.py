@@ -31,8 +31,13 @@ def tiny_net(dtype=np.float64, seed=0):
 def test_lenet_shapes_and_costs():
     net = zoo.lenet()
     assert net.shapes == [
-        ("conv1", (20, 24, 24)), ("pool1", (20, 12, 12)), ("conv2", (50, 8, 8)), ("pool2", (50, 4, 4)),
-        ("ip1", (500,)), ("relu1", (500,)), ("ip2", (10,)),
+        ("conv1", (20, 24, 24)),
+        ("pool1", (20, 12, 12)),
+        ("conv2", (50, 8, 8)),
+        ("pool2", (50, 4, 4)),
+        ("ip1", (500,)),
+        ("relu1", (500,)),
+        ("ip2", (10,)),
     ]
     assert net.n_params == 431_080  # Caffe's LeNet: 520 + 25,050 + 400,500 + 5,010
     s = net.summary()

@@ -11,8 +11,13 @@ from dasknn.nn.solver import SGD, learning_rate
 def test_update_is_cafes_momentum_sgd_with_multipliers():
     w = {"a.weight": np.array([1.0, -2.0]), "a.bias": np.array([0.5])}
     g = {"a.weight": np.array([0.1, 0.2]), "a.bias": np.array([1.0])}
-    s = SGD(base_lr=0.1, momentum=0.9, weight_decay=0.01,
-            lr_mult={"a.weight": 1.0, "a.bias": 2.0}, decay_mult={"a.weight": 1.0, "a.bias": 0.0})
+    s = SGD(
+        base_lr=0.1,
+        momentum=0.9,
+        weight_decay=0.01,
+        lr_mult={"a.weight": 1.0, "a.bias": 2.0},
+        decay_mult={"a.weight": 1.0, "a.bias": 0.0},
+    )
     v_w = np.zeros(2)
     w_ref = w["a.weight"].copy()
     for _ in range(3):
@@ -41,8 +46,17 @@ def test_learning_rate_policies(policy, kwargs, it, expected):
 
 
 def test_from_caffe_settings_and_bad_values():
-    s = SGD.from_caffe({"base_lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "lr_policy": "inv",
-                        "gamma": 1e-4, "power": 0.75, "max_iter": 10000})
+    s = SGD.from_caffe(
+        {
+            "base_lr": 0.01,
+            "momentum": 0.9,
+            "weight_decay": 5e-4,
+            "lr_policy": "inv",
+            "gamma": 1e-4,
+            "power": 0.75,
+            "max_iter": 10000,
+        }
+    )
     assert (s.base_lr, s.momentum, s.lr_policy) == (0.01, 0.9, "inv")
     with pytest.raises(ValueError, match="solver type 'ADAM' is not supported"):
         SGD.from_caffe({"type": "Adam", "base_lr": 0.1})

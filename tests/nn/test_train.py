@@ -20,7 +20,9 @@ def digits_28():
 
 
 def lenet_solver(net):
-    return SGD.for_net(net, base_lr=0.01, momentum=0.9, weight_decay=5e-4, lr_policy="inv", gamma=1e-4, power=0.75)
+    return SGD.for_net(
+        net, base_lr=0.01, momentum=0.9, weight_decay=5e-4, lr_policy="inv", gamma=1e-4, power=0.75
+    )
 
 
 def test_lenet_reaches_97_percent_on_digits():

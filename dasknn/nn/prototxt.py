@@ -1,0 +1,462 @@
+"""Read Caffe `.prototxt` nets and solvers into dasknn objects, without the protobuf package.
+
+`parse_prototxt` reads protobuf text format into plain dicts; `read_solver` types a
+SolverParameter and fills Caffe's defaults; `read_net` turns the layers of a NetParameter that are
+active in one phase into a `Net`. Field names, defaults and enum values follow Caffe's caffe.proto.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dasknn.nn.layers import LRN, Convolution, Dropout, Filler, Flatten, InnerProduct, Pooling, ReLU
+from dasknn.nn.net import Net
+from dasknn.nn.textformat import (
+    PrototxtError,
+    get_all_typed,
+    get_one,
+    get_typed,
+    load_message,
+    parse_prototxt,
+)
+
+__all__ = ["PrototxtError", "get_one", "parse_prototxt", "read_net", "read_net_and_solver", "read_solver"]
+
+SUPPORTED_TYPES = ("Convolution", "Pooling", "ReLU", "LRN", "Dropout", "InnerProduct", "Flatten")
+DATA_TYPES = ("Data", "ImageData", "HDF5Data", "MemoryData", "DummyData", "Input")
+OUTPUT_TYPES = ("SoftmaxWithLoss", "Softmax")  # the net's loss: dropped, `Net` computes it
+LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
+PHASES = ("TRAIN", "TEST")
+
+
+# -- solver ---------------------------------------------------------------------------------------
+_SOLVER_FIELDS: dict[str, tuple[Any, Any]] = {  # field: (kind, default); "*" marks a repeated field
+    "net": ("str", None),
+    "train_net": ("str", None),
+    "test_net": ("str*", []),
+    "net_param": ("msg", None),
+    "train_net_param": ("msg", None),
+    "test_net_param": ("msg*", []),
+    "train_state": ("msg", None),
+    "test_state": ("msg*", []),
+    "test_iter": ("int*", []),
+    "test_interval": ("int", 0),
+    "test_compute_loss": ("bool", False),
+    "test_initialization": ("bool", True),
+    "base_lr": ("float", 0.0),
+    "display": ("int", 0),
+    "average_loss": ("int", 1),
+    "max_iter": ("int", 0),
+    "iter_size": ("int", 1),
+    "lr_policy": ("str", None),
+    "gamma": ("float", 0.0),
+    "power": ("float", 0.0),
+    "momentum": ("float", 0.0),
+    "weight_decay": ("float", 0.0),
+    "regularization_type": (("L1", "L2"), "L2"),
+    "stepsize": ("int", 0),
+    "stepvalue": ("int*", []),
+    "clip_gradients": ("float", -1.0),
+    "snapshot": ("int", 0),
+    "snapshot_prefix": ("str", None),
+    "snapshot_diff": ("bool", False),
+    "snapshot_format": (("HDF5", "BINARYPROTO"), "BINARYPROTO"),
+    "solver_mode": (("CPU", "GPU"), "GPU"),
+    "device_id": ("int", 0),
+    "random_seed": ("int", -1),
+    "type": ("str", "SGD"),
+    "delta": ("float", 1e-8),
+    "momentum2": ("float", 0.999),
+    "rms_decay": ("float", 0.99),
+    "debug_info": ("bool", False),
+    "snapshot_after_train": ("bool", True),
+    "layer_wise_reduce": ("bool", True),
+    "weights": ("str*", []),
+    "solver_type": (("SGD", "NESTEROV", "ADAGRAD", "RMSPROP", "ADADELTA", "ADAM"), None),
+}
+_SOLVER_TYPE_NAMES = {
+    "SGD": "SGD",
+    "NESTEROV": "Nesterov",
+    "ADAGRAD": "AdaGrad",
+    "RMSPROP": "RMSProp",
+    "ADADELTA": "AdaDelta",
+    "ADAM": "Adam",
+}
+
+
+def read_solver(path_or_text: str | os.PathLike) -> dict[str, Any]:
+    """Caffe solver settings as {field: value}, Caffe's names and types, its defaults filled in.
+
+    Fields of caffe.proto's SolverParameter are typed (repeated ones such as `stepvalue` and
+    `test_iter` are lists; enums such as `solver_mode` are their names); absent ones get caffe.proto's
+    default, except strings and messages without one (`net`, `snapshot_prefix`, ...), which stay
+    absent. Unknown fields are kept as their raw list of values. The legacy `solver_type` enum is
+    upgraded into `type` as Caffe does. PrototxtError for: a `type` other than "SGD" (dasknn trains
+    with momentum SGD only, as Omnivore); a missing or unknown `lr_policy`, which has no default in
+    Caffe (it stops with "Unknown learning rate policy"); `lr_policy: "step"` without `stepsize` > 0.
+    """
+    message = load_message(path_or_text)
+    solver: dict[str, Any] = {}
+    for field, (kind, default) in _SOLVER_FIELDS.items():
+        if isinstance(kind, str) and kind.endswith("*"):
+            solver[field] = get_all_typed(message, field, kind[:-1], "solver")
+        elif (value := get_typed(message, field, kind, default, "solver")) is not None:
+            solver[field] = value
+    solver.update({f: list(v) for f, v in message.items() if f not in _SOLVER_FIELDS})
+    if "solver_type" in solver:
+        if "type" in message:
+            raise PrototxtError("solver: give either 'type' or the deprecated 'solver_type', not both")
+        solver["type"] = _SOLVER_TYPE_NAMES[solver.pop("solver_type")]
+    if solver["type"] != "SGD":
+        raise PrototxtError(f"solver type {solver['type']!r} is not supported: dasknn only supports SGD")
+    policy = solver.get("lr_policy")
+    if policy not in LR_POLICIES:
+        raise PrototxtError(
+            f"solver: lr_policy must be one of {', '.join(LR_POLICIES)}, got {policy!r}"
+            + (" (Caffe has no default for it)" if policy is None else "")
+        )
+    if policy == "step" and solver["stepsize"] <= 0:
+        raise PrototxtError("solver: lr_policy 'step' needs a stepsize > 0")
+    return solver
+
+
+# -- net ------------------------------------------------------------------------------------------
+def _active(layer: dict, phase: str, level: int, stages: Sequence[str], where: str) -> bool:
+    """Whether a layer is in the net for this NetState: Caffe's Net::FilterNet and StateMeetsRule."""
+
+    def meets(rule: dict) -> bool:
+        low, high = (
+            get_typed(rule, "min_level", "int", level, where),
+            get_typed(rule, "max_level", "int", level, where),
+        )
+        return (
+            get_typed(rule, "phase", PHASES, phase, where) == phase
+            and low <= level <= high
+            and all(s in stages for s in get_all_typed(rule, "stage", "str", where))
+            and not any(s in stages for s in get_all_typed(rule, "not_stage", "str", where))
+        )
+
+    include, exclude = (
+        get_all_typed(layer, "include", "msg", where),
+        get_all_typed(layer, "exclude", "msg", where),
+    )
+    if include and exclude:
+        raise PrototxtError(f"{where}: give include rules or exclude rules, not both")
+    return any(map(meets, include)) if include else not any(map(meets, exclude))
+
+
+def _chw(dims: list, where: str) -> tuple[int, int, int]:
+    if len(dims) != 4 or min(dims) < 1:
+        raise PrototxtError(f"{where}: input shape must be 4 positive sizes (N, C, H, W), got {dims}")
+    return dims[1], dims[2], dims[3]
+
+
+def _data_shape(layer: dict, ltype: str, where: str) -> tuple[int, int, int] | None:
+    """(C, H, W) of an Input, DummyData or MemoryData layer; None when the data gives it at run time."""
+    field = {"Input": "input_param", "DummyData": "dummy_data_param", "MemoryData": "memory_data_param"}
+    param = get_typed(layer, field.get(ltype, ""), "msg", {}, where)
+    shapes = get_all_typed(param, "shape", "msg", where)
+    if shapes:
+        return _chw(get_all_typed(shapes[0], "dim", "int", where), where)
+    legacy = {
+        "DummyData": ("num", "channels", "height", "width"),  # first blob of each
+        "MemoryData": ("batch_size", "channels", "height", "width"),
+    }
+    dims = [d for f in legacy.get(ltype, ()) for d in get_all_typed(param, f, "uint", where)[:1]]
+    if ltype == "MemoryData" and "dim" in param:
+        dims = get_all_typed(param, "dim", "uint", where)
+    return _chw(dims, where) if dims else None
+
+
+def _transform(layer: dict, where: str) -> dict | None:
+    """transform_param as {"scale"[, "mean_value"]} (Caffe subtracts the mean, then scales), the
+    keywords of `dasknn.data.Transform`; what dasknn cannot apply is warned about and ignored."""
+    transform = get_typed(layer, "transform_param", "msg", {}, where)
+    unused = ("mean_file", "crop_size", "crop_h", "crop_w", "mirror")
+    ignored = [f for f in unused if any(transform.get(f, []))]
+    if ignored:
+        warnings.warn(
+            f"{where}: transform_param {', '.join(ignored)} ignored: dasknn applies only scale and "
+            "mean_value (give the mean as per-channel mean_value)",
+            UserWarning,
+            stacklevel=3,
+        )
+    if "scale" not in transform and "mean_value" not in transform:
+        return None
+    scale = get_typed(transform, "scale", "float", 1.0, where)
+    means = get_all_typed(transform, "mean_value", "float", where)
+    if not all(map(math.isfinite, [scale, *means])):
+        raise PrototxtError(f"{where}: transform_param scale and mean_value must be finite")
+    return {"scale": scale, **({"mean_value": means} if means else {})}
+
+
+def _fields(message: dict, spec: dict[str, tuple[Any, Any]], where: str) -> dict[str, Any]:
+    """{field: value} for the (kind, default) of each field in `spec`; enum names in lowercase."""
+    values = {
+        field: get_typed(message, field, kind, default, where) for field, (kind, default) in spec.items()
+    }
+    return {f: v.lower() if isinstance(spec[f][0], tuple) else v for f, v in values.items()}
+
+
+_FILLER = {
+    "type": ("str", "constant"),
+    "value": ("float", 0.0),
+    "mean": ("float", 0.0),
+    "std": ("float", 1.0),
+    "min": ("float", 0.0),
+    "max": ("float", 1.0),
+    "variance_norm": (("FAN_IN", "FAN_OUT", "AVERAGE"), "FAN_IN"),
+}
+_SIMPLE_LAYERS = {  # Caffe type: (dasknn class, parameter message, its fields with Caffe's defaults)
+    "ReLU": (ReLU, "relu_param", {"negative_slope": ("float", 0.0)}),
+    "Dropout": (Dropout, "dropout_param", {"dropout_ratio": ("float", 0.5)}),
+    "LRN": (
+        LRN,
+        "lrn_param",
+        {
+            "local_size": ("uint", 5),
+            "alpha": ("float", 1.0),
+            "beta": ("float", 0.75),
+            "k": ("float", 1.0),
+            "norm_region": (("ACROSS_CHANNELS", "WITHIN_CHANNEL"), "ACROSS_CHANNELS"),
+        },
+    ),
+}
+
+
+def _geometry(param: dict, stem: str, default: Any, where: str) -> Any:
+    """kernel/stride/pad: one int, or (h, w) from two values or from `{stem}_h` and `{stem}_w`."""
+    field = "kernel_size" if stem == "kernel" else stem
+    values = get_all_typed(param, field, "uint", where)
+    h, w = (
+        get_typed(param, f"{stem}_h", "uint", None, where),
+        get_typed(param, f"{stem}_w", "uint", None, where),
+    )
+    if (h is None) != (w is None) or (h is not None and values) or len(values) > 2:
+        raise PrototxtError(f"{where}: give one or two {field} (2-D only), or both {stem}_h and {stem}_w")
+    if h is not None:
+        return (h, w)
+    return default if not values else values[0] if len(values) == 1 else tuple(values)
+
+
+def _weighted(layer: dict, param: dict, where: str) -> dict[str, Any]:
+    """Keywords shared by Convolution and InnerProduct: bias, fillers and (weight, bias) multipliers."""
+    specs = get_all_typed(layer, "param", "msg", where)
+    if (
+        len(specs) > 2
+        or any("name" in spec for spec in specs)
+        or get_typed(param, "axis", "int", 1, where) != 1
+    ):
+        raise PrototxtError(
+            f"{where}: only axis 1 and at most 2 param blocks (weight, bias) without shared "
+            "names are supported"
+        )
+    fillers = {}
+    for field in ("weight_filler", "bias_filler"):
+        filler = get_typed(param, field, "msg", {}, where)
+        if get_typed(filler, "sparse", "int", -1, where) != -1:
+            raise PrototxtError(f"{where}: {field}: sparse gaussian fillers are not supported")
+        fillers[field] = Filler(**_fields(filler, _FILLER, f"{where} {field}"))
+    mults = {
+        m: tuple(get_typed(s, m, "float", 1.0, where) for s in specs) + (1.0,) * (2 - len(specs))
+        for m in ("lr_mult", "decay_mult")
+    }
+    return {"bias_term": get_typed(param, "bias_term", "bool", True, where), **fillers, **mults}
+
+
+def _build(layer: dict, ltype: str, name: str, where: str) -> Any:
+    """The dasknn layer for one Caffe layer of a supported type (fillers default to constant 0)."""
+    if ltype in _SIMPLE_LAYERS:
+        cls, field, spec = _SIMPLE_LAYERS[ltype]
+        return cls(name, **_fields(get_typed(layer, field, "msg", {}, where), spec, f"{where} {field}"))
+    field = "inner_product_param" if ltype == "InnerProduct" else f"{ltype.lower()}_param"
+    p, pw = get_typed(layer, field, "msg", {}, where), f"{where} {field}"
+    if ltype == "InnerProduct":
+        return InnerProduct(
+            name, num_output=get_typed(p, "num_output", "uint", 0, pw), **_weighted(layer, p, pw)
+        )
+    if ltype == "Flatten":
+        if (get_typed(p, "axis", "int", 1, pw), get_typed(p, "end_axis", "int", -1, pw)) != (1, -1):
+            raise PrototxtError(f"{pw}: only axis 1 to end_axis -1 is supported")
+        return Flatten(name)
+    kernel = _geometry(p, "kernel", None, pw)
+    geometry = {"stride": _geometry(p, "stride", 1, pw), "pad": _geometry(p, "pad", 0, pw)}
+    if ltype == "Convolution":
+        if kernel is None or any(d != 1 for d in get_all_typed(p, "dilation", "uint", pw)):
+            raise PrototxtError(f"{pw}: needs kernel_size, and dilation must be 1")
+        return Convolution(
+            name,
+            num_output=get_typed(p, "num_output", "uint", 0, pw),
+            kernel_size=kernel,
+            group=get_typed(p, "group", "uint", 1, pw),
+            **geometry,
+            **_weighted(layer, p, pw),
+        )
+    pool = get_typed(p, "pool", ("MAX", "AVE", "STOCHASTIC"), "MAX", pw)
+    global_pooling = get_typed(p, "global_pooling", "bool", False, pw)
+    if pool == "STOCHASTIC" or get_typed(p, "round_mode", ("CEIL", "FLOOR"), "CEIL", pw) == "FLOOR":
+        raise PrototxtError(f"{pw}: STOCHASTIC pooling and round_mode FLOOR are not supported")
+    if global_pooling == (kernel is not None):
+        raise PrototxtError(f"{pw}: give kernel_size, or global_pooling: true without it")
+    return Pooling(
+        name,
+        pool=pool.lower(),
+        **({} if kernel is None else {"kernel_size": kernel}),
+        global_pooling=global_pooling,
+        **geometry,
+    )
+
+
+def _chain_error(where: str, loss: str | None, bottoms: list, tops: list, blob: str | None) -> str | None:
+    """Why a compute layer cannot extend the chain that ends in `blob`; None when it can."""
+    if loss:
+        return f"{where}: comes after the loss ({loss})"
+    if len(bottoms) != 1 or len(tops) != 1:
+        return f"{where}: needs one bottom and one top, got bottom {bottoms} and top {tops}"
+    if blob is not None and bottoms[0] != blob:
+        return (
+            f"{where}: reads '{bottoms[0]}' but the chain's last blob is '{blob}': branches (DAG nets) "
+            "are not supported, only a chain of layers"
+        )
+    return None
+
+
+def read_net(
+    path_or_text: str | os.PathLike | Mapping,
+    phase: str = "TRAIN",
+    input_shape: tuple[int, int, int] | None = None,
+    *,
+    level: int = 0,
+    stages: Sequence[str] = (),
+) -> Net:
+    """A `Net` from a Caffe NetParameter: the layers active in `phase`, in file order, as a chain.
+
+    Caffe's include/exclude rules pick the layers (`level` and `stages` as in caffe.proto's
+    NetState). One data layer (Data, ImageData, HDF5Data, MemoryData, DummyData, Input) or the
+    legacy top-level `input` starts the chain; its transform_param becomes `Net.transform`. Input,
+    DummyData, MemoryData and legacy `input_shape`/`input_dim` give the input shape (C, H, W);
+    `input_shape` overrides it and is required for the others. Each layer must read the blob the
+    previous one wrote (in-place layers such as ReLU included). SoftmaxWithLoss/Softmax at the end
+    are the net's loss and Accuracy layers are metrics: both dropped. `path_or_text` is a path,
+    prototxt text, or a message from `parse_prototxt`. Errors name the layer: PrototxtError.
+    """
+    if str(phase).upper() not in PHASES:
+        raise ValueError(f"phase must be 'TRAIN' or 'TEST', got {phase!r}")
+    phase, net = str(phase).upper(), load_message(path_or_text)
+    if "layers" in net:
+        raise PrototxtError(
+            "net uses the deprecated V1 'layers' field; upgrade it with Caffe's upgrade_net_proto_text tool"
+        )
+    blob, shape, transform, data_layer = None, None, None, None
+    inputs = get_all_typed(net, "input", "str", "net")
+    if len(inputs) > 1:
+        raise PrototxtError(f"net: one input blob is supported, got {inputs}")
+    if inputs:
+        blob, data_layer = inputs[0], f"input '{inputs[0]}'"
+        shapes = get_all_typed(net, "input_shape", "msg", "net")
+        dims = (
+            get_all_typed(shapes[0], "dim", "int", "net")
+            if shapes
+            else get_all_typed(net, "input_dim", "int", "net")
+        )
+        shape = _chw(dims, "net: input") if dims else None
+    layers, loss = [], None
+    for index, layer in enumerate(get_all_typed(net, "layer", "msg", "net")):
+        name = get_typed(layer, "name", "str", "", f"layer #{index}") or f"layer{index}"
+        where = f"layer '{name}'"
+        if not _active(layer, phase, level, stages, where):
+            continue
+        ltype = get_typed(layer, "type", "str", "", where)
+        bottoms, tops = (
+            get_all_typed(layer, "bottom", "str", where),
+            get_all_typed(layer, "top", "str", where),
+        )
+        if ltype in DATA_TYPES:
+            if data_layer or layers or not tops:
+                raise PrototxtError(
+                    f"{where}: a data layer must have a top, come first and be the only one "
+                    f"in phase {phase}" + (f" (already: {data_layer})" if data_layer else "")
+                )
+            blob, data_layer = tops[0], where
+            shape, transform = _data_shape(layer, ltype, where), _transform(layer, where)
+        elif ltype in OUTPUT_TYPES:
+            if not layers or bottoms[:1] != [blob]:
+                raise PrototxtError(f"{where}: {ltype} must read the output of the last layer ('{blob}')")
+            loss = where
+        elif ltype.endswith("Loss"):
+            raise PrototxtError(
+                f"{where}: loss type '{ltype}' is not supported; dasknn trains with SoftmaxWithLoss"
+            )
+        elif ltype not in SUPPORTED_TYPES + ("Accuracy",):
+            raise PrototxtError(
+                f"{where}: type '{ltype}' is not supported; supported: "
+                f"{', '.join(SUPPORTED_TYPES + DATA_TYPES + OUTPUT_TYPES)}, Accuracy"
+            )
+        elif ltype != "Accuracy":
+            problem = _chain_error(where, loss, bottoms, tops, blob)
+            if problem:
+                raise PrototxtError(problem)
+            try:
+                layers.append(_build(layer, ltype, name, where))
+            except ValueError as err:  # the layer's own checks, e.g. an even LRN local_size
+                raise PrototxtError(str(err) if str(err).startswith(where) else f"{where}: {err}") from err
+            blob = tops[0]
+    if input_shape is not None:
+        try:
+            shape = tuple(operator.index(d) for d in input_shape)  # ints, numpy ints included
+        except TypeError:
+            shape = ()
+        if len(shape) != 3 or min(shape) < 1:
+            raise ValueError(f"input_shape must be 3 positive ints (C, H, W), got {input_shape!r}")
+    if shape is None:
+        raise PrototxtError(
+            f"no input shape: {data_layer or 'the net'} does not give (C, H, W) "
+            "(Data layers read it from the data); pass input_shape=(C, H, W)"
+        )
+    if transform and len(transform.get("mean_value", [0])) not in (1, shape[0]):
+        raise PrototxtError(
+            f"{data_layer}: {len(transform['mean_value'])} mean_value for {shape[0]} "
+            "channels (give 1 or one per channel)"
+        )
+    try:
+        return Net(
+            layers, shape, name=get_typed(net, "name", "str", "net", "net") or "net", transform=transform
+        )
+    except ValueError as err:  # e.g. a kernel larger than its input, or repeated layer names
+        raise PrototxtError(f"net: {err}") from err
+
+
+def _resolve(net_path: str, solver_dir: Path) -> Path:
+    """Caffe files name nets from Caffe's root: try the path as given, in the solver's folder, then
+    the file's name in the solver's folder."""
+    candidates = [Path(net_path), solver_dir / net_path, solver_dir / Path(net_path).name]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"net file {net_path!r} not found; tried {', '.join(map(str, candidates))}")
+
+
+def read_net_and_solver(
+    solver_path: str | os.PathLike,
+    input_shape: tuple[int, int, int] | None = None,
+    phase: str = "TRAIN",
+) -> tuple[Net, dict[str, Any]]:
+    """(net, solver settings) from a solver file and the net it names (`net`, `train_net`, or inline
+    `net_param`/`train_net_param`: exactly one, as Caffe requires); see `read_net`, `read_solver`."""
+    solver_path = Path(solver_path)
+    solver = read_solver(solver_path)
+    given = [f for f in ("train_net_param", "train_net", "net_param", "net") if f in solver]
+    if len(given) != 1:
+        raise PrototxtError(
+            f"{solver_path}: give exactly one of train_net_param, train_net, net_param, net; "
+            f"got {given or 'none'}"
+        )
+    net = solver[given[0]]
+    source = net if isinstance(net, Mapping) else _resolve(net, solver_path.parent)
+    return read_net(source, phase=phase, input_shape=input_shape), solver

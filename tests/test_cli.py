@@ -1,0 +1,56 @@
+"""The `dasknn` command, run as a user runs it: a real process, real files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+
+from tests.conftest import REPO
+
+
+def dasknn(*args, cwd=REPO):
+    return subprocess.run(
+        [sys.executable, "-m", "dasknn", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
+
+
+def test_train_reaches_its_target_and_writes_the_report(tmp_path):
+    out = dasknn(
+        "train",
+        "--dataset",
+        "digits",
+        "--target-accuracy",
+        "0.9",
+        "--time-budget",
+        "90",
+        "--eval-size",
+        "500",
+        "--output",
+        str(tmp_path / "run"),
+        "-q",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "time to accuracy" in out.stdout
+    report = pd.read_csv(tmp_path / "run" / "report.csv")
+    assert list(report["threshold"]) == [0.9, 0.95, 0.98, 0.99]
+    assert bool(report.loc[0, "reached"]) and report.loc[0, "seconds"] > 0
+    history = pd.read_csv(tmp_path / "run" / "history.csv")
+    assert history["accuracy"].max() >= 0.9 and history["iteration"].is_monotonic_increasing
+    assert (tmp_path / "run" / "accuracy.png").stat().st_size > 1000
+
+
+def test_bad_options_exit_2_with_the_problem_named(tmp_path):
+    out = dasknn("train", "--net", "vgg", "--dataset", "digits", "--output", str(tmp_path / "x"), "-q")
+    assert out.returncode == 2 and "unknown net 'vgg'" in out.stderr
+    out = dasknn("train", "--dataset", "imagenet", "-q")
+    assert out.returncode == 2 and "imagenet" in out.stderr
+    out = dasknn("train", "--batch-size", "0")
+    assert out.returncode == 2 and "must be > 0" in out.stderr
+
+
+def test_summary_prints_layers_and_costs():
+    out = dasknn("summary", "lenet")
+    assert out.returncode == 0
+    assert "431,080 parameters" in out.stdout and "conv1" in out.stdout and "flops" in out.stdout
