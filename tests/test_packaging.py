@@ -32,7 +32,7 @@ def conda_requirements() -> dict[str, str]:
     env = yaml.safe_load((REPO / "environment.yml").read_text())
     out = {}
     for dep in env["dependencies"]:
-        if isinstance(dep, str) and dep not in ("pip",) and not dep.startswith("python"):
+        if isinstance(dep, str) and dep != "pip" and not dep.startswith("python"):
             m = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*(.*)", dep)
             out[m.group(1).lower()] = m.group(2)
     return out

@@ -1,0 +1,136 @@
+"""Omnivore's servers: the conv model server and the merged FC server (Omnivore §III-B, appendix C).
+
+Plain classes, usable in one process (the simulator, tests) and wrapped as dask actors by the Dask
+engine. Both apply Caffe's SGD (`dasknn.nn.solver.SGD`), with the learning rate and momentum of
+each call, so the optimizer can change them between probes.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from dasknn.backend import to_numpy
+from dasknn.nn.loss import accuracy, softmax, softmax_with_loss
+from dasknn.nn.net import Net
+from dasknn.nn.solver import SGD
+
+
+class ConvModelServer:
+    """Conv-phase weights, their momentum buffers and a version counter.
+
+    `pull()` returns (version, weights); `push(grads, version_read, lr, momentum)` applies ONE update
+    (a compute group's summed gradient) and returns its staleness: the number of updates other groups
+    wrote between this group's read and its write, S = v' − v − 1 (Omnivore §III-B).
+    """
+
+    def __init__(
+        self,
+        params: dict[str, np.ndarray],
+        lr_mult: dict[str, float] | None = None,
+        decay_mult: dict[str, float] | None = None,
+        weight_decay: float = 0.0,
+    ) -> None:
+        self.params = {k: np.array(v, copy=True) for k, v in params.items()}
+        self.solver = SGD(
+            weight_decay=weight_decay, lr_mult=dict(lr_mult or {}), decay_mult=dict(decay_mult or {})
+        )
+        self.version = 0
+        self.stopped = False
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        """Tell every compute group to finish its current iteration and stop (the driver's signal)."""
+        self.stopped = True
+
+    def progress(self) -> tuple[int, bool]:
+        """(updates applied so far, stopped?) for progress bars and stop checks."""
+        return self.version, self.stopped
+
+    def pull(self) -> tuple[int, dict[str, np.ndarray]]:
+        """The current version number and a copy of the weights."""
+        with self._lock:
+            return self.version, {k: v.copy() for k, v in self.params.items()}
+
+    def push(self, grads: dict[str, Any], version_read: int, lr: float, momentum: float) -> dict[str, int]:
+        """Apply one group's update; returns {"version_read", "version_written", "staleness"}."""
+        unknown = set(grads) - set(self.params)
+        if unknown:
+            raise KeyError(f"conv model server has no parameters {sorted(unknown)}")
+        with self._lock:
+            self.solver.step(
+                self.params, {k: to_numpy(g) for k, g in grads.items()}, lr=lr, momentum=momentum
+            )
+            self.version += 1
+            written = self.version
+        return {
+            "version_read": version_read,
+            "version_written": written,
+            "staleness": written - version_read - 1,
+        }
+
+    def get_state(self) -> dict[str, Any]:
+        """Weights, momentum buffers and version (a snapshot for checkpoints and probes)."""
+        with self._lock:
+            return {
+                "params": {k: v.copy() for k, v in self.params.items()},
+                "solver": self.solver.state_dict(),
+                "version": self.version,
+            }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        with self._lock:
+            self.params = {k: np.array(v, copy=True) for k, v in state["params"].items()}
+            self.solver.load_state_dict(state["solver"])
+            self.version = int(state["version"])
+
+
+class FCServer:
+    """The merged FC server: FC compute and FC model on one machine (Omnivore §III-B).
+
+    `step(acts, labels, lr, momentum)` runs, for one batch, FC forward, SoftmaxWithLoss, accuracy,
+    FC backward and the FC update, and returns the gradient w.r.t. the activations. Calls are
+    serialised (one batch at a time), so the FC model is never stale.
+    """
+
+    def __init__(self, fc_net: Net, weight_decay: float = 0.0, seed: int = 0) -> None:
+        self.net = fc_net
+        self.solver = SGD.for_net(fc_net, weight_decay=weight_decay)
+        self.rng = np.random.default_rng([seed, 2])
+        self.version = 0
+        self._lock = threading.Lock()
+
+    def step(self, acts, labels, lr: float, momentum: float) -> dict[str, Any]:
+        """One batch through the FC phase; returns {"dacts", "loss", "accuracy", "version"}."""
+        with self._lock:
+            logits, caches = self.net.forward(acts, train=True, rng=self.rng)
+            loss, dlogits = softmax_with_loss(logits, labels)
+            dacts, grads = self.net.backward(dlogits, caches, need_dx=True)
+            acc = accuracy(logits, labels)
+            self.solver.step(self.net.params, grads, lr=lr, momentum=momentum)
+            self.version += 1
+            return {"dacts": dacts, "loss": loss, "accuracy": acc, "version": self.version}
+
+    def predict_proba(self, acts) -> np.ndarray:
+        """Class probabilities for conv-phase activations (test mode, no update)."""
+        with self._lock:
+            logits, _ = self.net.forward(acts, train=False)
+        return to_numpy(softmax(logits))
+
+    def get_state(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "params": self.net.get_params(),
+                "solver": self.solver.state_dict(),
+                "version": self.version,
+                "rng": self.rng.bit_generator.state,
+            }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        with self._lock:
+            self.net.set_params(state["params"])
+            self.solver.load_state_dict(state["solver"])
+            self.version = int(state["version"])
+            self.rng.bit_generator.state = state["rng"]

@@ -1,0 +1,316 @@
+"""The worker side of the Dask engine: one long-running loop task per compute group.
+
+Omnivore on Dask (ARCHITECTURE.md, "Data flow of one iteration"). A group's loop runs on its lead
+worker and, each iteration: pulls the conv weights (version v) from the conv model server; runs the
+conv forward of each shard on its worker with batched lowering (the cache stays there); sends the
+activations to the merged FC server, which returns d(activations); runs each shard's conv backward
+where its cache is; sums the k gradients by a tree of tasks; pushes ONE update (version v'). A group
+of one worker does all of that inside its loop with no extra task. Groups run with no barrier.
+
+These functions run on workers. They reach a server directly when its actor lives in the same
+worker process, and through the actor protocol otherwise.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dasknn.backend import get_xp, to_device, to_numpy
+from dasknn.data.batching import epoch_indices
+
+_NETS: dict[tuple[str, int], Any] = {}
+_NETS_LOCK = threading.Lock()
+STOP_CHECK_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """What one group's loop needs: its workers, its batches, its budget, its knobs."""
+
+    run_id: str
+    group: int
+    n_groups: int
+    workers: tuple[str, ...]
+    shares: tuple[float, ...]
+    devices: tuple[str, ...]
+    template_key: str
+    x_keys: tuple
+    y_keys: tuple
+    chunks: tuple[int, ...]
+    batch_size: int
+    seed: int
+    first_batch: int
+    iterations: int | None
+    deadline: float | None
+    lr: float
+    momentum: float
+    timeout: float
+
+
+def _this_worker():
+    from distributed import get_worker
+
+    try:
+        return get_worker()
+    except ValueError:
+        return None
+
+
+def _call(actor, method: str, *args, timeout: float = 120.0):
+    """Call a server method: directly if its actor lives in this worker, else as an actor call."""
+    worker = _this_worker()
+    if worker is not None and getattr(actor, "_address", None) == worker.address:
+        server = getattr(getattr(worker, "state", None), "actors", {}).get(actor.key)
+        if server is not None:
+            return getattr(server, method)(*args)
+    try:
+        return getattr(actor, method)(*args).result(timeout=timeout)
+    except OSError as err:
+        raise ConnectionError(
+            f"the worker holding the {getattr(actor, '_cls', type(actor)).__name__} "
+            f"{getattr(actor, '_address', '?')} cannot be reached: {err}"
+        ) from err
+
+
+def _net(run_id: str, template, device: str):
+    """This thread's private copy of the conv-phase net for a run, on the worker's device."""
+    key = (run_id, threading.get_ident())
+    with _NETS_LOCK:
+        net = _NETS.get(key)
+        if net is None:
+            net = _NETS[key] = template.copy().to(get_xp(device))
+    return net
+
+
+def forget_run(run_id: str) -> int:
+    """Drop a finished run's cached nets from this worker process; returns how many."""
+    with _NETS_LOCK:
+        keys = [k for k in _NETS if k[0] == run_id]
+        for k in keys:
+            del _NETS[k]
+    return len(keys)
+
+
+def set_blas_threads(n: int) -> int:
+    """Limit this worker's BLAS/OpenMP threads."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=int(n))
+    return int(n)
+
+
+class BatchReader:
+    """The samples of global batch b, read from the persisted chunks in the data's epoch order.
+
+    Batch b is rows [pos·B, (pos+1)·B) of epoch b // n_batches's order (`epoch_indices`), exactly
+    the batches `iterate_batches` yields. Consecutive batches come from the same shuffled chunk, so
+    the last chunks read are kept.
+    """
+
+    def __init__(self, client, spec: GroupSpec, keep: int = 2) -> None:
+        self.client, self.spec, self.keep = client, spec, keep
+        self.starts = np.concatenate([[0], np.cumsum(spec.chunks)[:-1]]).astype(np.int64)
+        self.n_batches = int(sum(spec.chunks)) // spec.batch_size
+        self._order: tuple[int, np.ndarray] | None = None
+        self._chunks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _chunk(self, c: int):
+        from distributed import Future
+
+        if c not in self._chunks:
+            # the driver persisted and waited for the chunks, so their futures are finished
+            xf = Future(self.spec.x_keys[c], self.client, state="memory")
+            yf = Future(self.spec.y_keys[c], self.client, state="memory")
+            self._chunks[c] = tuple(self.client.gather([xf, yf]))
+            while len(self._chunks) > self.keep:
+                self._chunks.pop(next(iter(self._chunks)))
+        return self._chunks[c]
+
+    def get(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        epoch, pos = divmod(b, self.n_batches)
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, epoch_indices(self.spec.chunks, epoch=epoch, seed=self.spec.seed))
+        bs = self.spec.batch_size
+        idx = self._order[1][pos * bs : (pos + 1) * bs]
+        owner = np.searchsorted(self.starts, idx, side="right") - 1
+        x = y = None
+        for c in dict.fromkeys(owner.tolist()):
+            xc, yc = self._chunk(c)
+            rows = owner == c
+            if x is None:
+                x = np.empty((bs, *xc.shape[1:]), dtype=xc.dtype)
+                y = np.empty((bs,), dtype=yc.dtype)
+            x[rows] = xc[idx[rows] - self.starts[c]]
+            y[rows] = yc[idx[rows] - self.starts[c]]
+        return x, y
+
+
+def _forward(net, weights, x, device):
+    net.set_params(weights)
+    acts, caches = net.forward(to_device(x, get_xp(device)), train=True)
+    return to_numpy(acts), caches
+
+
+def _backward(net, weights, caches, dacts, device):
+    net.set_params(weights)
+    _, grads = net.backward(to_device(dacts, get_xp(device)), caches)
+    return {k: to_numpy(g) for k, g in grads.items()}
+
+
+def _one_worker_iteration(spec, template, conv_server, fc_server, x, y) -> dict[str, Any]:
+    """A whole iteration of a one-worker group, no task: pull, forward, FC step, backward, push."""
+    tmo = spec.timeout
+    t_start = time.time()
+    version, weights = _call(conv_server, "pull", timeout=tmo)
+    net = _net(spec.run_id, template, spec.devices[0])
+    acts, caches = _forward(net, weights, x, spec.devices[0])
+    fc = _call(fc_server, "step", acts, y, spec.lr, spec.momentum, timeout=tmo)
+    grads = _backward(net, weights, caches, fc["dacts"], spec.devices[0])
+    pushed = _call(conv_server, "push", grads, version, spec.lr, spec.momentum, timeout=tmo)
+    return {
+        "t_start": t_start,
+        "t_end": time.time(),
+        **pushed,
+        "loss": fc["loss"],
+        "accuracy": fc["accuracy"],
+    }
+
+
+def _sharded_iteration(client, spec, conv_server, fc_server, x, y) -> dict[str, Any]:
+    """A group of k > 1 workers: shard tasks on their workers, a reduction tree, one push."""
+    from distributed import Future
+
+    from dasknn.engine.placement import shard_sizes
+
+    tmo = spec.timeout
+    t_start = time.time()
+    version, weights = _call(conv_server, "pull", timeout=tmo)
+    template = Future(spec.template_key, client, state="memory")
+    bounds = np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
+    w_futures = [client.scatter([weights], workers=[w], direct=True, hash=False)[0] for w in spec.workers]
+    # every scattered future stays referenced until the push: a dropped one could be released
+    # before the scheduler has registered it, and its task would lose a dependency
+    shards = [
+        client.scatter(x[bounds[i] : bounds[i + 1]], workers=[w], direct=True, hash=False)
+        for i, w in enumerate(spec.workers)
+    ]
+    fwd = []
+    for i, (w, device) in enumerate(zip(spec.workers, spec.devices, strict=True)):
+        fwd.append(
+            client.submit(
+                conv_forward,
+                spec.run_id,
+                template,
+                w_futures[i],
+                shards[i],
+                device,
+                workers=[w],
+                allow_other_workers=False,
+                pure=False,
+            )
+        )
+    acts = client.gather(
+        [
+            client.submit(activations, f, workers=[w], pure=False)
+            for f, w in zip(fwd, spec.workers, strict=True)
+        ]
+    )
+    fc = _call(fc_server, "step", np.concatenate(acts), y, spec.lr, spec.momentum, timeout=tmo)
+    dacts = [
+        client.scatter(fc["dacts"][bounds[i] : bounds[i + 1]], workers=[w], direct=True, hash=False)
+        for i, w in enumerate(spec.workers)
+    ]
+    grads = []
+    for i, (f, w, device) in enumerate(zip(fwd, spec.workers, spec.devices, strict=True)):
+        grads.append(
+            client.submit(
+                conv_backward,
+                spec.run_id,
+                template,
+                w_futures[i],
+                f,
+                dacts[i],
+                device,
+                workers=[w],
+                allow_other_workers=False,
+                pure=False,
+            )
+        )
+    while len(grads) > 1:  # the reduction tree (FireCaffe §3): ceil(log2 k) levels of pairwise sums
+        grads = [
+            client.submit(sum_grads, grads[i], grads[i + 1], pure=False) if i + 1 < len(grads) else grads[i]
+            for i in range(0, len(grads), 2)
+        ]
+    pushed = _call(
+        conv_server, "push", grads[0].result(timeout=tmo), version, spec.lr, spec.momentum, timeout=tmo
+    )
+    del shards, dacts, w_futures, fwd
+    return {
+        "t_start": t_start,
+        "t_end": time.time(),
+        **pushed,
+        "loss": fc["loss"],
+        "accuracy": fc["accuracy"],
+    }
+
+
+def group_loop(spec: GroupSpec, template, conv_server, fc_server) -> list[dict[str, Any]]:
+    """Run one compute group until its iterations are done, its deadline passes, or the conv model
+    server says stop. Returns the group's Trace rows (times are absolute, seconds since the epoch)."""
+    from distributed import get_client, secede
+
+    client = get_client()
+    secede()  # a long-running task: free the worker's thread for the group's shard tasks
+    reader = BatchReader(client, spec)
+    rows: list[dict[str, Any]] = []
+    next_check = 0.0
+    i = 0
+    while spec.iterations is None or i < spec.iterations:
+        now = time.time()
+        if spec.deadline is not None and now >= spec.deadline:
+            break
+        if now >= next_check:
+            _, stopped = _call(conv_server, "progress", timeout=spec.timeout)
+            if stopped:
+                break
+            next_check = now + STOP_CHECK_SECONDS
+        b = spec.first_batch + spec.group + spec.n_groups * i
+        x, y = reader.get(b)
+        if len(spec.workers) == 1:
+            row = _one_worker_iteration(spec, template, conv_server, fc_server, x, y)
+        else:
+            row = _sharded_iteration(client, spec, conv_server, fc_server, x, y)
+        row.update(group=spec.group, batch=b, n_images=int(x.shape[0]))
+        rows.append(row)
+        i += 1
+    return rows
+
+
+# -- the shard tasks of a group of k > 1 workers -------------------------------------------------
+
+
+def conv_forward(run_id, template, weights, x, device) -> dict[str, Any]:
+    """One shard's conv forward with batched lowering; the cache stays in this task's result."""
+    net = _net(run_id, template, device)
+    acts, caches = _forward(net, weights, x, device)
+    return {"acts": acts, "caches": caches}
+
+
+def activations(fwd: dict[str, Any]) -> np.ndarray:
+    return fwd["acts"]
+
+
+def conv_backward(run_id, template, weights, fwd, dacts, device) -> dict[str, np.ndarray]:
+    """One shard's conv backward on the worker that holds its forward cache."""
+    net = _net(run_id, template, device)
+    return _backward(net, weights, fwd["caches"], dacts, device)
+
+
+def sum_grads(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One node of the reduction tree: the sum of two gradient dicts."""
+    return {k: a[k] + b[k] for k in a}

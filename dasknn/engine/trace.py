@@ -1,0 +1,139 @@
+"""The contract every engine keeps: a run configuration, a budget, the training state, and the Trace.
+
+An engine runs g compute groups for a budget and returns a `RunResult`: the Trace (a pandas
+DataFrame, one row per group iteration) and the `TrainState` it ended in. The optimizer talks to
+engines only through `run(net, X, y, config, budget, start) -> RunResult`, so the same optimizer
+drives the real cluster (DaskEngine) and the simulator (SimulatedEngine).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+TRACE_COLUMNS = (
+    "group",
+    "iteration",
+    "t_start",
+    "t_end",
+    "version_read",
+    "version_written",
+    "staleness",
+    "loss",
+    "accuracy",
+    "lr",
+    "momentum",
+    "n_images",
+    "epoch",
+)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What one run trains with: Omnivore's knobs (n_groups, lr, momentum) and the fixed settings."""
+
+    n_groups: int = 1
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    batch_size: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if int(self.n_groups) < 1:
+            raise ValueError(f"n_groups must be >= 1, got {self.n_groups}")
+        if int(self.batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        for key in ("lr", "momentum", "weight_decay"):
+            value = getattr(self, key)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{key} must be a finite number >= 0, got {value}")
+        if self.momentum >= 1:
+            raise ValueError(f"momentum must be < 1, got {self.momentum}")
+
+    def with_(self, **changes) -> RunConfig:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When a run stops: after `seconds` (wall or simulated) or `iterations` (all groups together)."""
+
+    seconds: float | None = None
+    iterations: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.seconds is None and self.iterations is None:
+            raise ValueError("a Budget needs seconds or iterations")
+        if self.seconds is not None and not self.seconds > 0:
+            raise ValueError(f"budget seconds must be > 0, got {self.seconds}")
+        if self.iterations is not None and int(self.iterations) < 1:
+            raise ValueError(f"budget iterations must be >= 1, got {self.iterations}")
+
+    def exhausted(self, seconds: float, iterations: int) -> bool:
+        return (self.seconds is not None and seconds >= self.seconds) or (
+            self.iterations is not None and iterations >= self.iterations
+        )
+
+
+@dataclass
+class TrainState:
+    """Everything needed to continue training exactly: weights, momentum buffers, data position.
+
+    `params` and `momentum` are flat dicts of numpy arrays keyed "layer.param" (conv and FC phases
+    together); `batches_done` counts batches consumed since epoch 0 (the data cursor).
+    """
+
+    params: dict[str, np.ndarray]
+    momentum: dict[str, np.ndarray] = field(default_factory=dict)
+    batches_done: int = 0
+    iterations_done: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_net(cls, net) -> TrainState:
+        """A fresh state at the net's current weights, zero momentum, at the start of the data."""
+        return cls(params=net.get_params())
+
+    def copy(self) -> TrainState:
+        return TrainState(
+            params={k: v.copy() for k, v in self.params.items()},
+            momentum={k: v.copy() for k, v in self.momentum.items()},
+            batches_done=self.batches_done,
+            iterations_done=self.iterations_done,
+            extra=dict(self.extra),
+        )
+
+
+@dataclass
+class RunResult:
+    """What a run returns: the Trace and the state it ended in."""
+
+    trace: pd.DataFrame
+    state: TrainState
+
+
+def make_trace(rows: list[dict[str, Any]], engine: str, **attrs: Any) -> pd.DataFrame:
+    """A Trace DataFrame with the standard columns (in order) and attrs naming the engine.
+
+    Simulated runs carry `time_unit = "simulated s"`: their clock is a model, not a measurement.
+    """
+    df = pd.DataFrame(
+        rows, columns=list(TRACE_COLUMNS) + sorted({k for r in rows for k in r} - set(TRACE_COLUMNS))
+    )
+    if not df.empty:
+        df = df.sort_values(["t_end", "group"], kind="stable").reset_index(drop=True)
+    df.attrs.update({"engine": engine, "time_unit": "simulated s" if engine == "simulated" else "s", **attrs})
+    return df
+
+
+class Engine(Protocol):
+    """Anything that runs compute groups: DaskEngine, SimulatedEngine."""
+
+    def run(self, net, X, y, config: RunConfig, budget: Budget, start: TrainState | None = None) -> RunResult:
+        """Train `net` from `start` (or its current weights) for `budget`; set the final weights on `net`."""
+        ...

@@ -1,0 +1,119 @@
+"""DaskEngine on a real LocalCluster: the distribution changes nothing in the maths, staleness is
+what the asynchrony makes it, and training reaches its accuracy."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import dask
+import numpy as np
+import pytest
+
+from dasknn.data.batching import iterate_batches
+from dasknn.engine import tasks
+from dasknn.engine.cluster import DaskEngine, WorkerLostError, local_client
+from dasknn.engine.servers import FCServer
+from dasknn.engine.trace import TRACE_COLUMNS, Budget, RunConfig
+from dasknn.nn import zoo
+from dasknn.nn.solver import SGD
+from dasknn.nn.train import evaluate, train_step
+
+CFG = RunConfig(n_groups=1, lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=64, seed=0)
+
+
+def in_process(X, y, config, iterations, seed=0):
+    """The reference: in-process training on the same batches in the same order."""
+    net = zoo.lenet(seed=seed)
+    solver = SGD.for_net(net, base_lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    batches = iterate_batches(X, y, config.batch_size, epoch=0, seed=config.seed)
+    for _ in range(iterations):
+        train_step(net, solver, *dask.compute(*next(batches)))
+    return net
+
+
+def test_one_group_one_worker_equals_in_process_training(digits):
+    X, y = digits
+    with local_client(n_workers=1) as client:
+        net = zoo.lenet(seed=0)
+        result = DaskEngine(client).run(net, X, y, CFG, Budget(iterations=12))
+    ref = in_process(X, y, CFG, 12)
+    for k, v in ref.params.items():
+        np.testing.assert_array_equal(net.params[k], v, err_msg=k)
+    trace = result.trace
+    assert list(trace.columns[: len(TRACE_COLUMNS)]) == list(TRACE_COLUMNS)
+    assert list(trace["iteration"]) == list(range(1, 13)) and (trace["staleness"] == 0).all()
+    assert (trace["t_end"] > trace["t_start"]).all() and trace.attrs["engine"] == "dask"
+    assert result.state.iterations_done == 12 and result.state.batches_done == 12
+
+
+def test_shard_gradients_sum_to_the_full_batch_gradient(digits):
+    X, y = digits
+    xb, yb = dask.compute(X[:64], y[:64])
+    conv, fc = zoo.lenet(seed=0).split_phases()
+    weights = conv.get_params()
+    server = FCServer(fc.copy())
+    shards = [(0, 40), (40, 64)]
+    fwd = [tasks.conv_forward("t", conv, weights, xb[a:b], "cpu") for a, b in shards]
+    out = server.step(np.concatenate([f["acts"] for f in fwd]), yb, 0.0, 0.0)
+    grads = [
+        tasks.conv_backward("t", conv, weights, f, out["dacts"][a:b], "cpu")
+        for f, (a, b) in zip(fwd, shards, strict=True)
+    ]
+    summed = tasks.sum_grads(*grads)
+    _, _, full = zoo.lenet(seed=0).loss_and_grads(xb, yb)
+    for k, g in summed.items():
+        np.testing.assert_allclose(g, full[k], rtol=1e-4, atol=1e-7, err_msg=k)
+
+
+def test_one_group_of_two_workers_matches_in_process_training(client2, digits):
+    X, y = digits
+    net = zoo.lenet(seed=0)
+    engine = DaskEngine(client2)
+    engine.run(net, X, y, CFG, Budget(iterations=8))
+    assert len(engine.placement_.groups[0]) == 2
+    ref = in_process(X, y, CFG, 8)
+    for k, v in ref.params.items():
+        np.testing.assert_allclose(net.params[k], v, rtol=1e-3, atol=5e-5, err_msg=k)  # float32 sums
+
+
+def test_four_groups_are_stale_by_about_three_and_still_learn(client2, digits):
+    X, y = digits
+    net = zoo.lenet(seed=0)
+    config = CFG.with_(n_groups=4, momentum=0.6)
+    result = DaskEngine(client2).run(net, X, y, config, Budget(iterations=240))
+    s = result.trace["staleness"]
+    assert s.min() >= 0
+    steady = s.iloc[20:-20]  # groups start and finish at slightly different times
+    assert steady.median() == 3 and 2.0 <= steady.mean() <= 4.0, s.value_counts().to_dict()
+    assert set(result.trace["group"]) == {0, 1, 2, 3}
+    _, acc = evaluate(net, *dask.compute(X, y))
+    assert acc >= 0.95, f"training accuracy {acc:.3f} with 4 asynchronous groups"
+
+
+def test_continuing_from_a_state_equals_one_longer_run(digits):
+    X, y = digits
+    with local_client(n_workers=1) as client:
+        engine = DaskEngine(client)
+        a = zoo.lenet(seed=0)
+        first = engine.run(a, X, y, CFG, Budget(iterations=5))
+        second = engine.run(a, X, y, CFG, Budget(iterations=5), start=first.state)
+        b = zoo.lenet(seed=0)
+        engine.run(b, X, y, CFG, Budget(iterations=10))
+    assert list(second.trace["iteration"]) == list(range(6, 11))
+    for k in a.params:
+        np.testing.assert_array_equal(a.params[k], b.params[k], err_msg=k)
+
+
+def test_losing_a_worker_raises_a_clear_error_within_bounded_time(digits):
+    X, y = digits
+    with local_client(n_workers=2, threads_per_worker=1) as client:
+        pids = client.run(os.getpid)
+        engine = DaskEngine(client, timeout=20, poll=0.5)
+        victim = sorted(pids)[-1]
+        threading.Timer(4.0, os.kill, (pids[victim], 9)).start()
+        t0 = time.time()
+        with pytest.raises(WorkerLostError, match=victim.replace(".", r"\.")):
+            engine.run(zoo.lenet(), X, y, CFG.with_(n_groups=2), Budget(seconds=120))
+        assert time.time() - t0 < 60
