@@ -1,0 +1,391 @@
+"""The simulated engine: g compute groups in one process, real SGD maths, a modeled clock.
+
+ARCHITECTURE "The simulator"; Omnivore §III-B (compute groups, merged FC) and §IV-B (HE model).
+Each group iteration: read the conv weights (version v); conv forward; join the merged FC server's
+FIFO queue (one batch at a time, t_fc each); conv backward; push ONE summed gradient (version v').
+Time is modeled by discrete events, so only the clock is a model: which weight version each
+gradient is computed on follows from the event order, and the training is real.
+
+The conv phase of a group of k workers takes t_conv(k), split into a forward part before the FC
+queue (`forward_fraction`, default 1/3: forward ≈ 1/3 of forward + backward FLOPs) and a backward
+part after it. With k > 1 the batch is cut into k shards; each shard's forward and backward run
+separately and the k gradients are summed, which equals the full-batch gradient up to float
+rounding. In-flight iterations are kept in `TrainState.extra["simulator"]`, so continuing from a
+run's state is exactly one longer run.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import dask
+import dask.array as da
+import numpy as np
+from tqdm import tqdm
+
+from dasknn.data.batching import epoch_indices
+from dasknn.data.chunks import sample_chunks
+from dasknn.engine.servers import ConvModelServer, FCServer
+from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
+from dasknn.nn.net import Net
+
+__all__ = [
+    "VARIABILITY",
+    "ConvFCTiming",
+    "SimulatedEngine",
+    "conv_backward_shards",
+    "conv_forward_shards",
+    "shard_slices",
+]
+
+VARIABILITY = ("deterministic", "gamma", "exponential")
+
+
+class ConvFCTiming(Protocol):
+    """What the simulator needs of a hardware model: `tradeoff.hardware.HEModel` is one."""
+
+    n_workers: int
+    t_fc: float
+
+    def t_conv(self, k: int) -> float: ...
+
+
+def shard_slices(batch_size: int, k: int) -> list[slice]:
+    """The k shards of a batch inside one compute group, sizes differing by at most one (§III-B)."""
+    if not 1 <= int(k) <= int(batch_size):
+        raise ValueError(f"cannot split a batch of {batch_size} images over {k} workers")
+    bounds = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(batch_size), k)])
+    return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def conv_forward_shards(conv_net: Net, xb, slices: list[slice], rng: np.random.Generator | None = None):
+    """Conv-phase forward of each shard; returns (activations of the whole batch, per-shard caches)."""
+    outs = [conv_net.forward(xb[s], train=True, rng=rng) for s in slices]
+    acts = outs[0][0] if len(outs) == 1 else np.concatenate([a for a, _ in outs])
+    return acts, [c for _, c in outs]
+
+
+def conv_backward_shards(conv_net: Net, dacts, caches: list, slices: list[slice]) -> dict[str, Any]:
+    """Conv-phase backward of each shard; the k weight gradients summed into one (§III-B)."""
+    total: dict[str, Any] = {}
+    for s, cache in zip(slices, caches, strict=True):
+        _, grads = conv_net.backward(dacts[s], cache)
+        total = grads if not total else {key: total[key] + grads[key] for key in total}
+    return total
+
+
+class _Batches:
+    """Batch b of the stream: epoch b // per_epoch, slice b % per_epoch of `epoch_indices`."""
+
+    def __init__(self, X, y, batch_size: int, seed: int) -> None:
+        chunks = X.chunks[0] if isinstance(X, da.Array) else None
+        X, y = dask.compute(X, y)
+        self.X, self.y = np.asarray(X), np.asarray(y)
+        if self.X.shape[0] != self.y.shape[0]:
+            raise ValueError(f"X has {self.X.shape[0]} samples but y has {self.y.shape[0]}")
+        if chunks is None:
+            chunks = sample_chunks(self.X.shape[0], self.X.shape[1:], batch_size)[0]
+        self.chunks, self.batch_size, self.seed = tuple(int(c) for c in chunks), batch_size, seed
+        self.per_epoch = self.X.shape[0] // batch_size
+        if self.per_epoch == 0:
+            raise ValueError(f"batch_size {batch_size} is larger than the {self.X.shape[0]} samples")
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def get(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        epoch, j = divmod(int(b), self.per_epoch)
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, epoch_indices(self.chunks, epoch=epoch, seed=self.seed))
+        idx = self._order[1][j * self.batch_size : (j + 1) * self.batch_size]
+        return self.X[idx], self.y[idx]
+
+
+class SimulatedEngine:
+    """Runs g compute groups by discrete events with real SGD; the Engine protocol of trace.py.
+
+    Timing from `timing` (an `HEModel`: t_conv(k), t_fc, n_workers) or from explicit `t_conv`
+    (seconds, or a function of k) and `t_fc`; `n_workers` defaults to the model's, else to
+    n_groups (k = 1). `variability`: 'deterministic', 'gamma' (each duration drawn with
+    coefficient of variation `cv`; Omnivore measured < 6%, appendix L3405) or 'exponential'
+    (Theorem 1's assumption A2). `verbose=0` silences the progress bar of long runs.
+
+    Batches follow `epoch_indices` on X's chunks (numpy X: the chunks `from_numpy` would give) in
+    the order groups start iterations; X and y are computed to numpy once per run. The returned
+    state's `batches_done` counts batches taken, in-flight ones included; conv-server versions
+    continue across runs. A run continues the in-flight iterations of its start state when
+    n_groups, group size, batch size and seed are unchanged (with the durations they were drawn
+    with); otherwise every group starts afresh from the state's weights (the in-flight batches are
+    skipped). A non-finite loss ends the run early with the trace attr `diverged` = True.
+    """
+
+    def __init__(
+        self,
+        timing: ConvFCTiming | None = None,
+        *,
+        t_conv: float | Callable[[int], float] | None = None,
+        t_fc: float | None = None,
+        n_workers: int | None = None,
+        variability: str = "deterministic",
+        cv: float = 0.06,
+        forward_fraction: float = 1 / 3,
+        verbose: int = 1,
+    ) -> None:
+        if timing is None and (t_conv is None or t_fc is None):
+            raise ValueError("SimulatedEngine needs a timing model (e.g. an HEModel) or both t_conv and t_fc")
+        if variability not in VARIABILITY:
+            raise ValueError(f"variability must be one of {VARIABILITY}, got {variability!r}")
+        if not (math.isfinite(cv) and cv >= 0):
+            raise ValueError(f"cv must be a finite number >= 0, got {cv}")
+        if not 0 <= forward_fraction <= 1:
+            raise ValueError(f"forward_fraction must be in [0, 1], got {forward_fraction}")
+        self.timing = timing
+        self.t_conv = t_conv
+        self.t_fc = float(t_fc if t_fc is not None else timing.t_fc)
+        self.n_workers = n_workers if n_workers is not None else getattr(timing, "n_workers", None)
+        self.variability, self.cv = variability, float(cv)
+        self.forward_fraction = float(forward_fraction)
+        self.verbose = verbose
+
+    def conv_time(self, k: int) -> float:
+        """Mean conv-phase time of a group of k workers (simulated seconds)."""
+        if self.t_conv is None:
+            return float(self.timing.t_conv(k))
+        return float(self.t_conv(k) if callable(self.t_conv) else self.t_conv)
+
+    def run(
+        self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None = None
+    ) -> RunResult:
+        """Train `net` from `start` (or its weights) for `budget` simulated seconds or iterations."""
+        g = int(config.n_groups)
+        n_workers = g if self.n_workers is None else int(self.n_workers)
+        if g > n_workers:
+            raise ValueError(f"n_groups={g} needs at least {g} workers; the timing model has {n_workers}")
+        state = TrainState.from_net(net) if start is None else start
+        sim = _Simulation(self, net, X, y, config, k=n_workers // g, state=state)
+        rows = sim.advance(budget)
+        new_state = sim.train_state()
+        net.set_params(new_state.params)
+        attrs = {
+            "n_groups": g,
+            "batch_size": config.batch_size,
+            "n_workers": n_workers,
+            "group_size": sim.k,
+            "t_conv": sim.t_conv_mean,
+            "t_fc": self.t_fc,
+            "variability": self.variability,
+            "cv": self.cv,
+            "forward_fraction": self.forward_fraction,
+            "diverged": sim.diverged,
+        }
+        return RunResult(trace=make_trace(rows, "simulated", **attrs), state=new_state)
+
+
+class _Simulation:
+    """One run's event loop: servers, per-group conv nets, the FC queue, the clock."""
+
+    def __init__(
+        self, engine: SimulatedEngine, net: Net, X, y, config: RunConfig, k: int, state: TrainState
+    ) -> None:
+        self.engine, self.config, self.k = engine, config, k
+        self.slices = shard_slices(config.batch_size, k)
+        self.t_conv_mean = engine.conv_time(k)
+        self.data = _Batches(X, y, config.batch_size, config.seed)
+        work = net.copy()
+        work.set_params(state.params)
+        conv, fc = work.split_phases()
+        if fc is None:
+            raise ValueError(f"net {net.name!r} has no FC phase; the simulator needs a merged FC server")
+        conv_keys = set(conv.params)
+        fc_keys = set(fc.params)
+        self.conv_server = ConvModelServer(
+            conv.get_params(), conv.lr_mult, conv.decay_mult, weight_decay=config.weight_decay
+        )
+        self.fc_server = FCServer(fc, weight_decay=config.weight_decay, seed=config.seed)
+        self.group_nets = [conv.copy() for _ in range(config.n_groups)]
+        sim = state.extra.get("simulator")
+        signature = {
+            "n_groups": config.n_groups,
+            "group_size": k,
+            "batch_size": config.batch_size,
+            "seed": config.seed,
+        }
+        resume = sim is not None and sim["signature"] == signature
+        conv_mom = {key: v for key, v in state.momentum.items() if key in conv_keys}
+        fc_mom = {key: v for key, v in state.momentum.items() if key in fc_keys}
+        self.conv_server.solver.load_state_dict(
+            {"iter": sim["conv_iter"] if sim else state.iterations_done, "history": conv_mom}
+        )
+        self.conv_server.version = sim["conv_version"] if sim else state.iterations_done
+        self.fc_server.solver.load_state_dict(
+            {"iter": sim["fc_iter"] if sim else state.iterations_done, "history": fc_mom}
+        )
+        self.signature = signature
+        self.extra = {key: v for key, v in state.extra.items() if key != "simulator"}
+        self.iterations_done, self.cursor = state.iterations_done, state.batches_done
+        self.clock = float(sim["clock"]) if sim else 0.0
+        self.rng = np.random.default_rng([config.seed, 3, state.iterations_done])
+        self.caches: dict[int, tuple] = {}
+        self.diverged = False
+        if resume:
+            sim = copy.deepcopy(sim)
+            self.seq, self.events, self.groups = sim["seq"], sim["events"], sim["groups"]
+            heapq.heapify(self.events)
+            self.fc_queue, self.fc_busy = deque(sim["fc_queue"]), sim["fc_busy"]
+            self.rng.bit_generator.state = sim["rng"]
+            self.fc_server.rng.bit_generator.state = sim["fc_rng"]
+            for grp, gs in self.groups.items():
+                self.group_nets[grp].set_params(gs["weights"])
+        else:
+            if "fc_rng" in state.extra:
+                self.fc_server.rng.bit_generator.state = state.extra["fc_rng"]
+            self.seq, self.events, self.groups = 0, [], {}
+            self.fc_queue, self.fc_busy = deque(), None
+            for grp in range(config.n_groups):
+                self._schedule(self.clock, "start", grp)
+
+    # -- events ----------------------------------------------------------------------------------
+    def _schedule(self, t: float, kind: str, grp: int) -> None:
+        heapq.heappush(self.events, (t, self.seq, kind, grp))
+        self.seq += 1
+
+    def _sample(self, mean: float) -> float:
+        """One duration around `mean`: fixed, gamma with the engine's CV, or exponential."""
+        if mean <= 0 or self.engine.variability == "deterministic":
+            return mean
+        if self.engine.variability == "exponential":
+            return float(self.rng.exponential(mean))
+        cv = self.engine.cv
+        return float(self.rng.gamma(1.0 / cv**2, mean * cv**2)) if cv > 0 else mean
+
+    def _start(self, t: float, grp: int) -> None:
+        version, weights = self.conv_server.pull()
+        self.group_nets[grp].set_params(weights)
+        t_conv = self._sample(self.t_conv_mean)
+        self.groups[grp] = {
+            "version_read": version,
+            "weights": weights,
+            "batch": self.cursor,
+            "t_start": t,
+            "t_conv": t_conv,
+            "dacts": None,
+            "loss": None,
+            "accuracy": None,
+        }
+        self.cursor += 1
+        self._schedule(t + self.engine.forward_fraction * t_conv, "fc_arrive", grp)
+
+    def _fc_arrive(self, t: float, grp: int) -> None:
+        self.fc_queue.append(grp)
+        if self.fc_busy is None:
+            self._serve(t)
+
+    def _serve(self, t: float) -> None:
+        self.fc_busy = self.fc_queue.popleft()
+        self._schedule(t + self._sample(self.engine.t_fc), "fc_done", self.fc_busy)
+
+    def _forward(self, grp: int) -> tuple:
+        """The group's conv forward on its pulled weights (recomputed after a resume)."""
+        if grp not in self.caches:
+            gs = self.groups[grp]
+            xb, yb = self.data.get(gs["batch"])
+            rng = np.random.default_rng([self.config.seed, 4, gs["batch"]])
+            acts, caches = conv_forward_shards(self.group_nets[grp], xb, self.slices, rng)
+            self.caches[grp] = (acts, caches, yb)
+        return self.caches[grp]
+
+    def _fc_done(self, t: float, grp: int) -> None:
+        acts, _, yb = self._forward(grp)
+        out = self.fc_server.step(acts, yb, lr=self.config.lr, momentum=self.config.momentum)
+        gs = self.groups[grp]
+        gs.update(dacts=out["dacts"], loss=float(out["loss"]), accuracy=float(out["accuracy"]))
+        self.fc_busy = None
+        if self.fc_queue:
+            self._serve(t)
+        self._schedule(t + (1.0 - self.engine.forward_fraction) * gs["t_conv"], "push", grp)
+
+    def _push(self, t: float, grp: int) -> dict[str, Any]:
+        _, caches, _ = self._forward(grp)
+        gs = self.groups.pop(grp)
+        grads = conv_backward_shards(self.group_nets[grp], gs["dacts"], caches, self.slices)
+        del self.caches[grp]
+        info = self.conv_server.push(
+            grads, gs["version_read"], lr=self.config.lr, momentum=self.config.momentum
+        )
+        self.iterations_done += 1
+        self._schedule(t, "start", grp)
+        epoch = gs["batch"] / self.data.per_epoch
+        return {
+            "group": grp,
+            "iteration": self.iterations_done,
+            "t_start": gs["t_start"],
+            "t_end": t,
+            **info,
+            "loss": gs["loss"],
+            "accuracy": gs["accuracy"],
+            "lr": self.config.lr,
+            "momentum": self.config.momentum,
+            "n_images": self.config.batch_size,
+            "epoch": epoch,
+            "batch": gs["batch"],
+        }
+
+    def advance(self, budget: Budget) -> list[dict[str, Any]]:
+        """Process events until the budget is spent; returns one trace row per pushed update."""
+        t0, limit = self.clock, math.inf if budget.seconds is None else self.clock + budget.seconds
+        handlers = {"start": self._start, "fc_arrive": self._fc_arrive, "fc_done": self._fc_done}
+        rows: list[dict[str, Any]] = []
+        total = budget.iterations if budget.iterations is not None else budget.seconds
+        unit = "it" if budget.iterations is not None else "sim s"
+        with tqdm(total=total, unit=unit, disable=not self.engine.verbose, delay=2.0, leave=False) as bar:
+            while self.events and self.events[0][0] <= limit:
+                t, _, kind, grp = heapq.heappop(self.events)
+                if budget.iterations is None:
+                    bar.update(t - self.clock)
+                self.clock = t
+                if kind != "push":
+                    handlers[kind](t, grp)
+                    continue
+                rows.append(self._push(t, grp))
+                if budget.iterations is not None:
+                    bar.update(1)
+                if not math.isfinite(rows[-1]["loss"]):
+                    self.diverged = True
+                    break
+                if budget.exhausted(t - t0, len(rows)):
+                    break
+            else:
+                if math.isfinite(limit):
+                    bar.update(limit - self.clock if budget.iterations is None else 0)
+                    self.clock = limit
+        return rows
+
+    # -- state -----------------------------------------------------------------------------------
+    def train_state(self) -> TrainState:
+        """Weights and momentum of both phases, the data cursor, and the in-flight iterations."""
+        params = {**self.conv_server.params, **self.fc_server.net.get_params()}
+        momentum = {**self.conv_server.solver.history, **self.fc_server.solver.history}
+        sim = {
+            "signature": dict(self.signature),
+            "clock": self.clock,
+            "seq": self.seq,
+            "events": sorted(self.events),
+            "groups": self.groups,
+            "fc_queue": list(self.fc_queue),
+            "fc_busy": self.fc_busy,
+            "rng": self.rng.bit_generator.state,
+            "fc_rng": self.fc_server.rng.bit_generator.state,
+            "conv_version": self.conv_server.version,
+            "conv_iter": self.conv_server.solver.iter,
+            "fc_iter": self.fc_server.solver.iter,
+        }
+        return TrainState(
+            params={key: np.array(v, copy=True) for key, v in params.items()},
+            momentum={key: np.array(v, copy=True) for key, v in momentum.items()},
+            batches_done=self.cursor,
+            iterations_done=self.iterations_done,
+            extra={**self.extra, "fc_rng": copy.deepcopy(sim["fc_rng"]), "simulator": copy.deepcopy(sim)},
+        )

@@ -1,0 +1,223 @@
+"""Hardware efficiency: Omnivore's time-per-iteration model and FireCaffe's communication models.
+
+Omnivore §IV-B (L771-800) and appendix E-A (L3212-3399): N conv devices form g compute groups of
+k = N/g devices sharing one merged FC server that serves one batch at a time, so
+
+    t_conv(k) = max(T_cc / k, T_nc · k)          (compute shrinks with k, network grows with k)
+    HE(g)     = max{t_fc, (t_conv(k) + t_fc) / g}  (predicted time per iteration)
+
+and the FC server is saturated when t_conv(k) + t_fc < g · t_fc. FireCaffe §6 (Iandola et al.)
+gives the gradient-communication time of a parameter server and of a reduction tree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "HEModel",
+    "phase_costs",
+    "t_parameter_server",
+    "t_reduction_tree",
+    "time_per_iteration",
+]
+
+CONV_EFFICIENCY = 0.5
+"""Fraction of device peak that conv layers reach with batched lowering (Omnivore Fig. 3, L631-633)."""
+
+FWD_BWD_FACTOR = 3
+"""FLOPs of forward + backward over forward alone: backward costs about twice the forward."""
+
+
+def phase_costs(net, batch_size: int) -> dict[str, float]:
+    """FLOPs (forward + backward) and bytes of the conv and FC phases for one batch (Omnivore §II-B).
+
+    From `net.summary()`: forward FLOPs ×3 for forward + backward; `conv_model_bytes` and
+    `fc_model_bytes` are parameter bytes; `split_activation_bytes` is what crosses from the conv
+    phase to the FC server for the whole batch (the same again travels back as its gradient).
+    """
+    s = net.summary()
+    conv, fc = s[s["phase"] == "conv"], s[s["phase"] == "fc"]
+    b = int(batch_size)
+    return {
+        "conv_flops": float(FWD_BWD_FACTOR * conv["flops"].sum() * b),
+        "fc_flops": float(FWD_BWD_FACTOR * fc["flops"].sum() * b),
+        "conv_model_bytes": float(conv["param_bytes"].sum()),
+        "fc_model_bytes": float(fc["param_bytes"].sum()),
+        "split_activation_bytes": float(conv["activation_bytes"].iloc[-1] * b),
+    }
+
+
+@dataclass(frozen=True)
+class HEModel:
+    """Omnivore's hardware efficiency model: predicted time per iteration for g groups (§IV-B).
+
+    T_cc: conv-phase forward + backward time of one batch on one device (s);
+    T_nc: network time of one copy of the conv model out and its gradient back (s);
+    t_fc: FC-phase time for one batch, activations in and their gradients out included (s);
+    n_workers: N, the conv devices; g groups get k = N // g each (any remainder sits idle).
+    """
+
+    T_cc: float
+    T_nc: float
+    t_fc: float
+    n_workers: int
+
+    def __post_init__(self) -> None:
+        for key in ("T_cc", "T_nc", "t_fc"):
+            value = getattr(self, key)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{key} must be a finite number >= 0, got {value}")
+        if int(self.n_workers) < 1:
+            raise ValueError(f"n_workers must be >= 1, got {self.n_workers}")
+
+    # -- constructors ----------------------------------------------------------------------------
+    @classmethod
+    def from_measurements(
+        cls,
+        t_conv_1: float,
+        t_fc: float,
+        n_workers: int,
+        conv_model_bytes: float,
+        bandwidth_bytes_per_s: float,
+    ) -> HEModel:
+        """The model from calibration: measured t_conv(1) and t_fc, conv model bytes, network speed.
+
+        Omnivore appendix L3387-3399: T_cc = t_conv(1) (one device is compute-bound), and
+        T_nc = 2 · conv_model_bytes / bandwidth: the conv model server sends the model to each
+        worker of a group and receives a gradient of the same size from each, so with k workers
+        that traffic is k times T_nc.
+        """
+        _positive(bandwidth_bytes_per_s, "bandwidth_bytes_per_s")
+        return cls(
+            T_cc=float(t_conv_1),
+            T_nc=2.0 * float(conv_model_bytes) / float(bandwidth_bytes_per_s),
+            t_fc=float(t_fc),
+            n_workers=int(n_workers),
+        )
+
+    @classmethod
+    def estimate(
+        cls,
+        net,
+        batch_size: int,
+        n_workers: int,
+        device_gflops: float,
+        bandwidth_bytes_per_s: float,
+        fc_gflops: float | None = None,
+        efficiency: float = CONV_EFFICIENCY,
+    ) -> HEModel:
+        """The model from FLOP and byte counts at device and network speeds (Omnivore L3387-3399).
+
+        T_cc = conv FLOPs (forward ×3) / (device_gflops · efficiency); t_fc = FC FLOPs / (fc_gflops ·
+        efficiency) plus the split activations to the FC server and their gradients back at
+        `bandwidth_bytes_per_s`; T_nc = 2 · conv model bytes / bandwidth (the conv model server sends
+        the model to, and receives a gradient from, each of the k workers of a group). `efficiency`
+        is the fraction of peak reached (default 0.5, Omnivore Fig. 3: conv layers at ~50% of peak).
+        """
+        _positive(device_gflops, "device_gflops")
+        _positive(bandwidth_bytes_per_s, "bandwidth_bytes_per_s")
+        if not 0 < efficiency <= 1:
+            raise ValueError(f"efficiency must be in (0, 1], got {efficiency}")
+        fc_gflops = device_gflops if fc_gflops is None else fc_gflops
+        _positive(fc_gflops, "fc_gflops")
+        c = phase_costs(net, batch_size)
+        T_cc = c["conv_flops"] / (device_gflops * 1e9 * efficiency)
+        t_fc = (
+            c["fc_flops"] / (fc_gflops * 1e9 * efficiency)
+            + 2.0 * c["split_activation_bytes"] / bandwidth_bytes_per_s
+        )
+        T_nc = 2.0 * c["conv_model_bytes"] / bandwidth_bytes_per_s
+        return cls(T_cc=T_cc, T_nc=T_nc, t_fc=t_fc, n_workers=int(n_workers))
+
+    # -- the model -------------------------------------------------------------------------------
+    def group_size(self, g: int) -> int:
+        """k = N // g, the devices per group (Omnivore §IV-B)."""
+        g = int(g)
+        if not 1 <= g <= self.n_workers:
+            raise ValueError(f"n_groups must be in [1, {self.n_workers}] (the workers), got {g}")
+        return self.n_workers // g
+
+    def t_conv(self, k: int) -> float:
+        """Conv-phase time of a group of k devices: max(T_cc / k, T_nc · k) (appendix L3384)."""
+        if int(k) < 1:
+            raise ValueError(f"group size k must be >= 1, got {k}")
+        return max(self.T_cc / k, self.T_nc * k)
+
+    def he(self, g: int) -> float:
+        """Predicted time per iteration HE(g) = max{t_fc, (t_conv(N/g) + t_fc) / g} (§IV-B)."""
+        return max(self.t_fc, (self.t_conv(self.group_size(g)) + self.t_fc) / int(g))
+
+    def saturates(self, g: int) -> bool:
+        """True when g groups saturate the FC server: t_conv(k) + t_fc < g · t_fc (appendix L3283-3293)."""
+        return self.t_conv(self.group_size(g)) + self.t_fc < int(g) * self.t_fc
+
+    def smallest_saturating_g(self, gs: Iterable[int] | None = None) -> int | None:
+        """The fewest groups that saturate the FC server, or None (where Omnivore's optimizer starts, §V).
+
+        `gs` restricts the candidates (default 1..N), e.g. to the divisors of N.
+        """
+        candidates = range(1, self.n_workers + 1) if gs is None else sorted(int(g) for g in gs)
+        return next((g for g in candidates if self.saturates(g)), None)
+
+    def curve(self, gs: Iterable[int] | None = None) -> pd.DataFrame:
+        """HE(g) for each g (default 1..N): k, t_conv, time per iteration, saturation, P_HE."""
+        gs = list(range(1, self.n_workers + 1)) if gs is None else [int(g) for g in gs]
+        he1 = self.he(1)
+        rows = [
+            {
+                "n_groups": g,
+                "k": self.group_size(g),
+                "t_conv": self.t_conv(self.group_size(g)),
+                "t_fc": self.t_fc,
+                "time_per_iter": self.he(g),
+                "fc_saturated": self.saturates(g),
+                "P_HE": self.he(g) / he1,
+            }
+            for g in gs
+        ]
+        return pd.DataFrame(rows).set_index("n_groups")
+
+
+def t_parameter_server(grad_bytes: float, p: int, bandwidth_bytes_per_s: float) -> float:
+    """Parameter-server gradient communication time |∇W| · p / BW (FireCaffe §6.1, Eq. 3)."""
+    _positive(bandwidth_bytes_per_s, "bandwidth_bytes_per_s")
+    return float(grad_bytes) * int(p) / float(bandwidth_bytes_per_s)
+
+
+def t_reduction_tree(grad_bytes: float, p: int, bandwidth_bytes_per_s: float) -> float:
+    """Reduction-tree gradient communication time |∇W| · 2 · log2(p) / BW (FireCaffe §6.2, Eq. 4)."""
+    _positive(bandwidth_bytes_per_s, "bandwidth_bytes_per_s")
+    if int(p) < 1:
+        raise ValueError(f"p must be >= 1, got {p}")
+    return float(grad_bytes) * 2.0 * math.log2(int(p)) / float(bandwidth_bytes_per_s)
+
+
+def time_per_iteration(trace: pd.DataFrame, warmup: int = 0) -> float:
+    """Measured time per iteration of a Trace: 1 / (updates per unit time, all groups together).
+
+    Each group's period is the mean spacing of its consecutive `t_end` (after skipping its first
+    `warmup` completions); the groups' rates add up. This is what HE(g) predicts (Omnivore §IV-B),
+    in the trace's time unit, and it does not depend on where in a round of groups the run stopped.
+    Runs where no group completed twice fall back to the elapsed time over the updates.
+    """
+    if len(trace) == 0:
+        return float("nan")
+    rate = 0.0
+    for _, t_end in trace.groupby("group")["t_end"]:
+        t = np.sort(t_end.to_numpy(dtype=float))[int(warmup) :]
+        if len(t) >= 2 and t[-1] > t[0]:
+            rate += (len(t) - 1) / (t[-1] - t[0])
+    if rate == 0.0:
+        return float((trace["t_end"].max() - trace["t_start"].min()) / len(trace))
+    return 1.0 / rate
+
+
+def _positive(value: float, name: str) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")

@@ -1,0 +1,115 @@
+"""The HE model (Omnivore §IV-B) on hand-computed numbers, its estimate from FLOPs and bytes, and
+FireCaffe's communication models."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from dasknn.engine.trace import make_trace
+from dasknn.nn import zoo
+from dasknn.tradeoff.hardware import (
+    HEModel,
+    phase_costs,
+    t_parameter_server,
+    t_reduction_tree,
+    time_per_iteration,
+)
+
+# T_cc = 8 s, T_nc = 0.5 s, t_fc = 1.5 s, N = 8:
+#   k:          8    4    2    1
+#   T_cc/k:     1    2    4    8
+#   T_nc·k:     4    2    1    0.5
+#   t_conv(k):  4    2    4    8
+# HE(1) = (4 + 1.5)/1 = 5.5; HE(2) = (2 + 1.5)/2 = 1.75; HE(3) (k = 2) = (4 + 1.5)/3, not saturated
+# (5.5 < 4.5 is false); HE(4) = max(1.5, 5.5/4) = 1.5, saturated (5.5 < 6); HE(8) = max(1.5, 9.5/8) = 1.5.
+MODEL = HEModel(T_cc=8.0, T_nc=0.5, t_fc=1.5, n_workers=8)
+
+
+def test_t_conv_is_the_max_of_compute_and_network_time():
+    assert [MODEL.t_conv(k) for k in (1, 2, 4, 8)] == [8.0, 4.0, 2.0, 4.0]
+
+
+def test_he_is_time_per_iteration_of_the_bottleneck():
+    assert [MODEL.he(g) for g in (1, 2, 3, 4, 8)] == [5.5, 1.75, 5.5 / 3, 1.5, 1.5]
+    assert MODEL.group_size(3) == 2
+
+
+def test_fc_saturation_and_the_smallest_saturating_g():
+    assert [MODEL.saturates(g) for g in (1, 2, 3, 4, 8)] == [False, False, False, True, True]
+    assert MODEL.smallest_saturating_g() == 4
+    assert MODEL.smallest_saturating_g(gs=[1, 2]) is None
+    assert HEModel(T_cc=1.0, T_nc=0.0, t_fc=0.01, n_workers=4).smallest_saturating_g() is None
+
+
+def test_curve_tabulates_he_and_p_he():
+    curve = MODEL.curve([1, 2, 4, 8])
+    assert curve.index.name == "n_groups" and list(curve.index) == [1, 2, 4, 8]
+    assert curve["time_per_iter"].tolist() == [5.5, 1.75, 1.5, 1.5]
+    assert curve["k"].tolist() == [8, 4, 2, 1]
+    assert curve["P_HE"].tolist() == pytest.approx([1.0, 1.75 / 5.5, 1.5 / 5.5, 1.5 / 5.5])
+    assert curve["fc_saturated"].tolist() == [False, False, True, True]
+    assert len(MODEL.curve()) == 8
+
+
+def test_from_measurements_derives_T_nc_from_model_bytes_there_and_back():
+    m = HEModel.from_measurements(
+        t_conv_1=3.0, t_fc=0.2, n_workers=16, conv_model_bytes=1e6, bandwidth_bytes_per_s=1e8
+    )
+    assert (m.T_cc, m.T_nc, m.t_fc, m.n_workers) == (3.0, 0.02, 0.2, 16)
+
+
+def test_lenet_phase_costs_by_hand():
+    c = phase_costs(zoo.lenet(), batch_size=64)
+    conv_fwd = 2 * 20 * 25 * 24 * 24 + 20 * 12 * 12 * 4 + 2 * 50 * 20 * 25 * 8 * 8 + 50 * 4 * 4 * 4
+    assert c["conv_flops"] == 3 * conv_fwd * 64
+    assert c["conv_model_bytes"] == 4 * (20 * 25 + 20 + 50 * 20 * 25 + 50)
+    assert c["fc_model_bytes"] == 4 * (800 * 500 + 500 + 500 * 10 + 10)
+    assert c["split_activation_bytes"] == 4 * 800 * 64
+
+
+def test_estimate_on_lenet_gives_sane_magnitudes():
+    m = HEModel.estimate(
+        zoo.lenet(), batch_size=64, n_workers=8, device_gflops=100.0, bandwidth_bytes_per_s=125e6
+    )
+    c = phase_costs(zoo.lenet(), 64)
+    assert m.T_cc == pytest.approx(c["conv_flops"] / 50e9)
+    assert m.T_nc == pytest.approx(2 * c["conv_model_bytes"] / 125e6)
+    assert m.t_fc == pytest.approx(c["fc_flops"] / 50e9 + 2 * c["split_activation_bytes"] / 125e6)
+    assert 5e-3 < m.T_cc < 5e-2 and 5e-4 < m.T_nc < 5e-3 and 1e-3 < m.t_fc < 2e-2
+    assert c["conv_flops"] / (c["conv_flops"] + c["fc_flops"]) > 0.8
+
+
+def test_estimate_on_alexnet_matches_the_papers_flop_counts():
+    c = phase_costs(zoo.caffenet(groups=1), batch_size=256)
+    assert c["conv_flops"] == pytest.approx(1.6e12, rel=0.05)  # Omnivore L463: conv 1.6 TFLOPs
+    assert c["fc_flops"] == pytest.approx(80e9, rel=0.15)  # ... and FC 80 GFLOPs
+
+
+def test_firecaffe_communication_models():
+    assert t_parameter_server(100e6, 32, 1.25e9) == pytest.approx(2.56)
+    assert t_reduction_tree(100e6, 32, 1.25e9) == pytest.approx(0.8)
+    assert t_reduction_tree(100e6, 1, 1.25e9) == 0.0
+    assert t_reduction_tree(1.0, 1024, 1.0) < t_parameter_server(1.0, 1024, 1.0)
+
+
+def test_time_per_iteration_adds_the_groups_rates():
+    rows = [
+        {"group": g, "t_start": t - 2.0, "t_end": t} for g, ts in ((0, (2, 4, 6)), (1, (3, 5, 7))) for t in ts
+    ]
+    assert time_per_iteration(make_trace(rows, "simulated")) == pytest.approx(1.0)
+    one = make_trace([{"group": 0, "t_start": 0.0, "t_end": 3.0}], "simulated")
+    assert time_per_iteration(one) == 3.0
+    assert math.isnan(time_per_iteration(make_trace([], "simulated")))
+
+
+def test_bad_parameters_are_rejected():
+    with pytest.raises(ValueError, match="T_cc"):
+        HEModel(T_cc=-1.0, T_nc=0.1, t_fc=0.1, n_workers=2)
+    with pytest.raises(ValueError, match="n_groups must be in"):
+        MODEL.he(9)
+    with pytest.raises(ValueError, match="bandwidth"):
+        HEModel.estimate(zoo.lenet(), 64, 4, device_gflops=10.0, bandwidth_bytes_per_s=0.0)
+    assert isinstance(MODEL.curve([1]), pd.DataFrame)
