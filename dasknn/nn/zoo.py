@@ -142,7 +142,21 @@ def caffenet(
     return Net(layers, input_shape, name="CaffeNet", seed=seed)
 
 
+def mlp(
+    input_shape: tuple[int, int, int] = (64, 1, 1), num_classes: int = 10, hidden: int = 64, seed: int = 0
+) -> Net:
+    """A two-layer perceptron written as a CNN: a 1×1 convolution over the features (the conv phase)
+    and an InnerProduct classifier (the FC phase). For tabular or flattened data seen as 1×1 images."""
+    layers = [
+        _conv("conv1", hidden, 1),
+        ReLU("relu1"),
+        _ip("ip1", num_classes),
+    ]
+    return Net(layers, input_shape, name="MLP", seed=seed)
+
+
 NETS: dict[str, Callable[..., Net]] = {
+    "mlp": mlp,
     "lenet": lenet,
     "cifar10_quick": cifar10_quick,
     "cifar10_full": cifar10_full,
@@ -153,7 +167,7 @@ NETS: dict[str, Callable[..., Net]] = {
 def get_net(
     name: str, input_shape: tuple[int, int, int] | None = None, num_classes: int = 10, seed: int = 0
 ) -> Net:
-    """A zoo net by name ("lenet", "cifar10_quick", "cifar10_full", "caffenet")."""
+    """A zoo net by name ("lenet", "cifar10_quick", "cifar10_full", "caffenet", "mlp")."""
     key = name.lower().replace("-", "_")
     if key not in NETS:
         raise ValueError(f"unknown net {name!r}; available: {sorted(NETS)}")

@@ -1,0 +1,129 @@
+"""DistributedCNN: the scikit-learn contract, on real engines and real data."""
+
+from __future__ import annotations
+
+import pickle
+
+import dask.array as da
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.datasets import load_digits
+
+from dasknn.data import load
+from dasknn.estimator import DistributedCNN
+
+FIXED = {"n_groups": 1, "learning_rate": 0.01, "momentum": 0.9}
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load("digits", size=28)
+
+
+@pytest.fixture(scope="module")
+def fitted_simulated(digits):
+    X, y = digits
+    est = DistributedCNN(engine="simulated", n_workers=4, time_budget=30, target_accuracy=0.97, **FIXED)
+    return est.fit(X, y)
+
+
+def test_fixed_config_on_the_simulator_learns_and_reports(fitted_simulated, digits):
+    est = fitted_simulated
+    X, y = digits
+    assert est.score(X, y) >= 0.97
+    assert list(est.classes_) == list(range(10))
+    hist = est.history_
+    assert hist[0]["iteration"] == 0 and hist[-1]["accuracy"] >= 0.97
+    assert all(a["time"] <= b["time"] for a, b in zip(hist, hist[1:], strict=False))
+    row = est.report_.set_index("threshold").loc[0.95]
+    assert row["reached"] and 0 < row["seconds"] <= hist[-1]["time"]
+    ds = est.tradeoff_
+    assert ds.attrs["engine"] == "simulated" and ds.attrs["time_unit"] == "simulated s"
+    assert float(ds["P_HE"].sel(groups=1).item()) == 1.0
+    assert est.n_iter_ == hist[-1]["iteration"] and est.decisions_.empty
+
+
+def test_fixed_config_on_a_local_dask_cluster_reaches_95_percent(digits):
+    X, y = digits
+    est = DistributedCNN(engine="dask", n_workers=1, time_budget=60, target_accuracy=0.95, **FIXED)
+    est.fit(X, y)
+    assert est.history_[-1]["accuracy"] >= 0.95
+    assert est.trace_.attrs["engine"] == "dask" and (est.trace_["staleness"] == 0).all()
+    assert est.score(X, y) >= 0.95
+
+
+def test_predict_returns_the_original_labels_for_numpy_and_dask(fitted_simulated, digits):
+    X, y = digits
+    Xn = X[:100].compute()
+    p = fitted_simulated.predict_proba(Xn)
+    assert p.shape == (100, 10) and np.allclose(p.sum(axis=1), 1, atol=1e-5)
+    lazy = fitted_simulated.predict(X[:100])
+    assert isinstance(lazy, da.Array)
+    np.testing.assert_array_equal(lazy.compute(), fitted_simulated.predict(Xn))
+    shifted = DistributedCNN(engine="simulated", n_workers=2, max_epochs=2, time_budget=None, **FIXED)
+    shifted.fit(Xn.repeat(2, axis=0), (y[:100].compute() + 10).repeat(2))
+    assert set(np.unique(shifted.predict(Xn))) <= set(range(10, 20))
+
+
+def test_flat_features_with_the_mlp_net():
+    d = load_digits()
+    X, y = d.data.astype(np.float32) / 16, d.target
+    est = DistributedCNN(
+        net="mlp",
+        input_shape="flat",
+        engine="simulated",
+        n_workers=2,
+        max_epochs=6,
+        time_budget=None,
+        learning_rate=0.1,
+        momentum=0.9,
+        n_groups=1,
+    )
+    est.fit(X, y)
+    assert est.n_features_in_ == 64
+    assert est.score(X, y) >= 0.9
+
+
+def test_pickle_and_clone(fitted_simulated, digits):
+    X, _ = digits
+    again = pickle.loads(pickle.dumps(fitted_simulated))
+    np.testing.assert_array_equal(again.predict(X[:50].compute()), fitted_simulated.predict(X[:50].compute()))
+    fresh = clone(fitted_simulated)
+    assert not hasattr(fresh, "net_") and fresh.get_params() == fitted_simulated.get_params()
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"batch_size": 0}, "batch_size must be an integer >= 1"),
+        ({"n_groups": 0}, "n_groups must be 'auto' or an integer >= 1"),
+        ({"learning_rate": -1.0}, "learning_rate must be 'auto' or a finite number > 0"),
+        ({"momentum": 1.0}, r"momentum must be 'auto' or a number in \[0, 1\)"),
+        ({"engine": "spark"}, "unknown engine 'spark'"),
+        ({"time_budget": None, "max_epochs": None}, "give time_budget or max_epochs"),
+        ({"target_accuracy": 1.5}, r"target_accuracy must be None or in \(0, 1\]"),
+        ({"net": "vgg"}, "unknown net 'vgg'"),
+        ({"input_shape": (1, 5, 5)}, "reshapes 2-D X"),
+    ],
+)
+def test_bad_parameters_are_named_before_any_work(params, message, digits):
+    X, y = digits
+    with pytest.raises(ValueError, match=message):
+        DistributedCNN(**{"engine": "simulated", **FIXED, **params}).fit(X[:128], y[:128])
+
+
+def test_bad_data_is_named_before_any_work(digits):
+    X, y = digits
+    Xn, yn = X[:128].compute(), y[:128].compute()
+    est = DistributedCNN(engine="simulated", **FIXED)
+    with pytest.raises(ValueError, match="NaN"):
+        bad = Xn.copy()
+        bad[0, 0, 0, 0] = np.nan
+        est.fit(bad, yn)
+    with pytest.raises(ValueError, match="128 samples but y has"):
+        est.fit(Xn, yn[:100])
+    with pytest.raises(ValueError, match="at least 2"):
+        est.fit(Xn, np.zeros(128, dtype=int))
+    with pytest.raises(ValueError, match="4-D"):
+        est.fit(Xn.reshape(128, -1), yn)
