@@ -166,11 +166,47 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             raise ValueError(f"input_shape {shape!r} does not hold {n_features} features per sample")
         return X.reshape((X.shape[0], *target))
 
+    def _as_array(self, X, fitted: bool = False):
+        """Dask arrays stay lazy; anything else goes through scikit-learn's gate (sparse, complex,
+        object, empty and 1-D inputs get its standard errors), then the input_shape reshape.
+        With `fitted`, 2-D input must have the features the estimator was fitted on."""
+        if not isinstance(X, da.Array):
+            from sklearn.utils.validation import check_array
+
+            X = check_array(
+                X,
+                accept_sparse=False,
+                dtype="numeric",
+                allow_nd=True,
+                ensure_all_finite=False,
+                ensure_2d=True,
+                input_name="X",
+            )
+            if fitted and X.ndim == 2 and X.shape[1] != self.n_features_in_:
+                raise ValueError(
+                    f"X has {X.shape[1]} features, but DistributedCNN is expecting {self.n_features_in_} "
+                    "features as input"
+                )
+        return self._shape_X(X)
+
     def _validate(self, X, y):
+        """(X, y, the classes in y): every input error raised before any work."""
         self._check_params()
-        X = self._shape_X(X if isinstance(X, da.Array) else np.asarray(X) if not hasattr(X, "shape") else X)
-        X, y = check_X_y(X, y, batch_size=self.batch_size)
-        return X, y
+        if y is None:
+            raise ValueError("DistributedCNN requires y to be passed, but the target y is None")
+        X = self._as_array(X)
+        if isinstance(y, da.Array):
+            X, y = check_X_y(X, y, batch_size=self.batch_size)
+            return X, y, np.unique(y.compute())
+        from sklearn.utils.multiclass import check_classification_targets
+        from sklearn.utils.validation import column_or_1d
+
+        y = column_or_1d(y, warn=True)
+        check_classification_targets(y)
+        labels = np.unique(y)
+        # the shared gate checks X and the lengths; labels of any type are encoded by the caller
+        X, _ = check_X_y(X, np.searchsorted(labels, y), batch_size=self.batch_size)
+        return X, y, labels
 
     # -- the pieces of a fit ---------------------------------------------------------------------
     def _build_net(self, input_shape, n_classes: int) -> Net:
@@ -238,9 +274,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, X, y) -> DistributedCNN:
-        """Train on X (n, C, H, W) and integer-like labels y; returns self."""
-        X, y = self._validate(X, y)
-        labels = np.unique(y.compute())
+        """Train on X (n, C, H, W) and class labels y; returns self."""
+        X, y, labels = self._validate(X, y)
         if self.warm_start and hasattr(self, "classes_"):
             unseen = np.setdiff1d(labels, self.classes_)
             if unseen.size:
@@ -251,7 +286,10 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             self.classes_ = labels
         if len(self.classes_) < 2:
             raise ValueError(f"y has {len(self.classes_)} class; a classifier needs at least 2")
-        y_idx = y.map_blocks(_label_index, self.classes_, dtype=np.int64)
+        if isinstance(y, da.Array):
+            y_idx = y.map_blocks(_label_index, self.classes_, dtype=np.int64)
+        else:
+            y_idx = da.from_array(_label_index(y, self.classes_), chunks=(X.chunks[0],))
         warm = self.warm_start and hasattr(self, "net_")
         net = self.net_ if warm else self._build_net(X.shape[1:], len(self.classes_))
         start = self.state_ if warm else None
@@ -400,8 +438,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         """Class probabilities, (n_samples, n_classes): numpy for numpy input, dask for dask input."""
         self._check_fitted()
         lazy = isinstance(X, da.Array)
-        X = self._shape_X(X if hasattr(X, "shape") else np.asarray(X))
-        X = check_X(X, batch_size=self.batch_size)
+        X = check_X(self._as_array(X, fitted=True), batch_size=self.batch_size)
         if tuple(X.shape[1:]) != self.net_.input_shape:
             raise ValueError(
                 f"X has samples of shape {tuple(X.shape[1:])}; the net was fitted on {self.net_.input_shape}"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from sklearn.base import clone
 from sklearn.datasets import load_digits
+from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from dasknn.data import load
 from dasknn.estimator import DistributedCNN
@@ -127,3 +128,22 @@ def test_bad_data_is_named_before_any_work(digits):
         est.fit(Xn, np.zeros(128, dtype=int))
     with pytest.raises(ValueError, match="4-D"):
         est.fit(Xn.reshape(128, -1), yn)
+
+
+@parametrize_with_checks(
+    [
+        DistributedCNN(
+            net="mlp",
+            input_shape="flat",
+            engine="simulated",
+            n_workers=1,
+            batch_size=4,
+            max_epochs=3,
+            time_budget=None,
+            **FIXED,
+        )
+    ]
+)
+def test_scikit_learn_estimator_checks(estimator, check):
+    """scikit-learn's own contract checks, on flat features seen as 1×1 images (net="mlp")."""
+    check(estimator)
