@@ -89,6 +89,8 @@ class Pooling(Layer):
     def _pad(self, x, fill):
         xp = array_module(x)
         (top, bottom), (left, right) = self._padded_extent()
+        if top == bottom == left == right == 0:
+            return x
         n, c, h, w = x.shape
         out = xp.full((n, c, top + h + bottom, left + w + right), fill, dtype=x.dtype)
         out[:, :, top : top + h, left : left + w] = x
@@ -110,17 +112,11 @@ class Pooling(Layer):
         _, oh, ow = self.out_shape
         if self.pool == "max":
             xpad = self._pad(x, -xp.inf)
-            y = None
-            argmax = xp.zeros((x.shape[0], x.shape[1], oh, ow), dtype=xp.int8 if kh * kw < 128 else xp.int32)
-            for idx, sl in _windows(xpad, kh, kw, sh, sw, oh, ow):
-                v = xpad[sl]
-                if y is None:
-                    y = v.copy()
-                    continue
-                better = v > y
-                y = xp.where(better, v, y)
-                argmax[better] = idx
-            return y, argmax
+            windows = _windows(xpad, kh, kw, sh, sw, oh, ow)
+            y = xpad[next(windows)[1]].copy()
+            for _, sl in windows:
+                xp.maximum(y, xpad[sl], out=y)
+            return y, (xpad, y)
         xpad = self._pad(x, 0)
         y = xp.zeros((x.shape[0], x.shape[1], oh, ow), dtype=x.dtype)
         for _, sl in _windows(xpad, kh, kw, sh, sw, oh, ow):
@@ -136,8 +132,14 @@ class Pooling(Layer):
         (top, bottom), (left, right) = self._padded_extent()
         dxpad = xp.zeros((dy.shape[0], dy.shape[1], top + h + bottom, left + w + right), dtype=dy.dtype)
         if self.pool == "max":
-            for idx, sl in _windows(dxpad, kh, kw, sh, sw, oh, ow):
-                dxpad[sl] += dy * (cache == idx)
+            # the gradient goes to the first maximum of each window in window order (as Caffe's argmax)
+            xpad, y = cache
+            claimed = xp.zeros(y.shape, dtype=bool)
+            for _, sl in _windows(dxpad, kh, kw, sh, sw, oh, ow):
+                hit = xpad[sl] == y
+                hit &= ~claimed
+                claimed |= hit
+                dxpad[sl] += dy * hit
         else:
             g = dy / self._divisor(xp, dy.dtype)
             for _, sl in _windows(dxpad, kh, kw, sh, sw, oh, ow):
