@@ -1,8 +1,9 @@
 """The `dasknn` command: `dasknn train`, `dasknn info`, `dasknn summary`.
 
-`dasknn train` is the main job. Until the Dask engine and Omnivore's optimizer land (issues #4 and
-#6) it trains in this process with fixed hyperparameters (Caffe's LeNet solver settings by default),
-reading batches from the dataset's dask arrays, and reports accuracy over time.
+`dasknn train` is the main job: DistributedCNN on a LocalCluster sized to the machine (or on a
+running scheduler), Omnivore's optimizer choosing n_groups, learning rate and momentum unless they
+are given. It prints progress, the optimizer's decisions and the time-to-accuracy table, and writes
+the experiment (.nc), the report (.csv) and a plot (.png) to an output folder it names.
 """
 
 from __future__ import annotations
@@ -10,16 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from dasknn import __version__
-
-DEFAULT_THRESHOLDS = (0.9, 0.95, 0.98, 0.99)
 
 
 def _default_dataset() -> str:
@@ -28,16 +25,6 @@ def _default_dataset() -> str:
     except ImportError:
         return "digits"
     return "mnist-sample"
-
-
-def _build_net(spec: str, input_shape, num_classes: int, seed: int):
-    from dasknn.nn import zoo
-
-    if spec.endswith(".prototxt"):
-        from dasknn.nn.prototxt import read_net
-
-        return read_net(spec, input_shape=tuple(input_shape))
-    return zoo.get_net(spec, input_shape=tuple(input_shape), num_classes=num_classes, seed=seed)
 
 
 def _load_dataset(args):
@@ -52,100 +39,72 @@ def _load_dataset(args):
 
 
 def cmd_train(args) -> int:
-    """Train a net on a dataset and report accuracy over time and time-to-accuracy."""
-    from tqdm.auto import tqdm
+    """Train a net with DistributedCNN and report time to accuracy."""
+    import matplotlib
 
+    matplotlib.use("Agg")
     from dasknn.backend import device_info
-    from dasknn.data import check_X_y, iterate_batches
-    from dasknn.nn.solver import SGD
-    from dasknn.nn.train import evaluate, train_step
-    from dasknn.reports import format_table, plot_accuracy, time_to_accuracy
+    from dasknn.estimator import DistributedCNN
+    from dasknn.reports import format_table, plot_accuracy
+    from dasknn.tradeoff.record import save
 
     args.dataset = args.dataset or _default_dataset()
     X, y = _load_dataset(args)
-    X, y = check_X_y(X, y, batch_size=args.batch_size)
-    num_classes = int(y.max().compute()) + 1
-    net = _build_net(args.net, X.shape[1:], num_classes, args.seed)
-    solver = SGD.for_net(
-        net,
-        base_lr=args.lr,
+    stamp = f"{datetime.now():%Y%m%d-%H%M%S}-{Path(args.net).stem}-{args.dataset}"
+    out = Path(args.output or Path("dasknn-runs") / stamp)
+    est = DistributedCNN(
+        net=args.net,
+        batch_size=args.batch_size,
+        n_groups=args.n_groups,
+        learning_rate=args.lr,
         momentum=args.momentum,
         weight_decay=args.weight_decay,
-        lr_policy=args.lr_policy,
-        gamma=args.gamma,
-        power=args.power,
+        time_budget=args.time_budget,
+        max_epochs=args.max_epochs,
+        target_accuracy=args.target_accuracy,
+        engine=args.engine,
+        scheduler=args.scheduler,
+        n_workers=args.n_workers,
+        eval_size=args.eval_size,
+        random_state=args.seed,
+        verbose=1 if args.verbose else 0,
     )
-    eval_idx = np.sort(
-        np.random.default_rng(args.seed).choice(X.shape[0], min(args.eval_size, X.shape[0]), replace=False)
-    )
-    X_eval, y_eval = X[eval_idx].compute(), y[eval_idx].compute()
-    out = Path(
-        args.output or Path("dasknn-runs") / f"{datetime.now():%Y%m%d-%H%M%S}-{net.name}-{args.dataset}"
-    )
+    if args.verbose:
+        knobs = f"n_groups={args.n_groups}, lr={args.lr}, momentum={args.momentum}"
+        print(
+            f"dasknn {__version__}: {args.net} on {args.dataset} {tuple(X.shape)}, batch {args.batch_size}, "
+            f"{knobs}, engine {args.engine}, budget {args.time_budget} s"
+        )
+        print(f"device: {device_info()}")
+    est.fit(X, y)
     out.mkdir(parents=True, exist_ok=True)
-    say = print if args.verbose else (lambda *a, **k: None)
-    say(
-        f"dasknn {__version__}: training {net.name} ({net.n_params:,} parameters) on {args.dataset} "
-        f"{tuple(X.shape)}, batch {args.batch_size}, lr {args.lr}, momentum {args.momentum}, "
-        "in-process engine"
-    )
-    say(f"device: {device_info()}")
-
-    history, rng = [], np.random.default_rng([args.seed, 1])
-    n_batches = X.shape[0] // args.batch_size
-    start, next_eval, reached, eval_seconds = time.perf_counter(), 0.0, False, 0.0
-    bar = tqdm(total=args.max_epochs * n_batches, disable=not args.verbose, unit="it", dynamic_ncols=True)
-    for epoch in range(args.max_epochs):
-        for Xb, yb in iterate_batches(X, y, args.batch_size, epoch=epoch, seed=args.seed):
-            lr = solver.current_lr()
-            loss, acc = train_step(net, solver, *(np.asarray(a) for a in _compute(Xb, yb)), rng=rng)
-            elapsed = time.perf_counter() - start - eval_seconds  # training time; evaluations excluded
-            row = {
-                "iteration": solver.iter,
-                "epoch": solver.iter / n_batches,
-                "time": elapsed,
-                "loss": loss,
-                "batch_accuracy": acc,
-                "lr": lr,
-                "accuracy": np.nan,
-            }
-            if elapsed >= next_eval or solver.iter % n_batches == 0:
-                t_eval = time.perf_counter()
-                row["eval_loss"], row["accuracy"] = evaluate(net, X_eval, y_eval)
-                eval_seconds += time.perf_counter() - t_eval
-                next_eval = elapsed + args.eval_every
-                bar.set_postfix(loss=f"{row['eval_loss']:.3f}", acc=f"{row['accuracy']:.2%}")
-                reached = row["accuracy"] >= args.target_accuracy
-            history.append(row)
-            bar.update()
-            if reached or elapsed >= args.time_budget:
-                break
-        if reached or time.perf_counter() - start - eval_seconds >= args.time_budget:
-            break
-    bar.close()
-
-    hist = pd.DataFrame(history)
-    thresholds = sorted({*DEFAULT_THRESHOLDS, args.target_accuracy})
-    report = time_to_accuracy(hist, thresholds, run=f"{net.name}/{args.dataset}")
-    hist.to_csv(out / "history.csv", index=False)
-    report.to_csv(out / "report.csv", index=False)
-    plot_accuracy({f"{net.name} on {args.dataset}": hist}, out / "accuracy.png")
+    history = pd.DataFrame(est.history_)
+    history.to_csv(out / "history.csv", index=False)
+    est.report_.to_csv(out / "report.csv", index=False)
+    est.trace_.to_csv(out / "trace.csv", index=False)
+    written = ["history.csv", "report.csv", "trace.csv", "accuracy.png"]
+    if len(est.decisions_):
+        est.decisions_.to_csv(out / "decisions.csv", index=False)
+        written.append("decisions.csv")
+        print("\noptimizer decisions:")
+        print(format_table(est.decisions_))
+    if est.tradeoff_ is not None:
+        save(est.tradeoff_, out / "experiment.nc")
+        written.append("experiment.nc")
+    simulated = args.engine == "simulated"
+    plot_accuracy({f"{args.net} on {args.dataset}": history}, out / "accuracy.png", simulated=simulated)
     (out / "run.json").write_text(json.dumps({k: v for k, v in vars(args).items() if k != "func"}, indent=2))
-    final = hist.dropna(subset=["accuracy"]).iloc[-1]
+    final = history.iloc[-1]
+    unit = "simulated s" if simulated else "s"
     print(
-        f"\nfinal training accuracy {final['accuracy']:.2%} after {final['time']:.1f} s, "
-        f"{int(final['iteration'])} iterations ({final['epoch']:.1f} epochs)"
+        f"\nfinal training accuracy {final['accuracy']:.2%} after {final['time']:.1f} {unit}, "
+        f"{int(final['iteration'])} iterations ({final['epoch']:.1f} epochs), search time included"
     )
     print("time to accuracy (rule: first evaluation at or above the threshold):")
-    print(format_table(report, ["threshold", "reached", "seconds", "iterations", "epochs"]))
-    print(f"wrote {out}/history.csv, report.csv, accuracy.png")
-    return 0 if final["accuracy"] >= args.target_accuracy else 1
-
-
-def _compute(Xb, yb):
-    import dask
-
-    return dask.compute(Xb, yb, scheduler="sync")
+    print(format_table(est.report_, ["threshold", "reached", "seconds", "iterations", "epochs"]))
+    print(f"wrote {out}/: {', '.join(written)}")
+    target = args.target_accuracy
+    return 0 if target is None or final["accuracy"] >= target else 1
 
 
 def cmd_info(args) -> int:
@@ -188,6 +147,17 @@ def _positive(kind):
     return parse
 
 
+def _knob(text: str):
+    """'auto' or a number (for --n-groups, --lr, --momentum)."""
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number, got {text!r}") from None
+    return int(value) if text.strip().lstrip("+").isdigit() else value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dasknn", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dasknn {__version__}")
@@ -202,23 +172,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--data-dir", default=None, help="folder with the dataset's files (mnist, cifar10, ...)")
     t.add_argument("--batch-size", type=_positive(int), default=64)
-    t.add_argument("--lr", type=_positive(float), default=0.01, help="base learning rate (Caffe LeNet: 0.01)")
-    t.add_argument("--momentum", type=float, default=0.9)
+    t.add_argument("--n-groups", type=_knob, default="auto", help="compute groups: 'auto' or a number")
+    t.add_argument("--lr", type=_knob, default="auto", help="learning rate: 'auto' or a number")
+    t.add_argument("--momentum", type=_knob, default="auto", help="momentum: 'auto' or a number")
     t.add_argument("--weight-decay", type=float, default=5e-4)
-    t.add_argument("--lr-policy", default="inv", choices=["fixed", "step", "inv", "exp", "poly", "multistep"])
-    t.add_argument("--gamma", type=float, default=1e-4)
-    t.add_argument("--power", type=float, default=0.75)
+    t.add_argument("--engine", choices=["dask", "simulated"], default="dask")
+    t.add_argument("--scheduler", default=None, help="address of a running scheduler, e.g. tcp://host:8786")
+    t.add_argument(
+        "--n-workers",
+        type=_positive(int),
+        default=None,
+        help="workers of the LocalCluster started when no scheduler is given",
+    )
     t.add_argument(
         "--time-budget",
         type=_positive(float),
         default=240.0,
-        help="training seconds, evaluations excluded (default 240)",
+        help="seconds of training, the optimizer's search included (default 240)",
     )
-    t.add_argument("--max-epochs", type=_positive(int), default=30)
+    t.add_argument("--max-epochs", type=_positive(float), default=None)
     t.add_argument(
-        "--target-accuracy", type=float, default=0.99, help="stop once training accuracy reaches it"
+        "--target-accuracy",
+        type=float,
+        default=0.99,
+        help="stop once the training accuracy reaches it (default 0.99)",
     )
-    t.add_argument("--eval-every", type=_positive(float), default=2.0, help="seconds between evaluations")
     t.add_argument("--eval-size", type=_positive(int), default=2000, help="training samples evaluated")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--output", default=None, help="output folder (default: dasknn-runs/<time>-<net>-<data>)")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import xarray as xr
 
 from tests.conftest import REPO
 
@@ -16,29 +17,25 @@ def dasknn(*args, cwd=REPO):
     )
 
 
-def test_train_reaches_its_target_and_writes_the_report(tmp_path):
+def test_train_with_fixed_knobs_reaches_its_target_and_writes_the_report(tmp_path):
+    run = tmp_path / "run"
     out = dasknn(
-        "train",
-        "--dataset",
-        "digits",
-        "--target-accuracy",
-        "0.9",
-        "--time-budget",
-        "90",
-        "--eval-size",
-        "500",
-        "--output",
-        str(tmp_path / "run"),
-        "-q",
-    )
+        "train", "--dataset", "digits", "--target-accuracy", "0.9", "--time-budget", "90",
+        "--n-groups", "1", "--lr", "0.01", "--momentum", "0.9", "--n-workers", "1",
+        "--eval-size", "500", "--output", str(run), "-q",
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "time to accuracy" in out.stdout
-    report = pd.read_csv(tmp_path / "run" / "report.csv")
+    report = pd.read_csv(run / "report.csv")
     assert list(report["threshold"]) == [0.9, 0.95, 0.98, 0.99]
     assert bool(report.loc[0, "reached"]) and report.loc[0, "seconds"] > 0
-    history = pd.read_csv(tmp_path / "run" / "history.csv")
+    history = pd.read_csv(run / "history.csv")
     assert history["accuracy"].max() >= 0.9 and history["iteration"].is_monotonic_increasing
-    assert (tmp_path / "run" / "accuracy.png").stat().st_size > 1000
+    assert (run / "accuracy.png").stat().st_size > 1000
+    trace = pd.read_csv(run / "trace.csv")
+    assert len(trace) == history["iteration"].iloc[-1] and (trace["staleness"] == 0).all()
+    with xr.open_dataset(run / "experiment.nc") as ds:
+        assert ds.attrs["engine"] == "dask" and "P_HE" in ds
 
 
 def test_bad_options_exit_2_with_the_problem_named(tmp_path):
@@ -48,6 +45,8 @@ def test_bad_options_exit_2_with_the_problem_named(tmp_path):
     assert out.returncode == 2 and "imagenet" in out.stderr
     out = dasknn("train", "--batch-size", "0")
     assert out.returncode == 2 and "must be > 0" in out.stderr
+    out = dasknn("train", "--lr", "fast")
+    assert out.returncode == 2 and "expected 'auto' or a number" in out.stderr
 
 
 def test_summary_prints_layers_and_costs():
