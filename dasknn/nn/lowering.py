@@ -43,9 +43,9 @@ __all__ = [
 LOWERINGS = ("type1", "type2", "type3")
 
 TYPE1_MAX_D_OVER_O = 2.0
-"""`choose_lowering` picks Type 1 while d/o ≤ this (see its docstring for the measurements)."""
-TYPE3_MIN_D_OVER_O = 8.0
-"""... Type 3 when d/o ≥ this, and Type 2 in between."""
+"""`choose_lowering` picks Type 1 while d/o ≤ this (see its docstring for the measurements)..."""
+TYPE3_MIN_D_OVER_O = 16.0
+"""... Type 3 from this d/o up, and Type 2 in between."""
 
 _CACHE_BYTES = 8 * 2**20
 """Working set of one col2im pass on the CPU (the Type 1 scatter-add stays in the last-level cache)."""
@@ -76,7 +76,7 @@ class ConvCache:
     """What `conv_backward` needs from `conv_forward`: the padded input, weights, shapes and choices.
 
     `lowered` keeps D̂ of the whole batch when bp == N (Types 1 and 2), so backward's dW GEMM does not
-    lower again; measured on CaffeNet conv2-conv5 at batch 64 this saves the one im2col copy, ~3% of
+    lower again; measured on CaffeNet conv2-conv5 at batch 64 this saves one im2col copy, 3-5% of
     forward+backward, at the price of holding D̂ until the cache is dropped (pass bp < N to bound
     memory: then D̂ is rebuilt per partition). `lowered_nbytes` is the size of the lowering buffers
     forward allocated (D̂ plus the R̂ that lifting reads), which `lowered_bytes` predicts.
@@ -190,15 +190,22 @@ def choose_lowering(
     stride: int | tuple[int, int] = (1, 1),
     pad: int | tuple[int, int] = (0, 0),
 ) -> str:
-    """The lowering for "auto" by CcT's d/o rule: Type 1 for small d/o, Type 3 for large, Type 2 between.
+    """The lowering for "auto" by CcT's d/o rule: Type 1 for small d/o, Type 2 between, Type 3 for large.
 
     Caffe con Troll Appendix A: the bytes moved are ∝ k²d + o (Type 1), k(d + o) (Type 2) and
-    d + k²o (Type 3), so by bytes alone Type 1 wins below d/o = 1/k and Type 3 above k. Here GEMMs
-    run near peak for all three, but Types 2 and 3 also pay for FLOPs outside the output (the
-    padded border, and s² for Type 3 with stride s) and for k or k² unfused lifting passes; measured
-    with `experiments/bench_lowering.py` on CaffeNet-sized layers the crossovers move up to
-    d/o ≈ TYPE1_MAX_D_OVER_O (Type 1 → 2) and TYPE3_MIN_D_OVER_O (Type 2 → 3). Strided layers
-    always take Type 1, which is the only one that computes strided outputs alone.
+    d + k²o (Type 3), so by bytes alone Type 1 would give way to Type 2 at d/o = 1/k and Type 2 to
+    Type 3 at d/o = k. Here all three GEMMs run near peak, but Types 2 and 3 also compute the padded
+    border (n² rows instead of m²) and lift in k or k² separate passes, which moves the crossovers
+    up. Forward+backward GFLOP/s of Type 1/2/3 measured on a 2-core EPYC (float32; k3: 13², pad 1,
+    batch 32, d·o = 2¹⁶-2¹⁷; k5: 27², pad 2, batch 16, d·o = 2¹⁴-2¹⁵):
+
+        d/o          1            2            4            8            16           64
+        k3, 13²  121/106/89   132/118/101  105/99/97    109/109/106  74/73/85     52/60/76
+        k5, 27²  124/115/77   130/128/102  98/109/93    103/113/94   71/96/97     40/61/66
+
+    hence Type 1 up to d/o = TYPE1_MAX_D_OVER_O (2), Type 3 from TYPE3_MIN_D_OVER_O (16), Type 2
+    between (at most ~6% off the best in this table). CaffeNet (d/o ≤ 1.5) and LeNet take Type 1.
+    Strided layers always take Type 1: Types 2 and 3 compute s or s² times the useful FLOPs.
     """
     g = _geometry(tuple(x_shape), tuple(w_shape), stride, pad)
     ratio = g.c / g.o
@@ -366,8 +373,8 @@ def conv_backward(dy: Any, cache: ConvCache, need_dx: bool = True) -> tuple[Any 
         dxpad = xp.zeros((g.n, g.hu, g.wu, g.c), dtype)
     dk, dk_part = xp.zeros(k_hat.shape, dtype), xp.empty(k_hat.shape, dtype)
     dy_buf = xp.empty((bp, g.oh, g.ow, g.o), dtype)
-    low = None if lowering == "type3" else cache.lowered
-    if low is None and lowering != "type3" or (need_dx and channels_first):
+    low = None  # D̂ of a partition when forward kept none; col2im's scratch too with few channels
+    if lowering != "type3" and (cache.lowered is None or (need_dx and channels_first)):
         low = xp.empty((bp * rows, _lowered_cols(g, lowering)), dtype)
     dr_buf = None if lowering == "type1" else xp.empty((bp * rows, _lifted_cols(g, lowering)), dtype)
     for a, b in _chunks(g.n, bp):
@@ -380,11 +387,10 @@ def conv_backward(dy: Any, cache: ConvCache, need_dx: bool = True) -> tuple[Any 
             d_hat = _lower(cache.xpad[a:b], g, lowering, low)
         if lowering == "type1":  # dK̂ᵀ = dR̂ᵀ·D̂, with dR̂ = dy (trivial lifting)
             d_r = dyc.reshape(nb * rows, g.o)
-            xp.matmul(d_r.T, d_hat, out=dk_part)
+            dk += xp.matmul(d_r.T, d_hat, out=dk_part)
         else:
             d_r = _lift_transpose(dyc, g, lowering, dr_buf[: nb * rows])
-            xp.matmul(d_hat.T, d_r, out=dk_part)
-        dk += dk_part
+            dk += xp.matmul(d_hat.T, d_r, out=dk_part)
         if not need_dx:
             continue
         if lowering == "type1":
@@ -404,7 +410,7 @@ def _col2im_type1(d_r: Any, k_hat: Any, g: _Geometry, dxpad: Any, scratch: Any |
     """dxpad += col2im(dR̂·K̂ᵀ): the adjoint of Type 1 lowering, a scatter-add over the k² kernel taps.
 
     With many channels, the dD̂ GEMM runs one tap at a time on a few images, and its (rows, C) slab
-    is added into the tap's strided window of dxpad while both are in cache (~15% faster than one
+    is added into the tap's strided window of dxpad while both are in cache (~10% faster than one
     GEMM then col2im on CaffeNet conv2-conv5). With few channels (C < 8, first layers) those GEMMs
     would be C columns wide, so dD̂ᵀ is one GEMM into `scratch` and each tap's block, laid out
     (C, bp, m, m), is added into a channels-first dxpad.
@@ -427,21 +433,23 @@ def _col2im_type1(d_r: Any, k_hat: Any, g: _Geometry, dxpad: Any, scratch: Any |
         d_rs, out = d_r[a * rows : b * rows], slab[: (b - a) * rows]
         for kh in range(g.kh):
             for kw in range(g.kw):
-                xp.matmul(d_rs, w_taps[kh, kw], out=out)
                 window = dxpad[a:b, _window(kh, g.oh, g.sh), _window(kw, g.ow, g.sw)]
-                window += out.reshape(window.shape)
+                window += xp.matmul(d_rs, w_taps[kh, kw], out=out).reshape(window.shape)
 
 
 def conv_direct(
     x: Any, w: Any, stride: int | tuple[int, int] = (1, 1), pad: int | tuple[int, int] = (0, 0)
 ) -> Any:
-    """Reference convolution straight from CcT Eq. 1 (an einsum over all windows), for tests only."""
+    """Reference convolution by CcT Eq. 1, no lowering: Σ over taps (kh, kw) of an einsum over channels.
+
+    For tests and cross-checks: plain NCHW arithmetic that shares no layout code with the lowerings.
+    """
     xp = array_module(x)
     g = _geometry(tuple(x.shape), tuple(w.shape), stride, pad)
     xpad = xp.pad(x, ((0, 0), (0, 0), (g.ph, g.ph), (g.pw, g.pw)))
     y = xp.zeros((g.n, g.o, g.oh, g.ow), dtype=xp.result_type(x.dtype, w.dtype, xp.float32))
     for i in range(g.kh):
         for j in range(g.kw):
-            window = xpad[:, :, i : i + (g.oh - 1) * g.sh + 1 : g.sh, j : j + (g.ow - 1) * g.sw + 1 : g.sw]
+            window = xpad[:, :, _window(i, g.oh, g.sh), _window(j, g.ow, g.sw)]
             y += xp.einsum("nchw,oc->nohw", window, w[:, :, i, j])
     return y

@@ -150,15 +150,16 @@ def test_largest_bp_fits_the_budget_and_grows_with_it(lowering):
         (3, 96, 4, "type1"),  # CaffeNet conv1
         (96, 256, 1, "type1"),  # conv2, d/o = 0.375
         (384, 256, 1, "type1"),  # conv5, d/o = 1.5
-        (256, 32, 1, "type2"),  # d/o = 8... between the thresholds unless the band is empty
+        (512, 256, 1, "type1"),  # d/o = 2, the last Type 1
+        (1024, 256, 1, "type2"),  # d/o = 4
+        (256, 32, 1, "type2"),  # d/o = 8
+        (256, 16, 1, "type3"),  # d/o = 16, the first Type 3
         (1024, 16, 1, "type3"),  # d/o = 64
-        (1024, 16, 2, "type1"),  # strided: only Type 1 computes strided outputs alone
+        (1024, 16, 2, "type1"),  # strided: only Type 1 computes the strided outputs alone
     ],
 )
 def test_choose_lowering_follows_the_d_over_o_rule(c, o, stride, expected):
-    ratio = c / o
-    if expected == "type2" and not TYPE1_MAX_D_OVER_O < ratio < TYPE3_MIN_D_OVER_O:
-        expected = "type1" if ratio <= TYPE1_MAX_D_OVER_O else "type3"
+    assert (TYPE1_MAX_D_OVER_O, TYPE3_MIN_D_OVER_O) == (2.0, 16.0)
     assert choose_lowering((64, c, 13, 13), (o, c, 3, 3), stride, 1) == expected
 
 

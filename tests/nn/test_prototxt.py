@@ -19,8 +19,10 @@ from dasknn.nn.textformat import MAX_DEPTH, PrototxtError, get_one, parse_protot
 LENET_CHAIN = ["conv1", "pool1", "conv2", "pool2", "ip1", "relu1", "ip2"]
 
 
-INPUT = ('name: "t"\nlayer { name: "d" type: "Input" top: "data" '
-         "input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }\n")
+INPUT = (
+    'name: "t"\nlayer { name: "d" type: "Input" top: "data" '
+    "input_param { shape { dim: 1 dim: 3 dim: 8 dim: 8 } } }\n"
+)
 
 
 def net_text(*layers: str, head: str = INPUT) -> str:
@@ -52,7 +54,7 @@ def test_parse_types_each_scalar():
     msg = parse_prototxt(
         "i: 42 n: -7 h: 0x1F o: 017 f: 1e-4 g: -.5 d: 1. s: 2.5f\n"
         "p: inf q: -inf r: nan b: true c: false e: MAX\n"
-        "s1: \"dq\" s2: 'sq' s3: \"a\\tb\\n\\\"\\'\\\\\" s4: \"\\101\\x42\\u00e9\" s5: \"ab\" 'cd'\n"
+        's1: "dq" s2: \'sq\' s3: "a\\tb\\n\\"\\\'\\\\" s4: "\\101\\x42\\u00e9" s5: "ab" \'cd\'\n'
     )
     one = {k: get_one(msg, k) for k in msg}
     assert one["i"] == 42 and type(one["i"]) is int and one["n"] == -7
@@ -90,7 +92,7 @@ def test_get_one_defaults_and_rejects_repeats():
         ("a {\n  b: 1\n", "line 1:3", "'{' opened here is never closed"),
         ("a: 1\n}", "line 2:1", "unexpected '}'"),
         ("a {\n  b 1\n}", "line 2:5", "expected ':' or '{' after field 'b'"),
-        ("a: 1\nb: \"x\\q\"", "line 2:4", r"unknown escape \\q"),
+        ('a: 1\nb: "x\\q"', "line 2:4", r"unknown escape \\q"),
         ("a: 'open\n'", "line 1:4", "unterminated string"),
         ("a: 1.2.3", "line 1:4", "malformed number"),
         ("a: 09", "line 1:4", "invalid octal number 09"),
@@ -126,9 +128,45 @@ def test_parse_guards_nesting_depth():
         parse_prototxt("a {" * 100_000)
 
 
-FRAGMENTS = ["layer", "name", " ", "\n", "{", "}", "<", ">", "[", "]", ":", ",", ";", "#", "\"", "'", "\\",
-             "\\x", "\\u00", "\\U0011", "\\777", "1", "0x", "09", "-", ".", "e", "1e-4", "-.5", "inf", "nan",
-             "true", "MAX", "é", "\x00", "\ud800", "\t"]
+FRAGMENTS = [
+    "layer",
+    "name",
+    " ",
+    "\n",
+    "{",
+    "}",
+    "<",
+    ">",
+    "[",
+    "]",
+    ":",
+    ",",
+    ";",
+    "#",
+    '"',
+    "'",
+    "\\",
+    "\\x",
+    "\\u00",
+    "\\U0011",
+    "\\777",
+    "1",
+    "0x",
+    "09",
+    "-",
+    ".",
+    "e",
+    "1e-4",
+    "-.5",
+    "inf",
+    "nan",
+    "true",
+    "MAX",
+    "é",
+    "\x00",
+    "\ud800",
+    "\t",
+]
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -145,8 +183,11 @@ def test_parse_random_text_raises_only_prototxt_error(text):
 def mutate(text: str, edits: list[tuple[str, int, str]]) -> str:
     for op, at, fragment in edits:
         at %= len(text) + 1
-        text = {"insert": text[:at] + fragment + text[at:], "delete": text[:at] + text[at + 1 :],
-                "replace": text[:at] + fragment + text[at + 1 :]}[op]
+        text = {
+            "insert": text[:at] + fragment + text[at:],
+            "delete": text[:at] + text[at + 1 :],
+            "replace": text[:at] + fragment + text[at + 1 :],
+        }[op]
     return text
 
 
@@ -156,8 +197,13 @@ def edits(fragments: list[str], max_size: int) -> st.SearchStrategy:
     return st.lists(edit, min_size=1, max_size=max_size)
 
 
-MODEL_FILES = ["lenet_train_test", "lenet", "lenet_solver", "cifar10_quick_train_test",
-               "cifar10_quick_solver"]
+MODEL_FILES = [
+    "lenet_train_test",
+    "lenet",
+    "lenet_solver",
+    "cifar10_quick_train_test",
+    "cifar10_quick_solver",
+]
 
 
 @FUZZ
@@ -221,8 +267,10 @@ def test_read_solver_fills_caffe_defaults():
 
 
 def test_read_solver_lists_upgrades_and_unknown_fields():
-    solver = read_solver("lr_policy: 'multistep' gamma: 0.1 stepvalue: 100 stepvalue: 200\n"
-                         "solver_type: SGD solver_mode: 0 my_field: 3 my_field: 'x'")
+    solver = read_solver(
+        "lr_policy: 'multistep' gamma: 0.1 stepvalue: 100 stepvalue: 200\n"
+        "solver_type: SGD solver_mode: 0 my_field: 3 my_field: 'x'"
+    )
     assert solver["stepvalue"] == [100, 200] and solver["gamma"] == 0.1
     assert solver["type"] == "SGD" and "solver_type" not in solver
     assert solver["solver_mode"] == "CPU" and solver["my_field"] == [3, "x"]
@@ -261,8 +309,15 @@ def test_read_net_lenet_train_chain_and_hyperparameters(caffe_models):
     net = read_net(caffe_models / "lenet_train_test.prototxt", input_shape=(1, 28, 28))
     assert net.name == "LeNet" and net.input_shape == (1, 28, 28)
     assert [layer.name for layer in net.layers] == LENET_CHAIN
-    assert [layer.type for layer in net.layers] == ["Convolution", "Pooling", "Convolution", "Pooling",
-                                                    "InnerProduct", "ReLU", "InnerProduct"]
+    assert [layer.type for layer in net.layers] == [
+        "Convolution",
+        "Pooling",
+        "Convolution",
+        "Pooling",
+        "InnerProduct",
+        "ReLU",
+        "InnerProduct",
+    ]
     conv1, pool1, conv2, _, ip1, _, ip2 = net.layers
     assert (conv1.num_output, conv1.kernel_size, conv1.stride, conv1.pad) == (20, (5, 5), (1, 1), (0, 0))
     assert conv1.lr_mult == {"weight": 1.0, "bias": 2.0} and conv1.decay_mult == {"weight": 1.0, "bias": 1.0}
@@ -272,8 +327,15 @@ def test_read_net_lenet_train_chain_and_hyperparameters(caffe_models):
     assert net.transform == {"scale": 0.00390625}
     pixels = np.full((1, 1, 28, 28), 255.0)
     assert Transform(**net.transform)(pixels).max() == pytest.approx(255 / 256)
-    assert net.shapes == [("conv1", (20, 24, 24)), ("pool1", (20, 12, 12)), ("conv2", (50, 8, 8)),
-                          ("pool2", (50, 4, 4)), ("ip1", (500,)), ("relu1", (500,)), ("ip2", (10,))]
+    assert net.shapes == [
+        ("conv1", (20, 24, 24)),
+        ("pool1", (20, 12, 12)),
+        ("conv2", (50, 8, 8)),
+        ("pool2", (50, 4, 4)),
+        ("ip1", (500,)),
+        ("relu1", (500,)),
+        ("ip2", (10,)),
+    ]
 
 
 def test_read_net_test_phase_drops_accuracy_and_keeps_the_same_chain(caffe_models):
@@ -295,8 +357,12 @@ def test_read_net_cifar10_quick_equals_zoo(caffe_models):
     with pytest.warns(UserWarning, match="layer 'cifar': transform_param mean_file ignored"):
         net = read_net(caffe_models / "cifar10_quick_train_test.prototxt", input_shape=(3, 32, 32))
     types = [layer.type for layer in net.layers]
-    assert (types.count("Convolution"), types.count("Pooling"), types.count("ReLU"),
-            types.count("InnerProduct")) == (3, 3, 3, 2)
+    assert (
+        types.count("Convolution"),
+        types.count("Pooling"),
+        types.count("ReLU"),
+        types.count("InnerProduct"),
+    ) == (3, 3, 3, 2)
     assert [layer.pool for layer in net.layers if layer.type == "Pooling"] == ["max", "ave", "ave"]
     conv1 = net.layer("conv1")
     assert conv1.weight_filler == Filler("gaussian", std=0.0001) and conv1.pad == (2, 2)
@@ -313,14 +379,22 @@ def test_read_net_deploy_takes_input_shape_from_input_layer(caffe_models):
 
 def test_read_net_accepts_text_and_parsed_messages():
     text = net_text(
-        layer("c", "Convolution", extra="convolution_param { num_output: 4 kernel_h: 3 kernel_w: 1 "
-                                         "pad_h: 1 pad_w: 0 stride: 2 }"),
+        layer(
+            "c",
+            "Convolution",
+            extra="convolution_param { num_output: 4 kernel_h: 3 kernel_w: 1 pad_h: 1 pad_w: 0 stride: 2 }",
+        ),
         layer("r", "ReLU", "c", "c", "relu_param { negative_slope: 0.1 }"),
         layer("f", "Flatten", "c"),
         layer("d", "Dropout", "f", "f", "dropout_param { dropout_ratio: 0.3 }"),
-        layer("p", "InnerProduct", "f", extra="param { lr_mult: 0 decay_mult: 0 } "
-                                              "inner_product_param { num_output: 2 bias_term: false }"),
-        'name: "l" type: "SoftmaxWithLoss" bottom: "p" bottom: "label" top: "l"')
+        layer(
+            "p",
+            "InnerProduct",
+            "f",
+            extra="param { lr_mult: 0 decay_mult: 0 } inner_product_param { num_output: 2 bias_term: false }",
+        ),
+        'name: "l" type: "SoftmaxWithLoss" bottom: "p" bottom: "label" top: "l"',
+    )
     for source in (text, parse_prototxt(text)):
         net = read_net(source)
         c, r, f, d, p = net.layers
@@ -333,13 +407,24 @@ def test_read_net_accepts_text_and_parsed_messages():
 
 
 def test_read_net_lrn_pooling_and_fillers():
-    net = read_net(net_text(
-        layer("n", "LRN", extra="lrn_param { local_size: 3 alpha: 5e-05 beta: 0.75 "
-                                "norm_region: WITHIN_CHANNEL }"),
-        layer("g", "Pooling", "n", extra="pooling_param { pool: AVE global_pooling: true }"),
-        layer("p", "InnerProduct", "g", extra="inner_product_param { num_output: 2 "
-                                              "weight_filler { type: 'msra' variance_norm: AVERAGE } "
-                                              "bias_filler { value: 0.2 } }")))
+    net = read_net(
+        net_text(
+            layer(
+                "n",
+                "LRN",
+                extra="lrn_param { local_size: 3 alpha: 5e-05 beta: 0.75 norm_region: WITHIN_CHANNEL }",
+            ),
+            layer("g", "Pooling", "n", extra="pooling_param { pool: AVE global_pooling: true }"),
+            layer(
+                "p",
+                "InnerProduct",
+                "g",
+                extra="inner_product_param { num_output: 2 "
+                "weight_filler { type: 'msra' variance_norm: AVERAGE } "
+                "bias_filler { value: 0.2 } }",
+            ),
+        )
+    )
     n, g, p = net.layers
     assert (n.local_size, n.alpha, n.beta, n.k, n.norm_region) == (3, 5e-05, 0.75, 1.0, "within_channel")
     assert g.pool == "ave" and g.global_pooling and net.shapes[1] == ("g", (3, 1, 1))
@@ -352,22 +437,28 @@ def test_read_net_legacy_inputs_dummy_and_memory_data():
     assert read_net(net_text(relu, head=legacy)).input_shape == (2, 5, 6)
     shape = 'input: "data" input_shape { dim: 1 dim: 3 dim: 4 dim: 4 }\n'
     assert read_net(net_text(relu, head=shape)).input_shape == (3, 4, 4)
-    dummy = ('layer { name: "x" type: "DummyData" top: "data" '
-             "dummy_data_param { num: 2 channels: 1 height: 7 width: 9 } }\n")
+    dummy = (
+        'layer { name: "x" type: "DummyData" top: "data" '
+        "dummy_data_param { num: 2 channels: 1 height: 7 width: 9 } }\n"
+    )
     assert read_net(net_text(relu, head=dummy)).input_shape == (1, 7, 9)
-    memory = ('layer { name: "m" type: "MemoryData" top: "data" top: "label" '
-              "memory_data_param { batch_size: 4 channels: 3 height: 2 width: 2 } "
-              "transform_param { mean_value: 1 mean_value: 2 mean_value: 3 } }\n")
+    memory = (
+        'layer { name: "m" type: "MemoryData" top: "data" top: "label" '
+        "memory_data_param { batch_size: 4 channels: 3 height: 2 width: 2 } "
+        "transform_param { mean_value: 1 mean_value: 2 mean_value: 3 } }\n"
+    )
     net = read_net(net_text(relu, head=memory))
     assert net.input_shape == (3, 2, 2) and net.transform == {"scale": 1.0, "mean_value": [1.0, 2.0, 3.0]}
     assert Transform(**net.transform)(np.zeros((1, 3, 2, 2)))[0, :, 0, 0].tolist() == [-1.0, -2.0, -3.0]
 
 
 def test_read_net_phase_level_and_stage_rules():
-    text = net_text(layer("a", "ReLU", top="data", extra="exclude { phase: TEST }"),
-                    layer("b", "ReLU", top="data", extra='include { stage: "deploy" }'),
-                    layer("c", "ReLU", top="data", extra="include { min_level: 1 }"),
-                    layer("d2", "ReLU", top="data", extra='include { not_stage: "deploy" }'))
+    text = net_text(
+        layer("a", "ReLU", top="data", extra="exclude { phase: TEST }"),
+        layer("b", "ReLU", top="data", extra='include { stage: "deploy" }'),
+        layer("c", "ReLU", top="data", extra="include { min_level: 1 }"),
+        layer("d2", "ReLU", top="data", extra='include { not_stage: "deploy" }'),
+    )
     assert [lay.name for lay in read_net(text).layers] == ["a", "d2"]
     assert [lay.name for lay in read_net(text, "TEST", stages=["deploy"]).layers] == ["b"]
     assert [lay.name for lay in read_net(text, level=1).layers] == ["a", "c", "d2"]
@@ -401,45 +492,98 @@ CONV = layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel
 @pytest.mark.parametrize(
     "layers, message",
     [
-        ([layer("bn1", "BatchNorm", top="data")],
-         "^layer 'bn1': type 'BatchNorm' is not supported; supported: Convolution, Pooling, ReLU"),
-        ([CONV, 'name: "l" type: "EuclideanLoss" bottom: "c" bottom: "label" top: "l"'],
-         "^layer 'l': loss type 'EuclideanLoss' is not supported"),
+        (
+            [layer("bn1", "BatchNorm", top="data")],
+            "^layer 'bn1': type 'BatchNorm' is not supported; supported: Convolution, Pooling, ReLU",
+        ),
+        (
+            [CONV, 'name: "l" type: "EuclideanLoss" bottom: "c" bottom: "label" top: "l"'],
+            "^layer 'l': loss type 'EuclideanLoss' is not supported",
+        ),
         ([CONV, layer("x", "ReLU")], "^layer 'x': reads 'data' but the chain's last blob is 'c': branches"),
-        ([CONV, 'name: "l" type: "SoftmaxWithLoss" bottom: "c" bottom: "label" top: "l"',
-          layer("r", "ReLU", "c")],
-         "^layer 'r': comes after the loss \\(layer 'l'\\)"),
-        ([CONV, layer("s", "Softmax")],
-         "^layer 's': Softmax must read the output of the last layer \\('c'\\)"),
-        (['name: "e" type: "Eltwise" bottom: "data" bottom: "data" top: "e"'],
-         "type 'Eltwise' is not supported"),
-        ([layer("p", "Pooling", extra="pooling_param { pool: STOCHASTIC kernel_size: 2 }")],
-         "^layer 'p' pooling_param: STOCHASTIC pooling"),
-        ([layer("p", "Pooling", extra="pooling_param { pool: MAX }")],
-         "^layer 'p' pooling_param: give kernel_size"),
-        ([layer("p", "Pooling", extra="pooling_param { kernel_size: 0 }")],
-         "^layer 'p': need kernel_size >= 1"),
-        ([layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel_size: 3 dilation: 2 }")],
-         "dilation must be 1"),
-        ([layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel_size: 3 kernel_h: 3 }")],
-         "or both kernel_h and kernel_w"),
-        ([layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel_size: [3, 3, 3] }")],
-         "give one or two kernel_size \\(2-D only\\)"),
-        ([layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel_size: 3 "
-                                          "weight_filler { type: 'bilinear' } }")],
-         "^layer 'c': unknown filler type 'bilinear'"),
-        ([layer("c", "Convolution", extra="convolution_param { num_output: 2.5 kernel_size: 3 }")],
-         "^layer 'c' convolution_param: field 'num_output' must be an integer >= 0, got 2.5"),
-        ([layer("n", "LRN", extra="lrn_param { local_size: 4 }")],
-         "^layer 'n': LRN local_size must be a positive odd number"),
-        ([layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel_size: 9 }")],
-         "^net: layer 'c': kernel 9x9 larger than padded input"),
-        ([layer("r", "ReLU", extra="include { phase: TRAIN } exclude { phase: TEST }")],
-         "^layer 'r': give include rules or exclude rules, not both"),
-        (['name: "r" type: "ReLU" bottom: "data" bottom: "x" top: "r"'],
-         "^layer 'r': needs one bottom and one top"),
-        ([layer("i", "InnerProduct", extra='param { name: "w" } inner_product_param { num_output: 2 }')],
-         "without shared names"),
+        (
+            [
+                CONV,
+                'name: "l" type: "SoftmaxWithLoss" bottom: "c" bottom: "label" top: "l"',
+                layer("r", "ReLU", "c"),
+            ],
+            "^layer 'r': comes after the loss \\(layer 'l'\\)",
+        ),
+        (
+            [CONV, layer("s", "Softmax")],
+            "^layer 's': Softmax must read the output of the last layer \\('c'\\)",
+        ),
+        (
+            ['name: "e" type: "Eltwise" bottom: "data" bottom: "data" top: "e"'],
+            "type 'Eltwise' is not supported",
+        ),
+        (
+            [layer("p", "Pooling", extra="pooling_param { pool: STOCHASTIC kernel_size: 2 }")],
+            "^layer 'p' pooling_param: STOCHASTIC pooling",
+        ),
+        (
+            [layer("p", "Pooling", extra="pooling_param { pool: MAX }")],
+            "^layer 'p' pooling_param: give kernel_size",
+        ),
+        (
+            [layer("p", "Pooling", extra="pooling_param { kernel_size: 0 }")],
+            "^layer 'p': need kernel_size >= 1",
+        ),
+        (
+            [
+                layer(
+                    "c", "Convolution", extra="convolution_param { num_output: 2 kernel_size: 3 dilation: 2 }"
+                )
+            ],
+            "dilation must be 1",
+        ),
+        (
+            [
+                layer(
+                    "c", "Convolution", extra="convolution_param { num_output: 2 kernel_size: 3 kernel_h: 3 }"
+                )
+            ],
+            "or both kernel_h and kernel_w",
+        ),
+        (
+            [layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel_size: [3, 3, 3] }")],
+            "give one or two kernel_size \\(2-D only\\)",
+        ),
+        (
+            [
+                layer(
+                    "c",
+                    "Convolution",
+                    extra="convolution_param { num_output: 2 kernel_size: 3 "
+                    "weight_filler { type: 'bilinear' } }",
+                )
+            ],
+            "^layer 'c': unknown filler type 'bilinear'",
+        ),
+        (
+            [layer("c", "Convolution", extra="convolution_param { num_output: 2.5 kernel_size: 3 }")],
+            "^layer 'c' convolution_param: field 'num_output' must be an integer >= 0, got 2.5",
+        ),
+        (
+            [layer("n", "LRN", extra="lrn_param { local_size: 4 }")],
+            "^layer 'n': LRN local_size must be a positive odd number",
+        ),
+        (
+            [layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel_size: 9 }")],
+            "^net: layer 'c': kernel 9x9 larger than padded input",
+        ),
+        (
+            [layer("r", "ReLU", extra="include { phase: TRAIN } exclude { phase: TEST }")],
+            "^layer 'r': give include rules or exclude rules, not both",
+        ),
+        (
+            ['name: "r" type: "ReLU" bottom: "data" bottom: "x" top: "r"'],
+            "^layer 'r': needs one bottom and one top",
+        ),
+        (
+            [layer("i", "InnerProduct", extra='param { name: "w" } inner_product_param { num_output: 2 }')],
+            "without shared names",
+        ),
         (['name: "d2" type: "Input" top: "x"'], "^layer 'd2': a data layer .* \\(already: layer 'd'\\)"),
         ([layer("r", "ReLU"), layer("r", "ReLU", "r", "s")], "^net: layer names must be unique"),
     ],
@@ -464,8 +608,10 @@ def test_read_net_needs_an_input_shape(caffe_models):
 def test_read_net_rejects_v1_layers_and_mismatched_means():
     with pytest.raises(PrototxtError, match="deprecated V1 'layers' field"):
         read_net('name: "old" layers { name: "c" type: CONVOLUTION }')
-    head = ('layer { name: "d" type: "Input" top: "data" transform_param { mean_value: 1 mean_value: 2 } '
-            "input_param { shape { dim: 1 dim: 3 dim: 4 dim: 4 } } }\n")
+    head = (
+        'layer { name: "d" type: "Input" top: "data" transform_param { mean_value: 1 mean_value: 2 } '
+        "input_param { shape { dim: 1 dim: 3 dim: 4 dim: 4 } } }\n"
+    )
     with pytest.raises(PrototxtError, match="layer 'd': 2 mean_value for 3 channels"):
         read_net(net_text(layer("r", "ReLU"), head=head))
 
@@ -482,15 +628,41 @@ PARAM_FIELDS = """num_output kernel_size kernel_h kernel_w stride pad pad_h grou
     variance_norm sparse lr_mult name phase stage min_level scale mean_value mean_file dim""".split()
 PARAM_VALUES = """0 1 2 3 -1 0.5 1e-3 inf nan true false MAX AVE STOCHASTIC FLOOR TRAIN FAN_OUT WITHIN_CHANNEL
     "gaussian" "bilinear" "x" {}""".split()
-LAYER_TYPES = ["Convolution", "Pooling", "ReLU", "InnerProduct", "LRN", "Dropout", "Flatten", "Accuracy",
-               "SoftmaxWithLoss", "Softmax", "Input", "Sigmoid"]
-PARAM_BLOCKS = ["convolution_param", "pooling_param", "inner_product_param", "relu_param", "lrn_param",
-                "dropout_param", "flatten_param", "param", "include", "exclude", "transform_param",
-                "weight_filler", "input_param"]
-fields = st.lists(st.builds("{}: {}".format, st.sampled_from(PARAM_FIELDS), st.sampled_from(PARAM_VALUES)),
-                  max_size=5).map(" ".join)
-blocks = st.lists(st.builds("{} {{ {} }}".format, st.sampled_from(PARAM_BLOCKS), fields),
-                  max_size=3).map(" ".join)
+LAYER_TYPES = [
+    "Convolution",
+    "Pooling",
+    "ReLU",
+    "InnerProduct",
+    "LRN",
+    "Dropout",
+    "Flatten",
+    "Accuracy",
+    "SoftmaxWithLoss",
+    "Softmax",
+    "Input",
+    "Sigmoid",
+]
+PARAM_BLOCKS = [
+    "convolution_param",
+    "pooling_param",
+    "inner_product_param",
+    "relu_param",
+    "lrn_param",
+    "dropout_param",
+    "flatten_param",
+    "param",
+    "include",
+    "exclude",
+    "transform_param",
+    "weight_filler",
+    "input_param",
+]
+fields = st.lists(
+    st.builds("{}: {}".format, st.sampled_from(PARAM_FIELDS), st.sampled_from(PARAM_VALUES)), max_size=5
+).map(" ".join)
+blocks = st.lists(st.builds("{} {{ {} }}".format, st.sampled_from(PARAM_BLOCKS), fields), max_size=3).map(
+    " ".join
+)
 
 
 @FUZZ
