@@ -387,12 +387,13 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         from dasknn.optimizer import OmnivoreOptimizer
 
         options: dict[str, Any] = {"verbose": self.verbose}
-        if self.learning_rate != "auto":
-            options["lr_grid"] = (float(self.learning_rate),)
-        if self.momentum != "auto":
-            options["momentum_grid"] = (float(self.momentum),)
-        if self.n_groups != "auto":
-            options["n_groups"] = int(self.n_groups)
+        for knob, value in (
+            ("n_groups", self.n_groups),
+            ("learning_rate", self.learning_rate),
+            ("momentum", self.momentum),
+        ):
+            if value != "auto":
+                options[knob] = value
         optimizer = OmnivoreOptimizer(engine, **options)
         result = optimizer.optimize(
             net,
@@ -410,7 +411,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             "state": result.state,
             "trace": result.trace,
             "decisions": result.decisions,
-            "runs": getattr(result, "runs", {result.chosen: result.trace}),
+            "runs": _runs_by_config(result.trace, result.decisions, self.random_state),
         }
 
     def _tradeoff(self, runs, net: Net):
@@ -486,3 +487,21 @@ def _proba_block(block: np.ndarray, net: Net) -> np.ndarray:
 def _label_index(labels: np.ndarray, classes: np.ndarray) -> np.ndarray:
     """Positions of labels in the sorted `classes_` (the class index the net is trained on)."""
     return np.searchsorted(classes, labels).astype(np.int64)
+
+
+def _runs_by_config(trace: pd.DataFrame, decisions: pd.DataFrame, seed: int) -> dict:
+    """The optimizer's runs keyed (n_groups, lr, momentum, seed), the longest run for each config,
+    each on its own clock from 0 (for the xarray tradeoff record)."""
+    if "run" not in trace or "run" not in decisions or not len(trace):
+        return {}
+    groups = decisions.dropna(subset=["run"]).drop_duplicates("run").set_index("run")["n_groups"]
+    runs: dict = {}
+    for run_id, rows in trace.groupby("run", sort=False):
+        if run_id not in groups.index:
+            continue
+        key = (int(groups[run_id]), float(rows["lr"].iloc[0]), float(rows["momentum"].iloc[0]), seed)
+        if key not in runs or len(rows) > len(runs[key]):
+            rows = rows.copy()
+            rows[["t_start", "t_end"]] -= rows["t_start"].min()
+            runs[key] = rows
+    return runs

@@ -147,3 +147,27 @@ def test_bad_data_is_named_before_any_work(digits):
 def test_scikit_learn_estimator_checks(estimator, check):
     """scikit-learn's own contract checks, on flat features seen as 1×1 images (net="mlp")."""
     check(estimator)
+
+
+def test_auto_knobs_run_omnivores_optimizer_and_record_its_decisions():
+    d = load_digits()
+    X, y = d.data.astype(np.float32) / 16, d.target
+    est = DistributedCNN(net="mlp", input_shape="flat", engine="simulated", n_workers=4, batch_size=32,
+                         time_budget=200, target_accuracy=0.95, eval_size=500)  # fmt: skip
+    est.fit(X, y)
+    assert est.history_[-1]["accuracy"] >= 0.95
+    actions = list(est.decisions_["action"])
+    assert actions[0] == "probe" and "choose_lr" in actions and "initial_groups" in actions
+    assert set(est.trace_["phase"]) >= {"cold_start"}
+    assert est.tradeoff_ is not None and est.tradeoff_.sizes["lr"] >= 2
+
+
+def test_pinned_knobs_are_kept_by_the_optimizer():
+    d = load_digits()
+    X, y = d.data.astype(np.float32) / 16, d.target
+    est = DistributedCNN(net="mlp", input_shape="flat", engine="simulated", n_workers=4, batch_size=32,
+                         time_budget=60, n_groups=2, learning_rate=0.05, eval_size=300)  # fmt: skip
+    est.fit(X, y)
+    assert set(est.trace_["lr"]) == {0.05}
+    chosen = est.decisions_[est.decisions_["action"] == "initial_groups"]["n_groups"]
+    assert list(chosen) == [2]
