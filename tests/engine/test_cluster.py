@@ -86,7 +86,9 @@ def test_four_groups_are_stale_by_about_three_and_still_learn(client2, digits):
     s = result.trace["staleness"]
     assert s.min() >= 0
     steady = s.iloc[20:-20]  # groups start and finish at slightly different times
-    assert steady.median() == 3 and 2.0 <= steady.mean() <= 4.0, s.value_counts().to_dict()
+    # round-robin gives S = g - 1 = 3 for every update; timing jitter on a shared 2-core machine
+    # moves single updates by one either way but keeps the average
+    assert 2.25 <= steady.mean() <= 3.75 and steady.median() >= 2, s.value_counts().to_dict()
     assert set(result.trace["group"]) == {0, 1, 2, 3}
     _, acc = evaluate(net, *dask.compute(X, y))
     assert acc >= 0.95, f"training accuracy {acc:.3f} with 4 asynchronous groups"
