@@ -24,7 +24,8 @@ from dasknn.data.batching import n_batches
 from dasknn.engine import tasks
 from dasknn.engine.placement import Placement, plan
 from dasknn.engine.servers import ConvModelServer, FCServer
-from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
+from dasknn.engine.strategies import split_layer
+from dasknn.engine.trace import Budget, RunConfig, RunResult, Strategy, TrainState, make_trace
 from dasknn.nn.net import Net
 
 
@@ -112,6 +113,11 @@ class DaskEngine:
     `blas_threads` limits BLAS threads per worker process (None: leave the workers as they are);
     `timeout` bounds every wait on a server or a task (seconds); `window` is how many iterations
     each group keeps submitted ahead; `verbose` > 0 shows a progress bar.
+
+    `strategy` (trace.Strategy, issue #7): on this engine, `aggregation` ('tree' with `branching`, or
+    'ps': summed on the conv model server's worker, FireCaffe §6) and `split` (None, 'auto' for
+    RALP's rule, or a layer name). SMA, model averaging and the unmerged map run on the
+    SimulatedEngine only.
     """
 
     def __init__(
@@ -123,7 +129,15 @@ class DaskEngine:
         window: int = 2,
         verbose: int = 0,
         poll: float = 1.0,
+        strategy: Strategy | None = None,
     ) -> None:
+        strategy = strategy if strategy is not None else Strategy()
+        if strategy.synchronous or strategy.physical_map != "merged":
+            raise ValueError(
+                f"DaskEngine runs Omnivore's merged layout; strategy {strategy.name!r} with physical_map "
+                f"{strategy.physical_map!r} runs on the SimulatedEngine"
+            )
+        self.strategy = strategy
         self.client = client
         self.blas_threads = blas_threads
         self.timeout = float(timeout)
@@ -238,6 +252,9 @@ class DaskEngine:
                     lr=config.lr,
                     momentum=config.momentum,
                     timeout=self.timeout,
+                    aggregation=self.strategy.aggregation,
+                    branching=int(self.strategy.branching),
+                    ps_worker=placement.conv_server_worker,
                 )
             )
         return specs
@@ -259,7 +276,7 @@ class DaskEngine:
         if self.blas_threads:
             client.run(tasks.set_blas_threads, self.blas_threads)
         state = start.copy() if start is not None else TrainState.from_net(net)
-        conv_net, fc_net = net.split_phases()
+        conv_net, fc_net = net.split_phases(at=split_layer(net, self.strategy, config.batch_size))
         if fc_net is None:
             raise ValueError(f"net {net.name!r} has no FC phase (no InnerProduct layer) for the FC server")
         (conv_future, conv_server), (fc_future, fc_server) = self._servers(
@@ -331,6 +348,9 @@ class DaskEngine:
             n_groups=config.n_groups,
             placement=str(placement.roles()),
             batch_size=config.batch_size,
+            strategy=self.strategy.name,
+            aggregation=self.strategy.aggregation,
+            split=fc_net.layers[0].name,
         )
         return RunResult(trace=trace, state=end_state)
 

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from dasknn.data.batching import epoch_indices
 from dasknn.data.chunks import sample_chunks
 from dasknn.engine.servers import ConvModelServer, FCServer
-from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
+from dasknn.engine.trace import Budget, RunConfig, RunResult, Strategy, TrainState, make_trace
 from dasknn.nn.net import Net
 
 __all__ = [
@@ -120,6 +120,13 @@ class SimulatedEngine:
     n_groups, group size, batch size and seed are unchanged (with the durations they were drawn
     with); otherwise every group starts afresh from the state's weights (the in-flight batches are
     skipped). A non-finite loss ends the run early with the trace attr `diverged` = True.
+
+    `strategy` (trace.Strategy; default Omnivore's) selects the other papers' layouts (issue #7,
+    `dasknn.engine.strategies`): `split` moves the FC server's first layer (RALP's 'auto'),
+    physical_map 'unmerged' runs FC on every group (`t_fc_worker` simulated seconds, default t_fc),
+    and 'sma' / 'model_averaging' train n_groups synchronised replicas (each iteration also takes
+    `t_sync` simulated seconds when the replicas synchronise). `aggregation` does not change the
+    simulated maths (a sum is a sum); model its time through t_conv.
     """
 
     def __init__(
@@ -133,6 +140,9 @@ class SimulatedEngine:
         cv: float = 0.06,
         forward_fraction: float = 1 / 3,
         verbose: int = 1,
+        strategy: Strategy | None = None,
+        t_fc_worker: float | None = None,
+        t_sync: float = 0.0,
     ) -> None:
         if timing is None and (t_conv is None or t_fc is None):
             raise ValueError("SimulatedEngine needs a timing model (e.g. an HEModel) or both t_conv and t_fc")
@@ -149,6 +159,11 @@ class SimulatedEngine:
         self.variability, self.cv = variability, float(cv)
         self.forward_fraction = float(forward_fraction)
         self.verbose = verbose
+        self.strategy = strategy if strategy is not None else Strategy()
+        self.t_fc_worker = self.t_fc if t_fc_worker is None else float(t_fc_worker)
+        self.t_sync = float(t_sync)
+        if not (math.isfinite(self.t_sync) and self.t_sync >= 0 and self.t_fc_worker >= 0):
+            raise ValueError(f"t_sync and t_fc_worker must be >= 0, got {t_sync}, {t_fc_worker}")
 
     def conv_time(self, k: int) -> float:
         """Mean conv-phase time of a group of k workers (simulated seconds)."""
@@ -165,7 +180,7 @@ class SimulatedEngine:
         if g > n_workers:
             raise ValueError(f"n_groups={g} needs at least {g} workers; the timing model has {n_workers}")
         state = TrainState.from_net(net) if start is None else start
-        sim = _Simulation(self, net, X, y, config, k=n_workers // g, state=state)
+        sim = self._simulation(net, X, y, config, n_workers // g, state)
         rows = sim.advance(budget)
         new_state = sim.train_state()
         net.set_params(new_state.params)
@@ -180,15 +195,39 @@ class SimulatedEngine:
             "cv": self.cv,
             "forward_fraction": self.forward_fraction,
             "diverged": sim.diverged,
+            "strategy": self.strategy.name,
+            "physical_map": self.strategy.physical_map,
+            "split": getattr(sim, "split", None),
         }
         return RunResult(trace=make_trace(rows, "simulated", **attrs), state=new_state)
+
+    def _simulation(self, net: Net, X, y, config: RunConfig, k: int, state: TrainState):
+        """The event loop of this engine's strategy (Omnivore's, or one of `engine.strategies`)."""
+        if self.strategy == Strategy():
+            return _Simulation(self, net, X, y, config, k=k, state=state)
+        from dasknn.engine import strategies  # it builds on this module's event loop
+
+        if self.strategy.synchronous:
+            return strategies.ReplicaSimulation(self, net, X, y, config, k=k, state=state)
+        split = strategies.split_layer(net, self.strategy, config.batch_size)
+        if self.strategy.physical_map == "unmerged":
+            return strategies.UnmergedSimulation(self, net, X, y, config, k=k, state=state, split=split)
+        return _Simulation(self, net, X, y, config, k=k, state=state, split=split)
 
 
 class _Simulation:
     """One run's event loop: servers, per-group conv nets, the FC queue, the clock."""
 
     def __init__(
-        self, engine: SimulatedEngine, net: Net, X, y, config: RunConfig, k: int, state: TrainState
+        self,
+        engine: SimulatedEngine,
+        net: Net,
+        X,
+        y,
+        config: RunConfig,
+        k: int,
+        state: TrainState,
+        split: str | None = None,
     ) -> None:
         self.engine, self.config, self.k = engine, config, k
         self.slices = shard_slices(config.batch_size, k)
@@ -196,7 +235,8 @@ class _Simulation:
         self.data = _Batches(X, y, config.batch_size, config.seed)
         work = net.copy()
         work.set_params(state.params)
-        conv, fc = work.split_phases()
+        conv, fc = work.split_phases(at=split)
+        self.split = fc.layers[0].name if fc is not None else None
         if fc is None:
             raise ValueError(f"net {net.name!r} has no FC phase; the simulator needs a merged FC server")
         conv_keys = set(conv.params)

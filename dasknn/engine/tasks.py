@@ -4,7 +4,8 @@ Omnivore on Dask (ARCHITECTURE.md, "Data flow of one iteration"). A group's loop
 worker and, each iteration: pulls the conv weights (version v) from the conv model server; runs the
 conv forward of each shard on its worker with batched lowering (the cache stays there); sends the
 activations to the merged FC server, which returns d(activations); runs each shard's conv backward
-where its cache is; sums the k gradients by a tree of tasks; pushes ONE update (version v'). A group
+where its cache is; sums the k gradients (a tree of tasks, or at one place: `aggregate`); pushes
+ONE update (version v'). A group
 of one worker does all of that inside its loop with no extra task. Groups run with no barrier.
 
 These functions run on workers. They reach a server directly when its actor lives in the same
@@ -50,6 +51,9 @@ class GroupSpec:
     lr: float
     momentum: float
     timeout: float
+    aggregation: str = "tree"
+    branching: int = 2
+    ps_worker: str | None = None
 
 
 def _this_worker():
@@ -241,13 +245,9 @@ def _sharded_iteration(client, spec, conv_server, fc_server, x, y) -> dict[str, 
                 pure=False,
             )
         )
-    while len(grads) > 1:  # the reduction tree (FireCaffe §3): ceil(log2 k) levels of pairwise sums
-        grads = [
-            client.submit(sum_grads, grads[i], grads[i + 1], pure=False) if i + 1 < len(grads) else grads[i]
-            for i in range(0, len(grads), 2)
-        ]
+    total = aggregate(client, grads, spec.aggregation, spec.branching, spec.ps_worker)
     pushed = _call(
-        conv_server, "push", grads[0].result(timeout=tmo), version, spec.lr, spec.momentum, timeout=tmo
+        conv_server, "push", total.result(timeout=tmo), version, spec.lr, spec.momentum, timeout=tmo
     )
     del shards, dacts, w_futures, fwd
     return {
@@ -311,6 +311,29 @@ def conv_backward(run_id, template, weights, fwd, dacts, device) -> dict[str, np
     return _backward(net, weights, fwd["caches"], dacts, device)
 
 
-def sum_grads(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One node of the reduction tree: the sum of two gradient dicts."""
-    return {k: a[k] + b[k] for k in a}
+def sum_grads(*grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One node of a reduction tree, or the parameter server's sum: the sum of gradient dicts."""
+    return {k: sum(g[k] for g in grads[1:]) + grads[0][k] for k in grads[0]}
+
+
+def aggregate(
+    client, grads: list, aggregation: str = "tree", branching: int = 2, ps_worker: str | None = None
+):
+    """The future of the sum of k gradient futures, as FireCaffe §6 compares (issue #7).
+
+    'tree': a reduction tree, each task summing up to `branching` results, ceil(log_b k) levels
+    (b = 2: pairwise sums). 'ps': parameter-server style, all k gradients sent to one task on
+    `ps_worker` (the conv model server's worker) and summed there.
+    """
+    if aggregation == "ps":
+        where = {"workers": [ps_worker], "allow_other_workers": False} if ps_worker else {}
+        return client.submit(sum_grads, *grads, pure=False, **where) if len(grads) > 1 else grads[0]
+    if aggregation != "tree":
+        raise ValueError(f"aggregation must be 'tree' or 'ps', got {aggregation!r}")
+    b = int(branching)
+    while len(grads) > 1:
+        grads = [
+            client.submit(sum_grads, *grads[i : i + b], pure=False) if len(grads[i : i + b]) > 1 else grads[i]
+            for i in range(0, len(grads), b)
+        ]
+    return grads[0]

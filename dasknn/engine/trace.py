@@ -59,6 +59,57 @@ class RunConfig:
         return replace(self, **changes)
 
 
+STRATEGIES = ("omnivore", "sma", "model_averaging")
+PHYSICAL_MAPS = ("merged", "unmerged")
+AGGREGATIONS = ("tree", "ps")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How an engine lays out and synchronises training; the default is Omnivore's (issue #7).
+
+    name: 'omnivore' (g asynchronous compute groups, Omnivore §III-B), 'sma' (Crossbow's synchronous
+    model averaging, §3.2: n_groups learners, each with its own replica) or 'model_averaging'
+    (SparkNet: replicas averaged every `tau` iterations).
+    physical_map: 'merged' (FC compute and FC model on one server, never stale) or 'unmerged'
+    (Omnivore appendix C, the MXNet/SINGA layout: FC compute on every conv worker, FC model on a
+    model server, so FC is stale too).
+    aggregation: how the k gradients of a group are summed: 'tree' (FireCaffe's reduction tree,
+    branching factor `branching`) or 'ps' (all k at one place, the conv model server's worker).
+    split: the first FC-server layer: None (the first InnerProduct, Omnivore §II-B), 'auto' (RALP's
+    rule, layer-placement §3) or a layer name.
+    alpha: SMA's correction factor (None: 1/k, Crossbow §3.2).
+    """
+
+    name: str = "omnivore"
+    physical_map: str = "merged"
+    aggregation: str = "tree"
+    branching: int = 2
+    split: str | None = None
+    alpha: float | None = None
+    tau: int = 1
+
+    def __post_init__(self) -> None:
+        for key, allowed in (
+            ("name", STRATEGIES),
+            ("physical_map", PHYSICAL_MAPS),
+            ("aggregation", AGGREGATIONS),
+        ):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"strategy {key} must be one of {allowed}, got {getattr(self, key)!r}")
+        if int(self.branching) < 2:
+            raise ValueError(f"branching must be >= 2, got {self.branching}")
+        if int(self.tau) < 1:
+            raise ValueError(f"tau must be >= 1, got {self.tau}")
+        if self.alpha is not None and not (math.isfinite(self.alpha) and 0 < self.alpha <= 1):
+            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
+
+    @property
+    def synchronous(self) -> bool:
+        """True for the replica strategies (SMA, model averaging): no FC server, no asynchrony."""
+        return self.name != "omnivore"
+
+
 @dataclass(frozen=True)
 class Budget:
     """When a run stops: after `seconds` (wall or simulated) or `iterations` (all groups together)."""
