@@ -166,7 +166,8 @@ def test_pinned_knobs_are_kept_by_the_optimizer():
     d = load_digits()
     X, y = d.data.astype(np.float32) / 16, d.target
     est = DistributedCNN(net="mlp", input_shape="flat", engine="simulated", n_workers=4, batch_size=32,
-                         time_budget=None, max_epochs=4, n_groups=2, learning_rate=0.05, eval_size=300)  # fmt: skip
+                         time_budget=None, max_epochs=4, n_groups=2, learning_rate=0.05,
+                         eval_size=300)  # fmt: skip
     est.fit(X, y)
     assert set(est.trace_["lr"]) == {0.05}
     chosen = est.decisions_[est.decisions_["action"] == "initial_groups"]["n_groups"]

@@ -74,12 +74,17 @@ def local_client(
     threads_per_worker: int = 1,
     processes: bool = True,
     security=None,
+    tune_malloc: bool = True,
     **cluster_kwargs,
 ) -> Iterator[Any]:
     """A LocalCluster sized to this machine and a Client on it, closed on exit.
 
     Each worker process gets cores // n_workers BLAS threads, so the workers together use the
     machine's cores once (numpy's BLAS would otherwise start a thread per core in every worker).
+    `tune_malloc`: dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which turns off
+    glibc's dynamic mmap threshold, so every large temporary (lowered matrices, activations) is
+    mapped and faulted in afresh each iteration; raising the mmap and trim thresholds to 32/64 MiB
+    makes a worker's training step as fast as in-process (experiments/bench_overhead.py measures it).
     """
     import dask
     from distributed import Client, LocalCluster
@@ -91,6 +96,9 @@ def local_client(
         f"distributed.nanny.pre-spawn-environ.{k}": blas
         for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
     }
+    if tune_malloc:
+        environ["distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_"] = str(32 * 2**20)
+        environ["distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"] = str(64 * 2**20)
     kwargs = {"dashboard_address": None, **cluster_kwargs}
     if security is not None:
         kwargs["security"] = security

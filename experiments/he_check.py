@@ -1,0 +1,398 @@
+"""HE check: Omnivore's hardware efficiency model against measured Dask-engine runs on this machine.
+
+Mirrors Omnivore §IV-B, "Hardware Efficiency Model" (L757-800, appendix E-A L3212-3420), and its
+validation: Fig. 5(b), predicted and measured time per iteration as the devices per group change,
+which is also the HE panel of Fig. 7(a). The model predicts the time per iteration of g compute
+groups of k = N/g devices sharing one merged FC server:
+
+    HE(g) = max{t_fc, (t_conv(k) + t_fc) / g},   t_conv(k) = max(T_cc / k, T_nc · k),
+
+calibrated from t_conv(1) (= T_cc), t_fc and the network time T_nc of one conv model out and its
+gradient back. What the paper found (L3398-3411): the parameters are measured once with a standard
+deviation under 6% (t_conv(1), t_fc; 8% for the whole iteration on AlexNet, 1.5% on CIFAR-10), and
+"the analytic model of hardware efficiency is accurate. When the FC server is saturated (right side
+of the graph), the model is almost exact"; conv compute scaled a little below linear in k (8
+machines: forward 7.2×, backward 6.6×) and network time linearly or worse ("thrashing").
+
+Here, N = 2: `local_client(n_workers=2)` (two single-threaded worker processes, BLAS 1 thread
+each; the FC server shares a worker with conv work, as `plan` places it without an FC resource).
+g = 1 is one group of k = 2 (shard tasks, a reduction, one push); g = 2 is two groups of one worker.
+For each of LeNet (b = 64, digits 28×28) and CIFAR-10 quick (b = 128, synthetic 3×32×32):
+
+- calibration, on one of the cluster's workers (the runs' own process environment) and, for
+  comparison, in this process: t_conv(1) = pull + conv forward + conv backward + push and t_fc = the
+  FC step, timed with the engine's server classes and shard functions, medians over batches;
+  T_nc = median round trip of the conv weights to the other worker and back over dask's TCP comms;
+  `HEModel.from_measurements(t_conv(1), t_fc, 2, conv model bytes, 2 · bytes / T_nc)`;
+- measured: `time_per_iteration(trace, warmup=2)` of DaskEngine runs, g = 1 and g = 2 interleaved,
+  median over repetitions.
+
+    python -m experiments.he_check [--quick]
+
+Writes experiments/results/he_check/{he_check.nc, he_check.png, table.md}; prints the table. The
+machine has 2 cores shared with other users: the load average is recorded, and every number is a
+median. Default run ~2-3 minutes, `--quick` ~1 minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dasknn import __version__  # noqa: E402
+from dasknn.backend import device_info  # noqa: E402
+from dasknn.data import load  # noqa: E402
+from dasknn.engine import tasks  # noqa: E402
+from dasknn.engine.cluster import DaskEngine, cluster_workers, local_client  # noqa: E402
+from dasknn.engine.servers import ConvModelServer, FCServer  # noqa: E402
+from dasknn.engine.trace import Budget, RunConfig  # noqa: E402
+from dasknn.nn import zoo  # noqa: E402
+from dasknn.tradeoff import HEModel, phase_costs, save, time_per_iteration  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "he_check"
+N_WORKERS = 2
+GROUPS = (1, 2)
+BLAS_THREADS = 1
+WARMUP = 2
+"""Completions per group skipped by `time_per_iteration` (the first builds the workers' net copies)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One net: its data, batch, learning rate, iterations per run and calibration batches."""
+
+    name: str
+    net: str
+    batch_size: int
+    lr: float
+    iterations: int
+    calibration_batches: int
+
+    def data(self):
+        if self.net == "lenet":
+            return load("digits", size=28, batch_size=self.batch_size)
+        n = self.batch_size * 12
+        return load("synthetic", n_samples=n, shape=(3, 32, 32), n_classes=10, batch_size=self.batch_size)
+
+    def make_net(self):
+        return getattr(zoo, self.net)(seed=0)
+
+    def config(self, g: int) -> RunConfig:
+        return RunConfig(n_groups=g, lr=self.lr, momentum=0.9, weight_decay=5e-4, batch_size=self.batch_size)
+
+
+CASES = {
+    False: (
+        Case("LeNet", "lenet", 64, 0.01, 40, 12),
+        Case("CIFAR-10 quick", "cifar10_quick", 128, 0.001, 14, 5),
+    ),
+    True: (
+        Case("LeNet", "lenet", 64, 0.01, 20, 6),
+        Case("CIFAR-10 quick", "cifar10_quick", 128, 0.001, 8, 3),
+    ),
+}
+
+
+def phase_seconds(case: Case, X: np.ndarray, y: np.ndarray, threads: int) -> dict[str, float]:
+    """t_conv(1) and t_fc on one device: medians over batches, the engine's servers and shard code.
+
+    t_conv(1) = pull + conv forward + conv backward + push (what a one-worker group does besides
+    the FC call); t_fc = one `FCServer.step` (FC forward, loss, FC backward, FC update). The first
+    batch warms up and is not counted.
+    """
+    from threadpoolctl import threadpool_limits
+
+    config = case.config(1)
+    conv, fc = case.make_net().split_phases()
+    conv_server = ConvModelServer(conv.get_params(), conv.lr_mult, conv.decay_mult, config.weight_decay)
+    fc_server = FCServer(fc.copy(), config.weight_decay, config.seed)
+    run_id = f"he-check-{os.getpid()}"
+    b = case.batch_size
+    t_conv, t_fc = [], []
+    try:
+        with threadpool_limits(limits=threads):
+            for i in range(X.shape[0] // b):
+                xb, yb = X[i * b : (i + 1) * b], y[i * b : (i + 1) * b]
+                t0 = time.perf_counter()
+                version, weights = conv_server.pull()
+                fwd = tasks.conv_forward(run_id, conv, weights, xb, "cpu")
+                t1 = time.perf_counter()
+                out = fc_server.step(fwd["acts"], yb, config.lr, config.momentum)
+                t2 = time.perf_counter()
+                grads = tasks.conv_backward(run_id, conv, weights, fwd, out["dacts"], "cpu")
+                conv_server.push(grads, version, config.lr, config.momentum)
+                t3 = time.perf_counter()
+                t_conv.append((t1 - t0) + (t3 - t2))
+                t_fc.append(t2 - t1)
+    finally:
+        tasks.forget_run(run_id)
+    return {"t_conv_1": float(np.median(t_conv[1:])), "t_fc": float(np.median(t_fc[1:]))}
+
+
+def network_seconds(client, worker: str, weights: dict[str, np.ndarray], reps: int = 7) -> float:
+    """T_nc: median time to send the conv weights to `worker` and receive as many bytes back."""
+    times = []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        [future] = client.scatter([weights], workers=[worker], direct=True, hash=False)
+        client.gather(future, direct=True)
+        times.append(time.perf_counter() - t0)
+        client.cancel(future)
+    return float(np.median(times[1:]))
+
+
+def calibrate(client, case: Case, X: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """The HE model's parameters on a worker of the cluster, and t_conv(1), t_fc in this process."""
+    workers = sorted(cluster_workers(client))
+    n = case.calibration_batches * case.batch_size
+    Xf, yf = client.scatter([X[:n], y[:n]], workers=[workers[-1]])
+    on_worker = client.submit(phase_seconds, case, Xf, yf, BLAS_THREADS, workers=[workers[-1]], pure=False)
+    measured = on_worker.result(timeout=600)
+    client.cancel([Xf, yf, on_worker])
+    here = phase_seconds(case, X[:n], y[:n], BLAS_THREADS)
+    conv, _ = case.make_net().split_phases()
+    return {
+        **measured,
+        "T_nc": network_seconds(client, workers[0], conv.get_params()),
+        "conv_model_bytes": phase_costs(case.make_net(), case.batch_size)["conv_model_bytes"],
+        "t_conv_1_in_process": here["t_conv_1"],
+        "t_fc_in_process": here["t_fc"],
+    }
+
+
+def model_of(cal: dict[str, float], in_process: bool = False) -> HEModel:
+    """`HEModel.from_measurements` with the bandwidth that makes T_nc the measured round trip."""
+    suffix = "_in_process" if in_process else ""
+    return HEModel.from_measurements(
+        t_conv_1=cal["t_conv_1" + suffix],
+        t_fc=cal["t_fc" + suffix],
+        n_workers=N_WORKERS,
+        conv_model_bytes=cal["conv_model_bytes"],
+        bandwidth_bytes_per_s=2.0 * cal["conv_model_bytes"] / cal["T_nc"],
+    )
+
+
+def measure(client, case: Case, X, y, reps: int) -> np.ndarray:
+    """Measured time per iteration, shape (len(GROUPS), reps): g values interleaved per repetition."""
+    engine = DaskEngine(client, blas_threads=BLAS_THREADS, timeout=120)
+    engine.run(case.make_net(), X, y, case.config(2), Budget(iterations=2 * WARMUP + 2))  # warm-up
+    out = np.full((len(GROUPS), reps), np.nan)
+    for r in range(reps):
+        for i, g in enumerate(GROUPS):
+            trace = engine.run(
+                case.make_net(), X, y, case.config(g), Budget(iterations=case.iterations)
+            ).trace
+            out[i, r] = time_per_iteration(trace, warmup=WARMUP)
+            assert engine.placement_ is not None and engine.placement_.n_groups == g
+            print(f"  {case.name} g={g} rep {r}: {out[i, r] * 1e3:.1f} ms/iteration", flush=True)
+    return out
+
+
+def run(quick: bool, reps: int) -> xr.Dataset:
+    """Calibrate, predict and measure every case; the record as a Dataset (dims net, groups, rep)."""
+    cases = CASES[quick]
+    info = device_info()
+    load_start = os.getloadavg()[0]
+    cal_rows, measured = [], []
+    with local_client(n_workers=N_WORKERS, threads_per_worker=1) as client:
+        for case in cases:
+            X, y = client.persist(list(case.data()))
+            Xn, yn = X.compute(), y.compute()
+            cal_rows.append(calibrate(client, case, Xn, yn))
+            print(
+                f"{case.name}: t_conv(1) = {cal_rows[-1]['t_conv_1'] * 1e3:.1f} ms, "
+                f"t_fc = {cal_rows[-1]['t_fc'] * 1e3:.2f} ms, T_nc = {cal_rows[-1]['T_nc'] * 1e3:.2f} ms "
+                f"(worker); in this process t_conv(1) = {cal_rows[-1]['t_conv_1_in_process'] * 1e3:.1f} ms",
+                flush=True,
+            )
+            measured.append(measure(client, case, X, y, reps))
+            client.cancel([X, y])
+    models = [model_of(c) for c in cal_rows]
+    models_here = [model_of(c, in_process=True) for c in cal_rows]
+    measured_arr = np.stack(measured)
+    median = np.median(measured_arr, axis=-1)
+    predicted = np.array([[m.he(g) for g in GROUPS] for m in models])
+    ng, nets = ("net", "groups"), ("net",)
+
+    def per_net(key: str) -> np.ndarray:
+        return np.array([c[key] for c in cal_rows], dtype=float)
+
+    ds = xr.Dataset(
+        {
+            "time_per_iter_predicted": (
+                ng,
+                predicted,
+                {
+                    "units": "s",
+                    "description": "HE(g) = max{t_fc, (t_conv(k) + t_fc) / g}, worker calibration",
+                },
+            ),
+            "time_per_iter_predicted_in_process": (
+                ng,
+                np.array([[m.he(g) for g in GROUPS] for m in models_here]),
+                {"units": "s", "description": "HE(g) calibrated in the driver process instead"},
+            ),
+            "time_per_iter_measured": (
+                ng,
+                median,
+                {
+                    "units": "s",
+                    "description": f"median over repetitions of time_per_iteration(trace, {WARMUP})",
+                },
+            ),
+            "time_per_iter_measured_rep": (
+                (*ng, "rep"),
+                measured_arr,
+                {"units": "s", "description": "every repetition"},
+            ),
+            "ratio": (ng, median / predicted, {"units": "1", "description": "measured / predicted"}),
+            "k": (
+                ng,
+                np.array([[m.group_size(g) for g in GROUPS] for m in models], dtype=np.int64),
+                {"units": "workers", "description": "workers per group, N // g"},
+            ),
+            "t_conv": (
+                ng,
+                np.array([[m.t_conv(m.group_size(g)) for g in GROUPS] for m in models]),
+                {"units": "s", "description": "max(T_cc / k, T_nc * k)"},
+            ),
+            "fc_saturated": (
+                ng,
+                np.array([[m.saturates(g) for g in GROUPS] for m in models], dtype=np.int8),
+                {"units": "1", "description": "t_conv(k) + t_fc < g t_fc"},
+            ),
+            "t_conv_1": (nets, per_net("t_conv_1"), {"units": "s", "description": "T_cc, on a worker"}),
+            "t_fc": (nets, per_net("t_fc"), {"units": "s", "description": "FC step, on a worker"}),
+            "T_nc": (nets, per_net("T_nc"), {"units": "s", "description": "conv weights out and back"}),
+            "t_conv_1_in_process": (nets, per_net("t_conv_1_in_process"), {"units": "s"}),
+            "t_fc_in_process": (nets, per_net("t_fc_in_process"), {"units": "s"}),
+            "conv_model_bytes": (nets, per_net("conv_model_bytes"), {"units": "bytes"}),
+            "batch_size": (
+                nets,
+                np.array([c.batch_size for c in cases], dtype=np.int64),
+                {"units": "images"},
+            ),
+        },
+        coords={
+            "net": [c.name for c in cases],
+            "groups": np.array(GROUPS, dtype=np.int64),
+            "rep": np.arange(reps, dtype=np.int64),
+        },
+    )
+    ds.attrs = {
+        "experiment": "he_check",
+        "mirrors": "Omnivore §IV-B HE model; Fig. 5(b) / Fig. 7(a) predicted vs measured time per iteration",
+        "engine": "dask",
+        "cluster": f"local_client(n_workers={N_WORKERS}, threads_per_worker=1), worker processes",
+        "n_workers": N_WORKERS,
+        "blas_threads": BLAS_THREADS,
+        "time_unit": "s",
+        "device": ", ".join(f"{k}={v}" for k, v in info.items()),
+        "load_average_start": load_start,
+        "load_average_end": os.getloadavg()[0],
+        "dasknn_version": __version__,
+    }
+    return ds
+
+
+def table(ds: xr.Dataset) -> str:
+    """Markdown: predicted vs measured time per iteration per net and g, then the calibration."""
+
+    def ms(value) -> str:
+        return f"{float(value) * 1e3:.1f}"
+
+    lines = [
+        "| net | g | k | t_conv(k) (ms) | t_fc (ms) | HE predicted (ms) | measured (ms) | "
+        "measured / predicted | FC saturated | predicted, in-process calibration (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for net in ds["net"].values:
+        for g in ds["groups"].values:
+            s = ds.sel(net=net, groups=g)
+            cells = [net, str(g), str(int(s["k"])), ms(s["t_conv"]), ms(s["t_fc"])]
+            cells += [ms(s["time_per_iter_predicted"]), ms(s["time_per_iter_measured"])]
+            cells += [f"{float(s['ratio']):.2f}", "yes" if int(s["fc_saturated"]) else "no"]
+            cells += [ms(s["time_per_iter_predicted_in_process"])]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| net | b | t_conv(1) worker (ms) | t_fc worker (ms) | T_nc (ms) | conv model (KiB) | "
+        "t_conv(1) in-process (ms) | t_fc in-process (ms) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for net in ds["net"].values:
+        s = ds.sel(net=net)
+        cells = [
+            net,
+            str(int(s["batch_size"])),
+            ms(s["t_conv_1"]),
+            ms(s["t_fc"]),
+            f"{float(s['T_nc']) * 1e3:.2f}",
+        ]
+        cells += [f"{float(s['conv_model_bytes']) / 1024:.0f}", ms(s["t_conv_1_in_process"])]
+        cells += [ms(s["t_fc_in_process"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Device: {ds.attrs['device']}; {ds.attrs['cluster']}; BLAS threads {ds.attrs['blas_threads']}; "
+        f"load average {ds.attrs['load_average_start']:.2f} → {ds.attrs['load_average_end']:.2f} "
+        f"(shared machine); measured = median of {ds.sizes['rep']} runs.",
+    ]
+    return "\n".join(lines)
+
+
+def plot(ds: xr.Dataset, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    nets = list(ds["net"].values)
+    fig, axes = plt.subplots(1, len(nets), figsize=(4.5 * len(nets), 3.6))
+    for ax, net in zip(np.atleast_1d(axes), nets, strict=True):
+        s = ds.sel(net=net)
+        g = ds["groups"].values
+        ax.plot(g, s["time_per_iter_predicted"] * 1e3, "o-", label="HE(g) predicted")
+        ax.plot(g, s["time_per_iter_measured"] * 1e3, "s--", label="measured (median)")
+        for r in ds["rep"].values:
+            ax.plot(g, s["time_per_iter_measured_rep"].sel(rep=r) * 1e3, ".", color="C1", alpha=0.4)
+        ax.axhline(float(s["t_fc"]) * 1e3, color="k", ls=":", lw=1, label="t_fc")
+        ax.set_xticks(g, [f"g={v}\nk={int(k)}" for v, k in zip(g, s["k"].values, strict=True)])
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("time per iteration (ms)")
+        ax.set_title(f"{net}, b = {int(s['batch_size'])}, N = {ds.attrs['n_workers']} workers")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> xr.Dataset:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations and 2 repetitions (~1 min)")
+    parser.add_argument("--reps", type=int, help="runs per g (default 3, quick 2)")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    ds = run(args.quick, args.reps or (2 if args.quick else 3))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    save(ds, RESULTS / "he_check.nc")
+    plot(ds, RESULTS / "he_check.png")
+    text = table(ds)
+    (RESULTS / "table.md").write_text(f"# HE model vs measured Dask-engine runs\n\n{text}\n")
+    print(text)
+    print(f"total {time.perf_counter() - t0:.0f} s; wrote {RESULTS}/he_check.nc, he_check.png, table.md")
+    return ds
+
+
+if __name__ == "__main__":
+    main()
