@@ -103,10 +103,22 @@ def local_client(
     if security is not None:
         kwargs["security"] = security
         kwargs.setdefault("protocol", "tls://")
-    with dask.config.set(environ):
-        cluster = LocalCluster(
-            n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes, **kwargs
-        )
+    # the nanny lets the driver's os.environ win over its config (and writes its values back into
+    # os.environ), so the variables are set there too while the workers start, then restored
+    worker_env = {key.rsplit(".", 1)[1]: value for key, value in environ.items()}
+    saved = {k: os.environ.get(k) for k in worker_env}
+    os.environ.update(worker_env)
+    try:
+        with dask.config.set(environ):
+            cluster = LocalCluster(
+                n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes, **kwargs
+            )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     client = Client(cluster, security=security) if security is not None else Client(cluster)
     try:
         yield client
