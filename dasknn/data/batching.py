@@ -23,7 +23,7 @@ import numpy as np
 
 from .chunks import check_batch_size, from_numpy
 
-__all__ = ["compute_batch", "epoch_indices", "epoch_order", "iterate_batches", "n_batches"]
+__all__ = ["BatchOrder", "compute_batch", "epoch_indices", "epoch_order", "iterate_batches", "n_batches"]
 
 
 def n_batches(n_samples: int | Any, batch_size: int, *, drop_last: bool = True) -> int:
@@ -70,6 +70,27 @@ def epoch_indices(
     starts = np.concatenate([[0], np.cumsum(chunks)[:-1]]).astype(np.int64)
     parts = [starts[c] + order for c, order in epoch_order(chunks, epoch=epoch, seed=seed, shuffle=shuffle)]
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+class BatchOrder:
+    """The global sample indices of batch b of an endless stream of epochs: rows
+    [pos·B, (pos+1)·B) of epoch b // n_batches's order (`epoch_indices`), last partial batch
+    dropped; exactly the batches `iterate_batches` yields. The current epoch's order is kept."""
+
+    def __init__(self, chunks: Sequence[int], batch_size: int, seed: int = 0) -> None:
+        self.chunks = tuple(int(c) for c in chunks)
+        self.batch_size = check_batch_size(batch_size)
+        self.seed = seed
+        self.n_batches = n_batches(int(sum(self.chunks)), self.batch_size)
+        if self.n_batches == 0:
+            raise ValueError(f"batch_size {batch_size} is larger than the {sum(self.chunks)} samples")
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def indices(self, b: int) -> np.ndarray:
+        epoch, pos = divmod(int(b), self.n_batches)
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, epoch_indices(self.chunks, epoch=epoch, seed=self.seed))
+        return self._order[1][pos * self.batch_size : (pos + 1) * self.batch_size]
 
 
 def _rows(block: np.ndarray, order: np.ndarray) -> np.ndarray:

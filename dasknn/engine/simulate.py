@@ -28,7 +28,7 @@ import dask.array as da
 import numpy as np
 from tqdm import tqdm
 
-from dasknn.data.batching import epoch_indices
+from dasknn.data.batching import BatchOrder
 from dasknn.data.chunks import sample_chunks
 from dasknn.engine.servers import ConvModelServer, FCServer
 from dasknn.engine.trace import Budget, RunConfig, RunResult, Strategy, TrainState, make_trace
@@ -90,17 +90,12 @@ class _Batches:
             raise ValueError(f"X has {self.X.shape[0]} samples but y has {self.y.shape[0]}")
         if chunks is None:
             chunks = sample_chunks(self.X.shape[0], self.X.shape[1:], batch_size)[0]
-        self.chunks, self.batch_size, self.seed = tuple(int(c) for c in chunks), batch_size, seed
-        self.per_epoch = self.X.shape[0] // batch_size
-        if self.per_epoch == 0:
-            raise ValueError(f"batch_size {batch_size} is larger than the {self.X.shape[0]} samples")
-        self._order: tuple[int, np.ndarray] | None = None
+        self.order = BatchOrder(chunks, batch_size, seed)
+        self.chunks, self.batch_size, self.seed = self.order.chunks, batch_size, seed
+        self.per_epoch = self.order.n_batches
 
     def get(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        epoch, j = divmod(int(b), self.per_epoch)
-        if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, epoch_indices(self.chunks, epoch=epoch, seed=self.seed))
-        idx = self._order[1][j * self.batch_size : (j + 1) * self.batch_size]
+        idx = self.order.indices(b)
         return self.X[idx], self.y[idx]
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from dasknn.backend import get_xp, to_device, to_numpy
-from dasknn.data.batching import epoch_indices
+from dasknn.data.batching import BatchOrder
 
 _NETS: dict[tuple[str, int], Any] = {}
 _NETS_LOCK = threading.Lock()
@@ -119,8 +119,7 @@ class BatchReader:
     def __init__(self, client, spec: GroupSpec, keep: int = 2) -> None:
         self.client, self.spec, self.keep = client, spec, keep
         self.starts = np.concatenate([[0], np.cumsum(spec.chunks)[:-1]]).astype(np.int64)
-        self.n_batches = int(sum(spec.chunks)) // spec.batch_size
-        self._order: tuple[int, np.ndarray] | None = None
+        self.order = BatchOrder(spec.chunks, spec.batch_size, spec.seed)
         self._chunks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _chunk(self, c: int):
@@ -136,11 +135,8 @@ class BatchReader:
         return self._chunks[c]
 
     def get(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        epoch, pos = divmod(b, self.n_batches)
-        if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, epoch_indices(self.spec.chunks, epoch=epoch, seed=self.spec.seed))
         bs = self.spec.batch_size
-        idx = self._order[1][pos * bs : (pos + 1) * bs]
+        idx = self.order.indices(b)
         owner = np.searchsorted(self.starts, idx, side="right") - 1
         x = y = None
         for c in dict.fromkeys(owner.tolist()):
