@@ -1,4 +1,4 @@
-"""The `dasknn` command: `dasknn train`, `dasknn info`, `dasknn summary`.
+"""The `dasknn` command: `dasknn train`, `dasknn experiment`, `dasknn info`, `dasknn summary`.
 
 `dasknn train` is the main job: DistributedCNN on a LocalCluster sized to the machine (or on a
 running scheduler), Omnivore's optimizer choosing n_groups, learning rate and momentum unless they
@@ -107,6 +107,43 @@ def cmd_train(args) -> int:
     return 0 if target is None or final["accuracy"] >= target else 1
 
 
+def _experiments_package():
+    """The repository's `experiments` package: from the working directory or the source checkout.
+
+    Experiments are scripts of the source tree, not of the installed wheel: `dasknn experiment`
+    works from a checkout (an editable install, or any directory holding experiments/).
+    """
+    import importlib
+
+    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        if (root / "experiments" / "common.py").is_file():
+            if str(root) not in sys.path:
+                sys.path.insert(0, str(root))
+            return importlib.import_module("experiments")
+    raise FileNotFoundError(
+        "the experiments are scripts of the dasknn source checkout (experiments/), not of the installed "
+        "package; run `dasknn experiment` from a checkout (git clone, then pip install -e .)"
+    )
+
+
+def cmd_experiment(args) -> int:
+    """Run one of the papers' experiments in miniature (experiments/README.md lists them)."""
+    import importlib
+
+    package = _experiments_package()
+    if args.name in (None, "list"):
+        for i, name in enumerate(package.EXPERIMENTS, 1):
+            doc = (importlib.import_module(f"experiments.{name}").__doc__ or "").strip().splitlines()
+            print(f"{i:2d}. {name:24s} {doc[0] if doc else ''}")
+        return 0
+    if args.name not in package.EXPERIMENTS:
+        raise ValueError(
+            f"unknown experiment {args.name!r}; expected one of {', '.join(package.EXPERIMENTS)}"
+        )
+    module = importlib.import_module(f"experiments.{args.name}")
+    return module.main(args.options)
+
+
 def cmd_info(args) -> int:
     """Print this machine's device description and measured SGEMM speed."""
     from dasknn.backend import cupy_available, device_info, sgemm_gflops
@@ -202,6 +239,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--output", default=None, help="output folder (default: dasknn-runs/<time>-<net>-<data>)")
     t.add_argument("-q", "--quiet", dest="verbose", action="store_false")
     t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser(
+        "experiment",
+        help="run a paper's experiment in miniature (`dasknn experiment list`)",
+        description="Run experiments/NAME.py: `dasknn experiment NAME [--tiny] [--out DIR] [options]`.",
+    )
+    e.add_argument("name", nargs="?", default=None, help="the experiment's name, or 'list'")
+    e.add_argument("options", nargs=argparse.REMAINDER, help="the experiment's own options (see NAME --help)")
+    e.set_defaults(func=cmd_experiment)
 
     i = sub.add_parser("info", help="device description and measured GFLOP/s")
     i.set_defaults(func=cmd_info)

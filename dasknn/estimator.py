@@ -81,6 +81,18 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         features are the channels of a 1×1 image (tabular data; use net="mlp").
     eval_size : int
         Training samples scored to track accuracy over time.
+    strategy : "omnivore", "sma" or "model_averaging"
+        Omnivore's asynchronous compute groups (default), Crossbow's synchronous model averaging
+        (n_groups learners), or SparkNet's model averaging every `tau` iterations (issue #7).
+    physical_map : "merged" or "unmerged"
+        FC compute and model on one server (Omnivore), or FC compute on every conv worker with the FC
+        model on a model server (the MXNet/SINGA layout, Omnivore appendix C).
+    aggregation : "tree" or "ps"
+        How a group sums its workers' gradients: a reduction tree (FireCaffe) or at one server.
+    split : None, "auto" or a layer name
+        Where the FC phase starts: the first InnerProduct (None), RALP's rule ("auto"), or a layer.
+    security : distributed.security.Security or None
+        TLS settings for the client and any LocalCluster the fit starts (e.g. `Security.temporary()`).
     random_state : int
     verbose : int
     warm_start : bool
@@ -103,6 +115,11 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         n_workers: int | None = None,
         input_shape: Any = None,
         eval_size: int = 2000,
+        strategy: str = "omnivore",
+        physical_map: str = "merged",
+        aggregation: str = "tree",
+        split: str | None = None,
+        security: Any = None,
         random_state: int = 0,
         verbose: int = 0,
         warm_start: bool = False,
@@ -121,6 +138,11 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.n_workers = n_workers
         self.input_shape = input_shape
         self.eval_size = eval_size
+        self.strategy = strategy
+        self.physical_map = physical_map
+        self.aggregation = aggregation
+        self.split = split
+        self.security = security
         self.random_state = random_state
         self.verbose = verbose
         self.warm_start = warm_start
@@ -151,6 +173,23 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             raise ValueError(f"n_workers must be None or an integer >= 1, got {self.n_workers!r}")
         if not (isinstance(self.eval_size, numbers.Integral) and self.eval_size >= 1):
             raise ValueError(f"eval_size must be an integer >= 1, got {self.eval_size!r}")
+        if self.split is not None and not isinstance(self.split, str):
+            raise ValueError(f"split must be None, 'auto' or a layer name, got {self.split!r}")
+        self._strategy()
+        if self.security is not None:
+            from distributed.security import Security
+
+            if not isinstance(self.security, Security):
+                kind = type(self.security).__name__
+                raise ValueError(f"security must be None or a distributed.security.Security, got {kind}")
+
+    def _strategy(self):
+        """The engine's Strategy from strategy, physical_map, aggregation and split (validated there)."""
+        from dasknn.engine.trace import Strategy
+
+        return Strategy(
+            name=self.strategy, physical_map=self.physical_map, aggregation=self.aggregation, split=self.split
+        )
 
     def _shape_X(self, X):
         shape = self.input_shape
@@ -242,19 +281,20 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             timing = HEModel.estimate(
                 net, self.batch_size, self.n_workers or 8, sgemm_gflops(), bandwidth_bytes_per_s=1.25e9
             )
-            return SimulatedEngine(timing, verbose=max(0, self.verbose - 1)), None
+            return SimulatedEngine(timing, verbose=max(0, self.verbose - 1), strategy=self._strategy()), None
         from distributed import Client, default_client
 
         from dasknn.engine.cluster import DaskEngine, local_client
 
         if self.scheduler is not None:
-            client = stack.enter_context(Client(self.scheduler))
+            client = stack.enter_context(Client(self.scheduler, security=self.security))
         else:
             try:
                 client = default_client()
             except ValueError:
-                client = stack.enter_context(local_client(n_workers=self.n_workers))
-        return DaskEngine(client, verbose=max(0, self.verbose - 1)), client
+                client = stack.enter_context(local_client(n_workers=self.n_workers, security=self.security))
+        engine = DaskEngine(client, verbose=max(0, self.verbose - 1), strategy=self._strategy())
+        return engine, client
 
     def _evaluator(self, X, y, net: Net):
         n = X.shape[0]

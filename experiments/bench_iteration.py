@@ -38,14 +38,28 @@ def torch_net(name: str):
 
     if name == "lenet":
         return tnn.Sequential(
-            tnn.Conv2d(1, 20, 5), tnn.MaxPool2d(2, 2), tnn.Conv2d(20, 50, 5), tnn.MaxPool2d(2, 2),
-            tnn.Flatten(), tnn.Linear(800, 500), tnn.ReLU(), tnn.Linear(500, 10),
+            tnn.Conv2d(1, 20, 5),
+            tnn.MaxPool2d(2, 2),
+            tnn.Conv2d(20, 50, 5),
+            tnn.MaxPool2d(2, 2),
+            tnn.Flatten(),
+            tnn.Linear(800, 500),
+            tnn.ReLU(),
+            tnn.Linear(500, 10),
         )
     return tnn.Sequential(
-        tnn.Conv2d(3, 32, 5, padding=2), tnn.MaxPool2d(3, 2, ceil_mode=True), tnn.ReLU(),
-        tnn.Conv2d(32, 32, 5, padding=2), tnn.ReLU(), tnn.AvgPool2d(3, 2, ceil_mode=True),
-        tnn.Conv2d(32, 64, 5, padding=2), tnn.ReLU(), tnn.AvgPool2d(3, 2, ceil_mode=True),
-        tnn.Flatten(), tnn.Linear(64 * 4 * 4, 64), tnn.Linear(64, 10),
+        tnn.Conv2d(3, 32, 5, padding=2),
+        tnn.MaxPool2d(3, 2, ceil_mode=True),
+        tnn.ReLU(),
+        tnn.Conv2d(32, 32, 5, padding=2),
+        tnn.ReLU(),
+        tnn.AvgPool2d(3, 2, ceil_mode=True),
+        tnn.Conv2d(32, 64, 5, padding=2),
+        tnn.ReLU(),
+        tnn.AvgPool2d(3, 2, ceil_mode=True),
+        tnn.Flatten(),
+        tnn.Linear(64 * 4 * 4, 64),
+        tnn.Linear(64, 10),
     )
 
 
@@ -85,8 +99,14 @@ def bench(name: str, repeats: int, threads: int) -> dict:
                 step()
                 times[key].append(time.perf_counter() - t0)
     ours_ms, torch_ms = 1e3 * np.median(times["dasknn"]), 1e3 * np.median(times["torch"])
-    return {"net": name, "batch": batch, "threads": threads, "dasknn_ms": ours_ms, "torch_ms": torch_ms,
-            "ratio_dasknn_over_torch": ours_ms / torch_ms}
+    return {
+        "net": name,
+        "batch": batch,
+        "threads": threads,
+        "dasknn_ms": ours_ms,
+        "torch_ms": torch_ms,
+        "ratio_dasknn_over_torch": ours_ms / torch_ms,
+    }
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:

@@ -20,14 +20,13 @@ update is a gradient of fixed delay g − 1 rather than a momentum process; the 
 0.43, 0.82, 1.02, 1.04, 1.04 for g = 2..32 and c 1.2-1.7 × η/g: asynchrony still adds momentum
 that grows with g, but 1 − 1/g is exact only under assumption A2.
 
-    python -m experiments.implicit_momentum [--seeds 5]
+    dasknn experiment implicit_momentum [--seeds 5] [--tiny]    (or python -m experiments.implicit_momentum)
 
 Writes experiments/results/implicit_momentum/{implicit_momentum.nc, implicit_momentum.png, table.md}.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -37,10 +36,12 @@ import xarray as xr
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dasknn import __version__  # noqa: E402
-from dasknn.tradeoff import implicit_momentum, measure_implicit_momentum, save  # noqa: E402
+from dasknn.tradeoff import implicit_momentum, measure_implicit_momentum  # noqa: E402
+from experiments.common import Experiment, main_for, stamp  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "implicit_momentum"
+NAME = "implicit_momentum"
+MIRRORS = "Omnivore Fig. 6 / Theorem 1"
+VARIABLES = ("momentum", "lr_scale", "r2", "predicted_momentum", "lr")
 GROUPS = (1, 2, 4, 8, 16, 32)
 TIMINGS = {
     "exponential": {"variability": "exponential"},
@@ -48,7 +49,7 @@ TIMINGS = {
 }
 
 
-def measure(seeds: int) -> xr.Dataset:
+def measure(seeds: int, replicas: int = 1000) -> xr.Dataset:
     """Measured momentum, step scale and fit quality per (timing, n_groups, seed)."""
     shape = (len(TIMINGS), len(GROUPS), seeds)
     out = {name: np.full(shape, np.nan) for name in ("momentum", "lr_scale", "r2")}
@@ -56,7 +57,7 @@ def measure(seeds: int) -> xr.Dataset:
     for ti, options in enumerate(TIMINGS.values()):
         for gi, g in enumerate(GROUPS):
             for seed in range(seeds):
-                fit = measure_implicit_momentum(g, lr=lr[gi], seed=seed, **options)
+                fit = measure_implicit_momentum(g, lr=lr[gi], seed=seed, replicas=replicas, **options)
                 out["momentum"][ti, gi, seed] = fit.momentum
                 out["lr_scale"][ti, gi, seed] = fit.lr_scale
                 out["r2"][ti, gi, seed] = fit.r2
@@ -88,12 +89,7 @@ def measure(seeds: int) -> xr.Dataset:
         },
     )
     ds["groups"].attrs = {"units": "1", "description": "n_groups, asynchronous compute groups"}
-    ds.attrs = {
-        "experiment": "implicit_momentum",
-        "mirrors": "Omnivore Fig. 6 / Theorem 1",
-        "problem": "least squares, d = 8, n = 512, batch 16, 100 updates, 1000 replicas, mu = 0",
-        "dasknn_version": __version__,
-    }
+    ds.attrs["problem"] = f"least squares, d = 8, n = 512, batch 16, 100 updates, {replicas} replicas, mu = 0"
     return ds
 
 
@@ -114,13 +110,9 @@ def table(ds: xr.Dataset) -> str:
     return "\n".join(lines)
 
 
-def plot(ds: xr.Dataset, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+def plot(ds: xr.Dataset, fig) -> None:
+    """Measured momentum (mean ± sd over seeds) per timing model against Theorem 1's curve."""
+    ax = fig.add_subplot()
     gs = np.asarray(GROUPS)
     ax.plot(gs, ds["predicted_momentum"], "k-", label="Theorem 1: 1 − 1/g")
     for timing, marker in zip(TIMINGS, ("o", "s"), strict=True):
@@ -133,30 +125,22 @@ def plot(ds: xr.Dataset, path: Path) -> None:
     ax.set_ylabel("momentum seen in the updates")
     ax.set_title("Implicit momentum (µ = 0), cf. Omnivore Fig. 6")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> xr.Dataset:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=5, help="independent problems and runs per g")
-    args = parser.parse_args(argv)
-    ds = measure(args.seeds)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    save(ds, RESULTS / "implicit_momentum.nc")
-    plot(ds, RESULTS / "implicit_momentum.png")
-    text = table(ds)
+def run(tiny: bool = False, seeds: int = 5) -> Experiment:
+    """Measure the implicit momentum for every g and timing model (tiny: 1 seed, 200 replicas)."""
+    seeds, replicas = (1, 200) if tiny else (seeds, 1000)
+    ds = stamp(measure(seeds, replicas), NAME, MIRRORS, tiny, seeds=seeds, replicas=replicas)
     note = (
         "c·g/η is the fitted gradient scale over Theorem 1's η/g (1 = as predicted). "
-        f"Mean ± sd over {args.seeds} seeds."
+        f"Mean ± sd over {seeds} seeds."
     )
-    (RESULTS / "table.md").write_text(f"# Implicit momentum, measured vs Theorem 1\n\n{text}\n\n{note}\n")
-    print(text)
-    print(note)
-    print(f"wrote {RESULTS}/implicit_momentum.nc, implicit_momentum.png, table.md")
-    return ds
+    return Experiment(ds, table(ds), plot, [note])
 
+
+main = main_for(
+    run, __doc__, [(("--seeds",), {"type": int, "default": 5, "help": "independent problems and runs per g"})]
+)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

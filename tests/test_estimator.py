@@ -106,6 +106,11 @@ def test_pickle_and_clone(fitted_simulated, digits):
         ({"target_accuracy": 1.5}, r"target_accuracy must be None or in \(0, 1\]"),
         ({"net": "vgg"}, "unknown net 'vgg'"),
         ({"input_shape": (1, 5, 5)}, "reshapes 2-D X"),
+        ({"strategy": "hogwild"}, "strategy name must be one of"),
+        ({"physical_map": "split"}, "strategy physical_map must be one of"),
+        ({"aggregation": "allreduce"}, "strategy aggregation must be one of"),
+        ({"split": 3}, "split must be None, 'auto' or a layer name"),
+        ({"security": "tls"}, "security must be None or a distributed.security.Security"),
     ],
 )
 def test_bad_parameters_are_named_before_any_work(params, message, digits):
@@ -172,3 +177,27 @@ def test_pinned_knobs_are_kept_by_the_optimizer():
     assert set(est.trace_["lr"]) == {0.05}
     chosen = est.decisions_[est.decisions_["action"] == "initial_groups"]["n_groups"]
     assert list(chosen) == [2]
+
+
+@pytest.mark.parametrize("strategy", ["sma", "model_averaging"])
+def test_replica_strategies_train_through_the_estimator(strategy, digits):
+    """strategy= reaches the engine: Crossbow's SMA / SparkNet's averaging with 2 learners learn digits."""
+    X, y = digits
+    params = {**FIXED, "n_groups": 2, "learning_rate": 0.05}
+    est = DistributedCNN(
+        engine="simulated", strategy=strategy, max_epochs=2, time_budget=None, eval_size=500, **params
+    )
+    est.fit(X, y)
+    assert est.trace_.attrs["strategy"] == strategy
+    assert est.history_[-1]["accuracy"] >= 0.9
+
+
+def test_unmerged_fc_trains_through_the_estimator(digits):
+    X, y = digits
+    params = {**FIXED, "n_groups": 2}
+    est = DistributedCNN(
+        engine="simulated", physical_map="unmerged", max_epochs=2, time_budget=None, eval_size=500, **params
+    )
+    est.fit(X, y)
+    assert est.trace_.attrs["physical_map"] == "unmerged"
+    assert est.history_[-1]["accuracy"] >= 0.9
