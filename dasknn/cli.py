@@ -66,6 +66,10 @@ def cmd_train(args) -> int:
         scheduler=args.scheduler,
         n_workers=args.n_workers,
         eval_size=args.eval_size,
+        strategy=args.strategy,
+        physical_map=args.physical_map,
+        aggregation=args.aggregation,
+        split=args.split,
         random_state=args.seed,
         verbose=1 if args.verbose else 0,
     )
@@ -235,6 +239,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop once the training accuracy reaches it (default 0.99)",
     )
     t.add_argument("--eval-size", type=_positive(int), default=2000, help="training samples evaluated")
+    t.add_argument(
+        "--strategy",
+        choices=["omnivore", "sma", "model_averaging"],
+        default="omnivore",
+        help="asynchronous compute groups (Omnivore), synchronous model averaging (Crossbow), or SparkNet's",
+    )
+    t.add_argument(
+        "--physical-map",
+        choices=["merged", "unmerged"],
+        default="merged",
+        help="FC phase on one server (merged) or on every conv worker (unmerged)",
+    )
+    t.add_argument(
+        "--aggregation", choices=["tree", "ps"], default="tree", help="how a group sums its gradients"
+    )
+    t.add_argument("--split", default=None, help="first FC-phase layer: a layer name or 'auto' (RALP's rule)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--output", default=None, help="output folder (default: dasknn-runs/<time>-<net>-<data>)")
     t.add_argument("-q", "--quiet", dest="verbose", action="store_false")

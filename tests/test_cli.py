@@ -53,3 +53,19 @@ def test_summary_prints_layers_and_costs():
     out = dasknn("summary", "lenet")
     assert out.returncode == 0
     assert "431,080 parameters" in out.stdout and "conv1" in out.stdout and "flops" in out.stdout
+
+
+def test_train_with_a_replica_strategy_on_the_simulator(tmp_path):
+    """--strategy / --physical-map reach the engine; simulated seconds are labelled as such."""
+    run = tmp_path / "sma"
+    out = dasknn(
+        "train", "--dataset", "digits", "--engine", "simulated", "--strategy", "sma",
+        "--n-groups", "2", "--lr", "0.05", "--momentum", "0.9", "--max-epochs", "2",
+        "--target-accuracy", "0.9", "--eval-size", "300", "--output", str(run), "-q",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "simulated s" in out.stdout
+    trace = pd.read_csv(run / "trace.csv")
+    assert set(trace["group"]) == {0, 1}
+    out = dasknn("train", "--strategy", "hogwild")
+    assert out.returncode == 2 and "--strategy" in out.stderr
