@@ -120,11 +120,12 @@ def _find(directory: Path, stem: str) -> Path:
 def find_mnist_files(directory: str | Path, split: str) -> tuple[Path, Path]:
     """The images and labels IDX files of an MNIST split in `directory` (raw or .gz)."""
     directory = Path(directory)
-    if split not in MNIST_STEMS:
+    if not isinstance(split, str) or split not in MNIST_STEMS:
         raise ValueError(f"unknown split {split!r}; valid: {sorted(MNIST_STEMS)}")
     if not directory.is_dir():
+        what = "is a file, not a directory" if directory.exists() else "does not exist"
         raise FileNotFoundError(
-            f"MNIST directory {directory} does not exist; put the IDX files "
+            f"MNIST directory {directory} {what}; put the IDX files "
             f"({', '.join(s + '[.gz]' for pair in MNIST_STEMS.values() for s in pair)}) there "
             "or pass path=..."
         )
@@ -207,18 +208,20 @@ def parse_cifar10_python(buf: bytes, source: str = "<bytes>") -> tuple[np.ndarra
         batch = _ArrayUnpickler(io.BytesIO(buf), encoding="bytes").load()
     except FormatError as err:
         raise FormatError(f"{source}: {err}") from err
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as err:
+    except Exception as err:  # a corrupt pickle can fail in any opcode (even asking for 2**60 bytes)
         raise FormatError(f"{source}: truncated or not a pickle ({type(err).__name__}: {err})") from err
     if not isinstance(batch, dict):
         raise FormatError(f"{source}: expected a pickled dict, got {type(batch).__name__}")
-    batch = {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}
+    batch = {k.decode("utf-8", "replace") if isinstance(k, bytes) else k: v for k, v in batch.items()}
     missing = {"data", "labels"} - set(batch)
     if missing:
         raise FormatError(
             f"{source}: CIFAR-10 batch lacks keys {sorted(missing)}; has {sorted(map(str, batch))}"
         )
-    data = np.asarray(batch["data"])
-    labels = np.asarray(batch["labels"])
+    try:
+        data, labels = np.asarray(batch["data"]), np.asarray(batch["labels"])
+    except (ValueError, TypeError) as err:  # ragged lists, objects numpy cannot hold
+        raise FormatError(f"{source}: 'data' and 'labels' must be arrays ({err})") from err
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != CIFAR10_BINARY_RECORD - 1:
         raise FormatError(f"{source}: 'data' must be uint8 of shape (n, 3072); got {data.dtype} {data.shape}")
     if labels.ndim != 1 or labels.shape[0] != data.shape[0] or labels.dtype.kind not in "iu":
@@ -281,11 +284,11 @@ def read_cifar10(
     The train split is data_batch_1..5 (50,000 images), the test split test_batch (10,000).
     """
     directory = Path(directory)
-    if split not in ("train", "test"):
+    if not isinstance(split, str) or split not in ("train", "test"):
         raise ValueError(f"unknown split {split!r}; valid: ['test', 'train']")
-    formats = ["python", "binary"] if fmt == "auto" else [fmt]
-    if fmt not in ("auto", *CIFAR10_LAYOUTS):
+    if not isinstance(fmt, str) or fmt not in ("auto", *CIFAR10_LAYOUTS):
         raise ValueError(f"unknown CIFAR-10 format {fmt!r}; valid: ['auto', 'binary', 'python']")
+    formats = ["python", "binary"] if fmt == "auto" else [fmt]
     for name in formats:
         folder = _cifar10_folder(directory, name)
         if folder is not None:

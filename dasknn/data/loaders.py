@@ -8,6 +8,7 @@ Each loader returns a `RawData`: X (n, C, H, W) in the source's own units, y (n,
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -16,7 +17,7 @@ import dask.array as da
 import numpy as np
 
 from . import formats, images
-from .chunks import from_numpy
+from .chunks import from_numpy, samples_per_chunk
 from .store import data_home
 from .synthetic import synthetic as synthetic_arrays
 
@@ -36,6 +37,14 @@ def _from_numpy(X: np.ndarray, y: np.ndarray, unit_max: float, batch_size: int) 
     return RawData(X, da.from_array(y.astype(np.int64), chunks=(X.chunks[0],)), unit_max)
 
 
+_DIGITS_MAX_SIZE = 256
+"""Largest `size` of the upsampled digits (1,797 × 256 × 256 bytes = 118 MB): an 8×8 image has no
+more detail to show, and a typo such as size=10**6 must not try to allocate petabytes."""
+
+MAX_CHUNKS = 1_000_000
+"""Most dask chunks a lazily generated dataset may have (a million chunks of about 4 MiB is 4 TiB)."""
+
+
 def digits(*, size: int = 8, batch_size: int = 64) -> RawData:
     """scikit-learn's bundled 8×8 digits (1,797 images, 10 classes, values 0..16) as (n, 1, size, size) uint8.
 
@@ -45,8 +54,10 @@ def digits(*, size: int = 8, batch_size: int = 64) -> RawData:
     """
     from sklearn.datasets import load_digits
 
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 8:
-        raise ValueError(f"digits size must be an integer >= 8 (e.g. 8 or 28); got {size!r}")
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 8 <= size <= _DIGITS_MAX_SIZE:
+        raise ValueError(
+            f"digits size must be an integer >= 8 and <= {_DIGITS_MAX_SIZE} (e.g. 8 or 28); got {size!r}"
+        )
     bunch = load_digits()
     X = bunch.images.astype(np.uint8)
     factor = int(size) // 8
@@ -137,7 +148,26 @@ def synthetic(
     noise: float = 0.5,
     batch_size: int = 64,
 ) -> RawData:
-    """Learnable random images in [0, 1], lazy and seeded (see `dasknn.data.synthetic`)."""
+    """Learnable random images in [0, 1], lazy and seeded (see `dasknn.data.synthetic`).
+
+    Beyond `synthetic_arrays`' own checks: `noise` a finite number, and at most `MAX_CHUNKS`
+    chunks (so an absurd n_samples × shape fails at once, naming both, instead of exhausting memory).
+    """
+    real = isinstance(noise, (int, float, np.integer, np.floating)) and not isinstance(noise, bool)
+    if not (real and 0 <= noise < math.inf):
+        raise ValueError(f"noise must be a finite number >= 0; got {noise!r}")
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ValueError(f"shape must be one sample's (channels, height, width); got {shape!r}") from None
+    whole = all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in (n_samples, *dims))
+    if whole and len(dims) == 3 and min(dims) >= 1:
+        per_chunk = samples_per_chunk(dims, batch_size)
+        if -(-int(n_samples) // per_chunk) > MAX_CHUNKS:
+            raise ValueError(
+                f"n_samples={n_samples} of shape {tuple(dims)} makes more than {MAX_CHUNKS:,} chunks "
+                f"of {per_chunk} samples: too large to schedule"
+            )
     X, y = synthetic_arrays(
         n_samples=n_samples, shape=shape, n_classes=n_classes, seed=seed, noise=noise, batch_size=batch_size
     )

@@ -10,6 +10,7 @@ options exists under `data_home()`, `load` reads it lazily instead of the source
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -91,16 +92,30 @@ _COMMON = ("batch_size", "raw", "from_store")
 
 
 def _spec(name: str) -> DatasetSpec:
-    if name not in DATASETS:
+    if not isinstance(name, str) or name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid: {sorted(DATASETS)}")
     return DATASETS[name]
 
 
+def _check_flag(name: str, value: Any, allow_none: bool = False) -> None:
+    if not (isinstance(value, (bool, np.bool_)) or (allow_none and value is None)):
+        expected = "True, False or None" if allow_none else "True or False"
+        raise ValueError(f"{name} must be {expected}; got {value!r}")
+
+
 def _options(spec: DatasetSpec, options: Mapping[str, Any], common: tuple[str, ...]) -> dict[str, Any]:
+    """The dataset's options with its defaults filled in; unknown names and mistyped values rejected:
+    a `path` must be a str or path-like, an option whose default is a bool must be a bool."""
     unknown = sorted(set(options) - set(spec.options))
     if unknown:
         valid = sorted(spec.options) + list(common)
         raise ValueError(f"unknown option(s) {unknown} for dataset {spec.name!r}; valid: {valid}")
+    path = options.get("path")
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path for dataset {spec.name!r} must be a str or a path; got {path!r}")
+    for key, value in options.items():
+        if isinstance(spec.options[key], bool):
+            _check_flag(f"{key} (dataset {spec.name!r})", value)
     return {**spec.options, **options}
 
 
@@ -155,6 +170,8 @@ def load(
     the store; False always reads the source. `load("zarr", path=...)` reads any store.
     """
     batch_size = check_batch_size(batch_size)
+    _check_flag("raw", raw)
+    _check_flag("from_store", from_store, allow_none=True)
     spec = _spec(name)
     opts = _options(spec, options, _COMMON)
     if spec.loader is None:
@@ -199,6 +216,9 @@ def convert(
     place when complete, so an interrupted conversion leaves nothing that loads.
     """
     batch_size = check_batch_size(batch_size)
+    _check_flag("overwrite", overwrite)
+    if out is not None and not isinstance(out, (str, os.PathLike)):
+        raise ValueError(f"out must be None, a str or a path; got {out!r}")
     spec = _spec(name)
     if spec.loader is None:
         raise ValueError(f"{name!r} is already a store; valid datasets to convert: {_convertible()}")

@@ -24,6 +24,12 @@ from dasknn.nn.loss import accuracy, softmax, softmax_with_loss
 Shape = tuple[int, ...]
 
 
+MAX_PARAMS = 2**28
+"""Most parameters a Net may have (1 GiB of float32; VGG-16 has 138 M)."""
+MAX_BLOB = 2**28
+"""Most values one image's input or any layer's output may hold (1 GiB of float32 per image)."""
+
+
 class Net:
     """An ordered list of layers on a per-image input shape (C, H, W), ending in class scores.
 
@@ -59,10 +65,27 @@ class Net:
         for layer in self.layers:
             shape = layer.setup(shape)
         self.output_shape: Shape = shape
+        self._check_size()
         if init_params:
             rng = np.random.default_rng(seed)
             for layer in self.layers:
                 layer.init_params(rng, self.dtype)
+
+    def _check_size(self) -> None:
+        """A ValueError when the parameters or one image's blobs pass MAX_PARAMS / MAX_BLOB, before any
+        allocation: a typo such as `num_output: 1000000000` or a huge input must not exhaust memory."""
+        for where, blob in [("input", self.input_shape), *((f"layer '{n}'", s) for n, s in self.shapes)]:
+            if math.prod(blob) > MAX_BLOB:
+                raise ValueError(
+                    f"net: {where} has {math.prod(blob):,} values per image {blob}; at most {MAX_BLOB:,}"
+                )
+        n_params = 0
+        for layer in self.layers:
+            if hasattr(layer, "weight_shape"):
+                w_shape = layer.weight_shape()
+                n_params += math.prod(w_shape) + (w_shape[0] if layer.bias_term else 0)
+        if n_params > MAX_PARAMS:
+            raise ValueError(f"net: {n_params:,} parameters; dasknn builds nets of at most {MAX_PARAMS:,}")
 
     # -- structure -------------------------------------------------------------------------------
     @property

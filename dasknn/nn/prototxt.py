@@ -123,7 +123,39 @@ def read_solver(path_or_text: str | os.PathLike) -> dict[str, Any]:
         )
     if policy == "step" and solver["stepsize"] <= 0:
         raise PrototxtError("solver: lr_policy 'step' needs a stepsize > 0")
+    _check_solver_values(solver)
     return solver
+
+
+def _check_solver_values(solver: dict[str, Any]) -> None:
+    """The ranges dasknn's SGD needs (Caffe CHECKs some of them only when training starts)."""
+    problems = [
+        f"{field} must be {what}, got {solver[field]!r}"
+        for field, ok, what in (
+            ("base_lr", solver["base_lr"] >= 0, ">= 0"),
+            ("momentum", 0 <= solver["momentum"] < 1, "in [0, 1) (Omnivore's µ)"),
+            ("weight_decay", solver["weight_decay"] >= 0, ">= 0"),
+            ("iter_size", solver["iter_size"] >= 1, ">= 1"),
+            ("average_loss", solver["average_loss"] >= 1, ">= 1"),
+        )
+        if not ok
+    ]
+    counts = ("max_iter", "stepsize", "display", "snapshot", "test_interval", "test_iter", "stepvalue")
+    for field in counts:
+        values = solver[field] if isinstance(solver[field], list) else [solver[field]]
+        if min(values, default=0) < 0:
+            problems.append(f"{field} must be >= 0, got {solver[field]!r}")
+    steps = solver["stepvalue"]
+    if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+        problems.append(f"stepvalue must increase, got {steps}")
+    if solver["lr_policy"] == "poly" and solver["max_iter"] <= 0:
+        problems.append("lr_policy 'poly' needs a max_iter > 0")
+    if solver["lr_policy"] in ("step", "multistep", "exp", "inv") and solver["gamma"] < 0:
+        problems.append(
+            f"lr_policy {solver['lr_policy']!r} needs gamma >= 0 (a negative one flips the lr's sign)"
+        )
+    if problems:
+        raise PrototxtError("solver: " + "; ".join(problems))
 
 
 # -- net ------------------------------------------------------------------------------------------
@@ -267,6 +299,8 @@ def _weighted(layer: dict, param: dict, where: str) -> dict[str, Any]:
         m: tuple(get_typed(s, m, "float", 1.0, where) for s in specs) + (1.0,) * (2 - len(specs))
         for m in ("lr_mult", "decay_mult")
     }
+    if min(mults["lr_mult"] + mults["decay_mult"]) < 0:
+        raise PrototxtError(f"{where}: lr_mult and decay_mult must be >= 0, got {mults}")
     return {"bias_term": get_typed(param, "bias_term", "bool", True, where), **fillers, **mults}
 
 
@@ -274,7 +308,13 @@ def _build(layer: dict, ltype: str, name: str, where: str) -> Any:
     """The dasknn layer for one Caffe layer of a supported type (fillers default to constant 0)."""
     if ltype in _SIMPLE_LAYERS:
         cls, field, spec = _SIMPLE_LAYERS[ltype]
-        return cls(name, **_fields(get_typed(layer, field, "msg", {}, where), spec, f"{where} {field}"))
+        values = _fields(get_typed(layer, field, "msg", {}, where), spec, f"{where} {field}")
+        if ltype == "LRN" and not (values["alpha"] >= 0 and values["k"] > 0):
+            raise PrototxtError(
+                f"{where} {field}: need alpha >= 0 and k > 0 (the base k + α/n·Σx² must stay positive), "
+                f"got alpha={values['alpha']}, k={values['k']}"
+            )
+        return cls(name, **values)
     field = "inner_product_param" if ltype == "InnerProduct" else f"{ltype.lower()}_param"
     p, pw = get_typed(layer, field, "msg", {}, where), f"{where} {field}"
     if ltype == "InnerProduct":
@@ -304,6 +344,8 @@ def _build(layer: dict, ltype: str, name: str, where: str) -> Any:
         raise PrototxtError(f"{pw}: STOCHASTIC pooling and round_mode FLOOR are not supported")
     if global_pooling == (kernel is not None):
         raise PrototxtError(f"{pw}: give kernel_size, or global_pooling: true without it")
+    if global_pooling and (geometry["stride"] not in (1, (1, 1)) or geometry["pad"] not in (0, (0, 0))):
+        raise PrototxtError(f"{pw}: global_pooling takes only stride 1 and pad 0 (as Caffe)")
     return Pooling(
         name,
         pool=pool.lower(),
@@ -424,12 +466,35 @@ def read_net(
             f"{data_layer}: {len(transform['mean_value'])} mean_value for {shape[0]} "
             "channels (give 1 or one per channel)"
         )
+    name = get_typed(net, "name", "str", "net", "net") or "net"
     try:
-        return Net(
-            layers, shape, name=get_typed(net, "name", "str", "net", "net") or "net", transform=transform
-        )
+        _check_size(Net(layers, shape, name=name, init_params=False))  # shapes only, nothing allocated
+        return Net(layers, shape, name=name, transform=transform)
     except ValueError as err:  # e.g. a kernel larger than its input, or repeated layer names
-        raise PrototxtError(f"net: {err}") from err
+        raise PrototxtError(err.args[0] if isinstance(err, PrototxtError) else f"net: {err}") from err
+
+
+def _check_size(net: Net) -> None:
+    """Checks beyond Net's own size limits (MAX_PARAMS, MAX_BLOB): the LRN windows."""
+    for layer in net.layers:
+        if isinstance(layer, LRN):
+            _check_lrn_window(layer)
+
+
+def _check_lrn_window(layer: LRN) -> None:
+    """An LRN window wider than any position can reach (2·C−1 channels, or 2·H−1 pixels) only rescales
+    alpha, and costs local_size passes over the blob: refused, with the equivalent setting."""
+    c, h, w = layer.in_shape
+    across = layer.norm_region == "across_channels"
+    reach = 2 * c - 1 if across else 2 * max(h, w) - 1
+    n = layer.local_size
+    if n > reach:
+        alpha = layer.alpha * (reach / n if across else (reach / n) ** 2)
+        raise PrototxtError(
+            f"layer '{layer.name}': LRN local_size {n} is wider than the {reach} "
+            f"{'channels' if across else 'pixels'} a window can reach; local_size {reach} with alpha "
+            f"{alpha:.6g} computes the same"
+        )
 
 
 def _resolve(net_path: str, solver_dir: Path) -> Path:

@@ -36,7 +36,10 @@ def learning_rate(
     if lr_policy == "multistep":
         return base_lr * gamma ** sum(1 for s in stepvalue if it >= s)
     if lr_policy == "exp":
-        return base_lr * gamma**it
+        try:
+            return base_lr * gamma**it
+        except OverflowError:  # gamma > 1 for long enough: the rate grows without bound
+            return math.inf
     if lr_policy == "inv":
         return base_lr * (1.0 + gamma * it) ** (-power)
     if lr_policy == "poly":
@@ -44,7 +47,8 @@ def learning_rate(
             raise ValueError("lr_policy 'poly' needs max_iter")
         return base_lr * (1.0 - min(it, max_iter) / max_iter) ** power
     if lr_policy == "sigmoid":
-        return base_lr / (1.0 + math.exp(-gamma * (it - stepsize)))
+        exponent = -gamma * (it - stepsize)
+        return 0.0 if exponent > 700 else base_lr / (1.0 + math.exp(exponent))  # exp(709) overflows
     raise ValueError(f"unknown lr_policy {lr_policy!r}; expected one of {LR_POLICIES}")
 
 

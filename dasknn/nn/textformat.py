@@ -7,6 +7,7 @@ with line and column, never another exception type.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -233,6 +234,8 @@ def _coerce(value: Any, kind: Any, what: str) -> Any:
     """`value` as `kind`: "float", "int", "uint", "bool", "str", "msg" or a tuple of enum names."""
     integer = type(value) is int
     if kind == "float" and (integer or type(value) is float):
+        if not math.isfinite(value):  # no Caffe setting means anything as inf or nan
+            raise PrototxtError(f"{what} must be a finite number, got {value!r}")
         return float(value)
     if (kind == "int" and integer) or (kind == "uint" and integer and value >= 0):
         return value
