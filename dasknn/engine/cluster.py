@@ -22,8 +22,10 @@ import numpy as np
 
 from dasknn.data.batching import n_batches
 from dasknn.engine import tasks
-from dasknn.engine.placement import Placement, plan
-from dasknn.engine.servers import ConvModelServer, FCServer
+from dasknn.engine.placement import Placement, plan, replan
+from dasknn.engine.recovery import Recovery, lost_error, resume_batches
+from dasknn.engine.recovery import WorkerLostError as WorkerLostError  # the public name stays here
+from dasknn.engine.segment import Segment, SegmentFailed, await_data
 from dasknn.engine.strategies import split_layer
 from dasknn.engine.trace import Budget, RunConfig, RunResult, Strategy, TrainState, make_trace
 from dasknn.nn.net import Net
@@ -55,10 +57,6 @@ def _chunk_futures(arr) -> list:
     return out
 
 
-class WorkerLostError(RuntimeError):
-    """A worker the run depends on left the cluster (or stopped answering)."""
-
-
 def cluster_workers(client) -> dict[str, dict[str, Any]]:
     """address → scheduler info (resources, nthreads) of every worker of the client's cluster."""
     try:
@@ -85,9 +83,20 @@ def local_client(
     glibc's dynamic mmap threshold, so every large temporary (lowered matrices, activations) is
     mapped and faulted in afresh each iteration; raising the mmap and trim thresholds to 32/64 MiB
     makes a worker's training step as fast as in-process (experiments/bench_overhead.py measures it).
+    `security`: a `distributed.security.Security` (TLS credentials; the cluster then listens on
+    tls:// and the client connects with them), True for `Security.temporary()` (a throwaway
+    self-signed certificate, for a cluster on this machine), or None/False for plain tcp://.
     """
     import dask
     from distributed import Client, LocalCluster
+    from distributed.security import Security
+
+    if security is True:
+        security = Security.temporary()
+    elif security is False:
+        security = None
+    if security is not None and not isinstance(security, Security):
+        raise TypeError(f"security must be a distributed.security.Security, True or None, got {security!r}")
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n_workers = n_workers or max(1, min(cores, 4))
@@ -132,12 +141,18 @@ class DaskEngine:
 
     `blas_threads` limits BLAS threads per worker process (None: leave the workers as they are);
     `timeout` bounds every wait on a server or a task (seconds); `window` is how many iterations
-    each group keeps submitted ahead; `verbose` > 0 shows a progress bar.
+    each group keeps submitted ahead; `verbose` > 0 shows a progress bar; `poll` is how often (s)
+    the driver checks the groups and the workers.
+
+    Fault tolerance (issue #8): every `snapshot_every` conv updates (checked each `poll`) the driver
+    snapshots both servers. When a worker of the placement dies, the run continues on the surviving
+    workers (recovery.py): up to `max_recoveries` times, then (or with no worker left) it raises
+    WorkerLostError; `max_recoveries=0` raises at the first loss.
 
     `strategy` (trace.Strategy, issue #7): on this engine, `aggregation` ('tree' with `branching`, or
     'ps': summed on the conv model server's worker, FireCaffe §6) and `split` (None, 'auto' for
-    RALP's rule, or a layer name). SMA, model averaging and the unmerged map run on the
-    SimulatedEngine only.
+    RALP's rule, or a layer name). SMA and model averaging run in `dask_replicas` (learners='auto':
+    `autotune`), the unmerged map in `dask_unmerged`; neither has the fault tolerance above.
     """
 
     def __init__(
@@ -150,13 +165,14 @@ class DaskEngine:
         verbose: int = 0,
         poll: float = 1.0,
         strategy: Strategy | None = None,
+        snapshot_every: int = 20,
+        max_recoveries: int = 3,
     ) -> None:
         strategy = strategy if strategy is not None else Strategy()
-        if strategy.synchronous or strategy.physical_map != "merged":
-            raise ValueError(
-                f"DaskEngine runs Omnivore's merged layout; strategy {strategy.name!r} with physical_map "
-                f"{strategy.physical_map!r} runs on the SimulatedEngine"
-            )
+        if int(snapshot_every) < 1:
+            raise ValueError(f"snapshot_every must be >= 1 update, got {snapshot_every}")
+        if int(max_recoveries) < 0:
+            raise ValueError(f"max_recoveries must be >= 0, got {max_recoveries}")
         self.strategy = strategy
         self.client = client
         self.blas_threads = blas_threads
@@ -164,6 +180,8 @@ class DaskEngine:
         self.window = max(1, int(window))
         self.verbose = verbose
         self.poll = float(poll)
+        self.snapshot_every = int(snapshot_every)
+        self.max_recoveries = int(max_recoveries)
         self.placement_: Placement | None = None
 
     def _client(self):
@@ -173,85 +191,23 @@ class DaskEngine:
 
         return default_client()
 
-    # -- setup -----------------------------------------------------------------------------------
-    def _servers(
-        self, client, conv_net: Net, fc_net: Net, state: TrainState, config: RunConfig, placement: Placement
-    ):
-        conv_keys = set(conv_net.params)
-        conv_state = {
-            "params": {k: v for k, v in state.params.items() if k in conv_keys},
-            "solver": {
-                "iter": state.iterations_done,
-                "history": {k: v for k, v in state.momentum.items() if k in conv_keys},
-            },
-            "version": 0,
-        }
-        fc_net = fc_net.copy()
-        fc_net.set_params({k: v for k, v in state.params.items() if k not in conv_keys})
-        conv_future = client.submit(
-            ConvModelServer,
-            conv_state["params"],
-            conv_net.lr_mult,
-            conv_net.decay_mult,
-            config.weight_decay,
-            actor=True,
-            workers=[placement.conv_server_worker],
-            allow_other_workers=False,
-            pure=False,
-        )
-        fc_future = client.submit(
-            FCServer,
-            fc_net,
-            config.weight_decay,
-            config.seed,
-            actor=True,
-            workers=[placement.fc_worker],
-            allow_other_workers=False,
-            pure=False,
-        )
-        conv_server, fc_server = (
-            conv_future.result(timeout=self.timeout),
-            fc_future.result(timeout=self.timeout),
-        )
-        conv_server.set_state(conv_state).result(timeout=self.timeout)
-        fc_history = {k: v for k, v in state.momentum.items() if k not in conv_keys}
-        if fc_history or "fc_rng" in state.extra:
-            fc_state = fc_server.get_state().result(timeout=self.timeout)
-            fc_state["solver"] = {"iter": state.iterations_done, "history": fc_history}
-            fc_state["rng"] = state.extra.get("fc_rng", fc_state["rng"])
-            fc_server.set_state(fc_state).result(timeout=self.timeout)
-        return (conv_future, conv_server), (fc_future, fc_server)
-
-    # -- the run ---------------------------------------------------------------------------------
-    def _check_alive(self, client, placement: Placement, done: int) -> None:
-        alive = set(cluster_workers(client))
-        for worker, roles in placement.roles().items():
-            if worker not in alive:
-                raise WorkerLostError(
-                    f"worker {worker} ({', '.join(roles)}) left the cluster after {done} iterations; "
-                    "the run cannot continue on this placement"
-                )
-
     def _specs(
         self,
         X,
-        y,
         placement: Placement,
         config: RunConfig,
-        budget: Budget,
-        state: TrainState,
+        iterations: int | None,
+        first_batch: int,
+        deadline: float | None,
         run_id: str,
         template_key: str,
-        t0: float,
+        y_keys: tuple,
     ) -> list[tasks.GroupSpec]:
         g = placement.n_groups
         x_keys = tuple(f.key for f in _chunk_futures(X))
-        y_keys = tuple(f.key for f in _chunk_futures(y))
         specs = []
         for i, workers in enumerate(placement.groups):
-            iterations = None
-            if budget.iterations is not None:
-                iterations = budget.iterations // g + (1 if i < budget.iterations % g else 0)
+            share = None if iterations is None else iterations // g + (1 if i < iterations % g else 0)
             specs.append(
                 tasks.GroupSpec(
                     run_id=run_id,
@@ -266,9 +222,9 @@ class DaskEngine:
                     chunks=tuple(int(c) for c in X.chunks[0]),
                     batch_size=config.batch_size,
                     seed=config.seed,
-                    first_batch=state.batches_done,
-                    iterations=iterations,
-                    deadline=None if budget.seconds is None else t0 + budget.seconds,
+                    first_batch=first_batch,
+                    iterations=share,
+                    deadline=deadline,
                     lr=config.lr,
                     momentum=config.momentum,
                     timeout=self.timeout,
@@ -282,7 +238,19 @@ class DaskEngine:
     def run(
         self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None = None
     ) -> RunResult:
-        """Train `net` for `budget` with `config.n_groups` groups; sets the final weights on `net`."""
+        """Train `net` for `budget` with `config.n_groups` groups; sets the final weights on `net`.
+
+        Survives lost workers as the class docstring says; `trace.attrs["recoveries"]` lists each
+        recovery (recovery.Recovery) and the `recovered` column marks rows trained after one.
+        """
+        if self.strategy.synchronous:  # issue #7: SMA / model averaging
+            from dasknn.engine.autotune import run_replica_strategy
+
+            return run_replica_strategy(self, net, X, y, config, budget, start)
+        if self.strategy.physical_map == "unmerged":  # issue #7: Omnivore appendix C
+            from dasknn.engine.dask_unmerged import run_unmerged
+
+            return run_unmerged(self, net, X, y, config, budget, start)
         from distributed import wait
 
         client = self._client()
@@ -292,64 +260,89 @@ class DaskEngine:
         X, y = client.persist([X, y])
         wait([X, y], timeout=self.timeout)
         placement = plan(cluster_workers(client), config.n_groups, self._throughput(client))
-        self.placement_ = placement
+        first_placement = str(placement.roles())
         if self.blas_threads:
             client.run(tasks.set_blas_threads, self.blas_threads)
         state = start.copy() if start is not None else TrainState.from_net(net)
         conv_net, fc_net = net.split_phases(at=split_layer(net, self.strategy, config.batch_size))
         if fc_net is None:
             raise ValueError(f"net {net.name!r} has no FC phase (no InnerProduct layer) for the FC server")
-        (conv_future, conv_server), (fc_future, fc_server) = self._servers(
-            client, conv_net, fc_net, state, config, placement
-        )
         run_id = uuid.uuid4().hex
         template = client.scatter(conv_net.copy(), broadcast=True, hash=False)
+        y_keys = tuple(f.key for f in _chunk_futures(y))
         t0 = time.time()
-        specs = self._specs(X, y, placement, config, budget, state, run_id, template.key, t0)
-        loops = [
-            client.submit(
-                tasks.group_loop,
-                spec,
-                template,
-                conv_server,
-                fc_server,
-                workers=[spec.workers[0]],
-                allow_other_workers=False,
-                pure=False,
-            )
-            for spec in specs
-        ]
-        bar, shown = self._progress(budget), 0
+        deadline = None if budget.seconds is None else t0 + budget.seconds
+        bar = self._progress(budget)
+        rows: list[dict[str, Any]] = []
+        recoveries: list[Recovery] = []
+        seg_state, version, seg, t_lost = state, 0, None, t0
+        lost_all: dict[str, list[str]] = {}
         try:
             while True:
+                left = None if budget.iterations is None else budget.iterations - version
+                if (left is not None and left <= 0) or (deadline is not None and time.time() >= deadline):
+                    end_state = seg_state  # a loss at the very end: the state recovered is the result
+                    break
+                seg = Segment(self, client, placement, seg_state, version, state.iterations_done)
+                self.placement_ = placement
                 try:
-                    wait(loops, timeout=self.poll)
+                    specs = self._specs(
+                        X, placement, config.with_(n_groups=placement.n_groups), left,
+                        seg_state.batches_done, deadline, run_id, template.key, y_keys,
+                    )  # fmt: skip
+                    seg.start(conv_net, fc_net, config, specs, template)
+                    if recoveries:
+                        recoveries[-1].seconds = time.time() - t_lost
+                    seg.watch(deadline, None if bar is None else lambda v: bar.update(max(0, v - bar.n)))
+                    end_state = seg.finish()
+                    rows.extend(dict(r, recovered=bool(recoveries)) for r in seg.rows)
                     break
-                except TimeoutError:
-                    pass
-                errored = [f for f in loops if f.status == "error"]
-                if errored:
-                    break
-                self._check_alive(client, placement, shown)
-                if bar is not None:
-                    done, _ = conv_server.progress().result(timeout=self.timeout)
-                    bar.update(done - shown)
-                    shown = done
-                if budget.seconds is not None and time.time() - t0 > budget.seconds + self.timeout:
-                    raise TimeoutError(f"the run is {self.timeout:.0f} s past its budget; a group is stuck")
-            rows = []
-            for f in loops:
-                rows.extend(self._result(f, client, placement, shown))
-            end_state = self._final_state(conv_server, fc_server, state, len(rows))
+                except SegmentFailed as failure:
+                    t_lost = time.time()
+                    lost_all.update(failure.lost)
+                    seg.stop()
+                    if len(recoveries) >= self.max_recoveries or not await_data(self, client, X, y):
+                        alive = cluster_workers(client)
+                        raise lost_error(
+                            lost_all, seg.version, len(recoveries), self.max_recoveries, alive, placement
+                        ) from failure
+                    seg_state, version, kept, redone = seg.resume_point(failure)
+                    seg.release()
+                    rows.extend(dict(r, recovered=bool(recoveries)) for r in kept)
+                    seg_state.batches_done = resume_batches(seg_state, kept)
+                    before = placement.n_groups
+                    alive = cluster_workers(client)
+                    if not alive:
+                        raise lost_error(
+                            lost_all, seg.version, len(recoveries), self.max_recoveries, alive, placement
+                        ) from failure
+                    # the conv-phase template again: its copies may all have been on lost workers
+                    template = client.scatter(conv_net.copy(), broadcast=True, hash=False)
+                    placement = replan(alive, placement, self._throughput(client))
+                    recoveries.append(
+                        Recovery(
+                            time=t_lost - t0,
+                            worker=", ".join(failure.lost),
+                            roles=sorted({r for roles in failure.lost.values() for r in roles}),
+                            iterations_redone=redone or 0,
+                            n_groups_before=before,
+                            n_groups_after=placement.n_groups,
+                            from_snapshot=redone is not None,
+                            snapshot_version=version,
+                            placement=str(placement.roles()),
+                        )
+                    )
         except BaseException:
-            conv_server.stop()
+            if seg is not None:
+                seg.stop()
             raise
         finally:
+            if seg is not None:
+                seg.release()
             if bar is not None:
                 bar.close()
-            client.cancel(loops)
             client.run(tasks.forget_run, run_id, on_error="ignore")
-            del conv_server, fc_server, conv_future, fc_future, template
+            del template, seg
         net.set_params(end_state.params)
         nb = n_batches(X.shape[0], config.batch_size)
         end_state.batches_done = max([state.batches_done, *(r["batch"] + 1 for r in rows)])
@@ -360,45 +353,19 @@ class DaskEngine:
                 lr=config.lr,
                 momentum=config.momentum,
                 epoch=row["batch"] / nb,
-                iteration=state.iterations_done + row["version_written"],
             )
         trace = make_trace(
             rows,
             "dask",
             n_groups=config.n_groups,
-            placement=str(placement.roles()),
+            placement=first_placement,
             batch_size=config.batch_size,
             strategy=self.strategy.name,
             aggregation=self.strategy.aggregation,
             split=fc_net.layers[0].name,
+            recoveries=[r.as_dict() for r in recoveries],
         )
         return RunResult(trace=trace, state=end_state)
-
-    def _result(self, fut, client, placement, done) -> list[dict[str, Any]]:
-        try:
-            return list(fut.result(timeout=self.timeout))
-        except ConnectionError as err:
-            self._check_alive(client, placement, done)
-            raise WorkerLostError(str(err)) from err
-        except Exception as err:
-            if "Worker holding Actor was lost" in str(err) or type(err).__name__ in (
-                "KilledWorker",
-                "CancelledError",
-            ):
-                self._check_alive(client, placement, done)
-                raise WorkerLostError(f"a worker of the run was lost after {done} iterations: {err}") from err
-            raise
-
-    def _final_state(self, conv_server, fc_server, state: TrainState, n_done: int) -> TrainState:
-        conv = conv_server.get_state().result(timeout=self.timeout)
-        fc = fc_server.get_state().result(timeout=self.timeout)
-        return TrainState(
-            params={**conv["params"], **fc["params"]},
-            momentum={**conv["solver"]["history"], **fc["solver"]["history"]},
-            batches_done=state.batches_done,
-            iterations_done=state.iterations_done + n_done,
-            extra={**state.extra, "fc_rng": fc["rng"]},
-        )
 
     def _throughput(self, client) -> dict[str, float] | None:
         """Measured GFLOP/s of each worker's device (the FLOPS calibration, cached per worker)."""

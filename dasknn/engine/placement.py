@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 
@@ -99,6 +100,28 @@ def plan(
         devices={a: device_of(workers[a]) for a in addrs},
         oversubscribed=oversubscribed,
     )
+
+
+def replan(
+    workers: Mapping[str, Mapping[str, Any]],
+    previous: Placement,
+    throughput: Mapping[str, float] | None = None,
+) -> Placement:
+    """The placement after a failure, on the `workers` that remain.
+
+    Keeps `previous.n_groups` when enough conv workers remain for one each (or when the previous
+    plan already had groups share workers); otherwise one group per remaining conv worker, so a
+    lost machine means fewer groups rather than groups that share a worker.
+    """
+    if not workers:
+        raise RuntimeError("no workers remain in the cluster")
+    if throughput:  # a worker that joined since the calibration counts as a typical one
+        known = [float(throughput[a]) for a in workers if a in throughput]
+        typical = median(known) if known else 1.0
+        throughput = {a: float(throughput.get(a, typical)) for a in workers}
+    n_conv = len(plan(workers, 1, throughput).groups[0])
+    n_groups = previous.n_groups if previous.oversubscribed else min(previous.n_groups, n_conv)
+    return plan(workers, n_groups, throughput)
 
 
 def shard_sizes(batch_size: int, shares: Sequence[float]) -> list[int]:

@@ -8,6 +8,7 @@ each call, so the optimizer can change them between probes.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,11 @@ class ConvModelServer:
     `pull()` returns (version, weights); `push(grads, version_read, lr, momentum)` applies ONE update
     (a compute group's summed gradient) and returns its staleness: the number of updates other groups
     wrote between this group's read and its write, S = v' − v − 1 (Omnivore §III-B).
+
+    For the Dask engine the server also keeps the log of the updates it applied (a push with a
+    `row` appends that Trace row, `drain()` hands the log to the driver), so the Trace holds exactly
+    the updates that are in the model even when a group's worker dies; `claim(group)` lets one loop
+    per compute group run (dask may run a task again), and after `stop()` pushes are refused.
     """
 
     def __init__(
@@ -39,11 +45,32 @@ class ConvModelServer:
         )
         self.version = 0
         self.stopped = False
+        self.log: list[dict[str, Any]] = []
+        self.claimed: set[int] = set()
         self._lock = threading.Lock()
 
     def stop(self) -> None:
-        """Tell every compute group to finish its current iteration and stop (the driver's signal)."""
-        self.stopped = True
+        """Tell every compute group to stop: later pushes are refused, so the weights stay as they are."""
+        with self._lock:
+            self.stopped = True
+
+    def claim(self, group: int) -> bool:
+        """Register compute group `group`'s loop; False if one already ran for it or the server stopped."""
+        with self._lock:
+            if self.stopped or group in self.claimed:
+                return False
+            self.claimed.add(int(group))
+            return True
+
+    def drain(self, with_state: bool = False) -> dict[str, Any]:
+        """{"version", "stopped", "rows"}: the logged Trace rows since the last drain (the log is
+        emptied), and with `with_state` the "state" (`get_state()`) read at the same moment."""
+        with self._lock:
+            rows, self.log = self.log, []
+            out = {"version": self.version, "stopped": self.stopped, "rows": rows}
+            if with_state:
+                out["state"] = self._state()
+            return out
 
     def progress(self) -> tuple[int, bool]:
         """(updates applied so far, stopped?) for progress bars and stop checks."""
@@ -54,31 +81,51 @@ class ConvModelServer:
         with self._lock:
             return self.version, {k: v.copy() for k, v in self.params.items()}
 
-    def push(self, grads: dict[str, Any], version_read: int, lr: float, momentum: float) -> dict[str, int]:
-        """Apply one group's update; returns {"version_read", "version_written", "staleness"}."""
+    def push(
+        self,
+        grads: dict[str, Any],
+        version_read: int,
+        lr: float,
+        momentum: float,
+        row: dict[str, Any] | None = None,
+    ) -> dict[str, Any] | None:
+        """Apply one group's update; returns {"version_read", "version_written", "staleness"}.
+
+        With `row` (a Trace row's other fields) the row, completed with those and `t_end`, is logged
+        and returned. After `stop()` the update is refused and None returned.
+        """
         unknown = set(grads) - set(self.params)
         if unknown:
             raise KeyError(f"conv model server has no parameters {sorted(unknown)}")
         with self._lock:
+            if self.stopped:
+                return None
             self.solver.step(
                 self.params, {k: to_numpy(g) for k, g in grads.items()}, lr=lr, momentum=momentum
             )
             self.version += 1
             written = self.version
-        return {
-            "version_read": version_read,
-            "version_written": written,
-            "staleness": written - version_read - 1,
-        }
+            out = {
+                "version_read": version_read,
+                "version_written": written,
+                "staleness": written - version_read - 1,
+            }
+            if row is not None:
+                out = {**row, **out, "t_end": time.time()}
+                self.log.append(out)
+        return out
 
     def get_state(self) -> dict[str, Any]:
         """Weights, momentum buffers and version (a snapshot for checkpoints and probes)."""
         with self._lock:
-            return {
-                "params": {k: v.copy() for k, v in self.params.items()},
-                "solver": self.solver.state_dict(),
-                "version": self.version,
-            }
+            return self._state()
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "params": {k: v.copy() for k, v in self.params.items()},
+            "solver": self.solver.state_dict(),
+            "version": self.version,
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         with self._lock:
@@ -100,11 +147,20 @@ class FCServer:
         self.solver = SGD.for_net(fc_net, weight_decay=weight_decay)
         self.rng = np.random.default_rng([seed, 2])
         self.version = 0
+        self.stopped = False
         self._lock = threading.Lock()
 
-    def step(self, acts, labels, lr: float, momentum: float) -> dict[str, Any]:
-        """One batch through the FC phase; returns {"dacts", "loss", "accuracy", "version"}."""
+    def stop(self) -> None:
+        """Refuse later steps (the driver's signal before it reads the state to recover from)."""
         with self._lock:
+            self.stopped = True
+
+    def step(self, acts, labels, lr: float, momentum: float) -> dict[str, Any] | None:
+        """One batch through the FC phase; returns {"dacts", "loss", "accuracy", "version"}, or None
+        once stopped."""
+        with self._lock:
+            if self.stopped:
+                return None
             logits, caches = self.net.forward(acts, train=True, rng=self.rng)
             loss, dlogits = softmax_with_loss(logits, labels)
             dacts, grads = self.net.backward(dlogits, caches, need_dx=True)

@@ -170,6 +170,10 @@ class SimulatedEngine:
         self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None = None
     ) -> RunResult:
         """Train `net` from `start` (or its weights) for `budget` simulated seconds or iterations."""
+        if self.strategy.learners == "auto":  # Crossbow's auto-tuner picks n_groups first
+            from dasknn.engine.autotune import run_auto_learners
+
+            return run_auto_learners(self, net, X, y, config, budget, start)
         g = int(config.n_groups)
         n_workers = g if self.n_workers is None else int(self.n_workers)
         if g > n_workers:

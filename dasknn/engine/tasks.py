@@ -162,33 +162,52 @@ def _backward(net, weights, caches, dacts, device):
     return {k: to_numpy(g) for k, g in grads.items()}
 
 
-def _one_worker_iteration(spec, template, conv_server, fc_server, x, y) -> dict[str, Any]:
-    """A whole iteration of a one-worker group, no task: pull, forward, FC step, backward, push."""
+def _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row) -> dict[str, Any] | None:
+    """A whole iteration of a one-worker group, no task: pull, forward, FC step, backward, push.
+
+    Returns the Trace row the conv model server logged, or None once a server has stopped."""
     tmo = spec.timeout
-    t_start = time.time()
     version, weights = _call(conv_server, "pull", timeout=tmo)
     net = _net(spec.run_id, template, spec.devices[0])
     acts, caches = _forward(net, weights, x, spec.devices[0])
     fc = _call(fc_server, "step", acts, y, spec.lr, spec.momentum, timeout=tmo)
+    if fc is None:
+        return None
     grads = _backward(net, weights, caches, fc["dacts"], spec.devices[0])
-    pushed = _call(conv_server, "push", grads, version, spec.lr, spec.momentum, timeout=tmo)
-    return {
-        "t_start": t_start,
-        "t_end": time.time(),
-        **pushed,
-        "loss": fc["loss"],
-        "accuracy": fc["accuracy"],
-    }
+    row.update(loss=fc["loss"], accuracy=fc["accuracy"])
+    return _call(conv_server, "push", grads, version, spec.lr, spec.momentum, row, timeout=tmo)
 
 
-def _sharded_iteration(client, spec, conv_server, fc_server, x, y) -> dict[str, Any]:
-    """A group of k > 1 workers: shard tasks on their workers, a reduction tree, one push."""
+def _wait(futures: list, spec: GroupSpec, conv_server) -> bool:
+    """Wait for shard tasks at most `spec.timeout` s; False as soon as the conv model server stops.
+
+    A shard pinned to a worker that died never runs; the driver then stops the server, and the
+    loop must notice that rather than wait for the task."""
+    from distributed import wait
+
+    deadline = time.monotonic() + spec.timeout
+    while True:
+        try:
+            wait(futures, timeout=STOP_CHECK_SECONDS)
+            return True
+        except TimeoutError:
+            if _call(conv_server, "progress", timeout=spec.timeout)[1]:
+                return False
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"group {spec.group}: shard tasks on {spec.workers} unfinished after {spec.timeout:.0f} s"
+                ) from None
+
+
+def _sharded_iteration(client, spec, conv_server, fc_server, x, y, row) -> dict[str, Any] | None:
+    """A group of k > 1 workers: shard tasks on their workers, a reduction tree, one push.
+
+    Returns the Trace row the conv model server logged, or None once a server has stopped."""
     from distributed import Future
 
     from dasknn.engine.placement import shard_sizes
 
     tmo = spec.timeout
-    t_start = time.time()
     version, weights = _call(conv_server, "pull", timeout=tmo)
     template = Future(spec.template_key, client, state="memory")
     bounds = np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
@@ -214,13 +233,14 @@ def _sharded_iteration(client, spec, conv_server, fc_server, x, y) -> dict[str, 
                 pure=False,
             )
         )
-    acts = client.gather(
-        [
-            client.submit(activations, f, workers=[w], pure=False)
-            for f, w in zip(fwd, spec.workers, strict=True)
-        ]
-    )
-    fc = _call(fc_server, "step", np.concatenate(acts), y, spec.lr, spec.momentum, timeout=tmo)
+    acts = [
+        client.submit(activations, f, workers=[w], pure=False) for f, w in zip(fwd, spec.workers, strict=True)
+    ]
+    if not _wait(acts, spec, conv_server):
+        return None
+    fc = _call(fc_server, "step", np.concatenate(client.gather(acts)), y, spec.lr, spec.momentum, timeout=tmo)
+    if fc is None:
+        return None
     dacts = [
         client.scatter(fc["dacts"][bounds[i] : bounds[i + 1]], workers=[w], direct=True, hash=False)
         for i, w in enumerate(spec.workers)
@@ -242,28 +262,30 @@ def _sharded_iteration(client, spec, conv_server, fc_server, x, y) -> dict[str, 
             )
         )
     total = aggregate(client, grads, spec.aggregation, spec.branching, spec.ps_worker)
+    if not _wait([total], spec, conv_server):
+        return None
+    row.update(loss=fc["loss"], accuracy=fc["accuracy"])
     pushed = _call(
-        conv_server, "push", total.result(timeout=tmo), version, spec.lr, spec.momentum, timeout=tmo
+        conv_server, "push", total.result(timeout=tmo), version, spec.lr, spec.momentum, row, timeout=tmo
     )
     del shards, dacts, w_futures, fwd
-    return {
-        "t_start": t_start,
-        "t_end": time.time(),
-        **pushed,
-        "loss": fc["loss"],
-        "accuracy": fc["accuracy"],
-    }
+    return pushed
 
 
-def group_loop(spec: GroupSpec, template, conv_server, fc_server) -> list[dict[str, Any]]:
+def group_loop(spec: GroupSpec, template, conv_server, fc_server) -> int:
     """Run one compute group until its iterations are done, its deadline passes, or the conv model
-    server says stop. Returns the group's Trace rows (times are absolute, seconds since the epoch)."""
+    server says stop; returns the number of iterations it pushed.
+
+    The Trace rows (times absolute, seconds since the epoch) go to the conv model server's log with
+    each push. A second run of the same group's task (dask may run a task again after a worker
+    failure) finds the group claimed and returns at once, so a group never runs twice."""
     from distributed import get_client, secede
 
     client = get_client()
     secede()  # a long-running task: free the worker's thread for the group's shard tasks
+    if not _call(conv_server, "claim", spec.group, timeout=spec.timeout):
+        return 0
     reader = BatchReader(client, spec)
-    rows: list[dict[str, Any]] = []
     next_check = 0.0
     i = 0
     while spec.iterations is None or i < spec.iterations:
@@ -277,14 +299,15 @@ def group_loop(spec: GroupSpec, template, conv_server, fc_server) -> list[dict[s
             next_check = now + STOP_CHECK_SECONDS
         b = spec.first_batch + spec.group + spec.n_groups * i
         x, y = reader.get(b)
+        row = {"t_start": time.time(), "group": spec.group, "batch": b, "n_images": int(x.shape[0])}
         if len(spec.workers) == 1:
-            row = _one_worker_iteration(spec, template, conv_server, fc_server, x, y)
+            pushed = _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row)
         else:
-            row = _sharded_iteration(client, spec, conv_server, fc_server, x, y)
-        row.update(group=spec.group, batch=b, n_images=int(x.shape[0]))
-        rows.append(row)
+            pushed = _sharded_iteration(client, spec, conv_server, fc_server, x, y, row)
+        if pushed is None:
+            break
         i += 1
-    return rows
+    return i
 
 
 # -- the shard tasks of a group of k > 1 workers -------------------------------------------------

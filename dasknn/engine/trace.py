@@ -79,6 +79,8 @@ class Strategy:
     split: the first FC-server layer: None (the first InnerProduct, Omnivore §II-B), 'auto' (RALP's
     rule, layer-placement §3) or a layer name.
     alpha: SMA's correction factor (None: 1/k, Crossbow §3.2).
+    learners: None (n_groups learners) or 'auto' (SMA / model averaging only: Crossbow §3.4's
+    auto-tuner picks the number of learners from measured throughput, `engine.autotune`).
     """
 
     name: str = "omnivore"
@@ -88,6 +90,7 @@ class Strategy:
     split: str | None = None
     alpha: float | None = None
     tau: int = 1
+    learners: str | None = None
 
     def __post_init__(self) -> None:
         for key, allowed in (
@@ -103,6 +106,10 @@ class Strategy:
             raise ValueError(f"tau must be >= 1, got {self.tau}")
         if self.alpha is not None and not (math.isfinite(self.alpha) and 0 < self.alpha <= 1):
             raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
+        if self.learners not in (None, "auto"):
+            raise ValueError(f"learners must be None or 'auto', got {self.learners!r}")
+        if self.learners == "auto" and not self.synchronous:
+            raise ValueError("learners='auto' tunes the learners of 'sma' or 'model_averaging' only")
 
     @property
     def synchronous(self) -> bool:

@@ -67,13 +67,6 @@ def test_dask_engine_ps_and_tree_train_the_same_weights(client2, digits):
         np.testing.assert_allclose(params[0][key], params[1][key], rtol=1e-4, atol=1e-6, err_msg=key)
 
 
-def test_dask_engine_rejects_simulator_only_strategies():
-    with pytest.raises(ValueError, match="SimulatedEngine"):
-        DaskEngine(strategy=Strategy("sma"))
-    with pytest.raises(ValueError, match="SimulatedEngine"):
-        DaskEngine(strategy=Strategy(physical_map="unmerged"))
-
-
 @pytest.mark.slow
 def test_dask_engine_with_parameter_server_aggregation_trains_lenet_to_97_percent(client2, mnist):
     X, y, Xn, yn = mnist

@@ -1,0 +1,130 @@
+"""Driver-side helpers shared by the Dask runs of the other papers' strategies (issue #7).
+
+The unmerged physical map (`dask_unmerged`) and the replica strategies (`dask_replicas`) run on the
+same cluster as Omnivore's merged engine (`cluster.DaskEngine`) and keep its habits: X and y are
+persisted on the workers and read there by key, every wait is bounded, and the driver checks that
+the workers of the run are alive while the long-running loop tasks work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dasknn.engine.cluster import WorkerLostError, _as_dask, _chunk_futures, cluster_workers
+from dasknn.engine.trace import Budget, RunConfig
+
+
+@dataclass(frozen=True)
+class Data:
+    """The persisted training data as the worker loops read it: chunk keys and chunk sizes."""
+
+    X: Any
+    y: Any
+    x_keys: tuple
+    y_keys: tuple
+    chunks: tuple[int, ...]
+
+
+def engine_client(engine):
+    """The engine's client, or the default client of this process."""
+    if engine.client is not None:
+        return engine.client
+    from distributed import default_client
+
+    return default_client()
+
+
+def persist_data(engine, client, X, y, config: RunConfig) -> Data:
+    """X and y persisted on the workers (numpy inputs wrapped), checked to hold one batch."""
+    from distributed import wait
+
+    X, y = _as_dask(X, y, config.batch_size)
+    if X.shape[0] < config.batch_size:
+        raise ValueError(f"{X.shape[0]} samples are fewer than one batch of {config.batch_size}")
+    X, y = client.persist([X, y])
+    wait([X, y], timeout=engine.timeout)
+    return Data(
+        X=X,
+        y=y,
+        x_keys=tuple(f.key for f in _chunk_futures(X)),
+        y_keys=tuple(f.key for f in _chunk_futures(y)),
+        chunks=tuple(int(c) for c in X.chunks[0]),
+    )
+
+
+def check_alive(client, roles: Mapping[str, Sequence[str]], done: int) -> None:
+    """Raise WorkerLostError if a worker that has a role in the run left the cluster."""
+    alive = set(cluster_workers(client))
+    for worker, what in roles.items():
+        if worker not in alive:
+            raise WorkerLostError(
+                f"worker {worker} ({', '.join(what)}) left the cluster after {done} iterations; "
+                "the run cannot continue on this placement"
+            )
+
+
+def wait_for_loops(
+    engine,
+    client,
+    loops: list,
+    roles: Mapping[str, Sequence[str]],
+    budget: Budget,
+    t0: float,
+    progress: Callable[[], int] | None = None,
+) -> list[dict[str, Any]]:
+    """Wait for the loop tasks, polling every `engine.poll` s; returns all their Trace rows.
+
+    Raises the first loop's error (WorkerLostError when a worker of the run is gone), or a
+    TimeoutError when the run is `engine.timeout` seconds past a seconds budget.
+    """
+    from distributed import wait
+
+    bar = None
+    if engine.verbose and budget.iterations is not None and progress is not None:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=budget.iterations, unit="it", desc="dask engine", dynamic_ncols=True)
+    shown = 0
+    try:
+        while True:
+            try:
+                wait(loops, timeout=engine.poll)
+                break
+            except TimeoutError:
+                pass
+            if any(f.status == "error" for f in loops):
+                break
+            check_alive(client, roles, shown)
+            if bar is not None:
+                done = progress()
+                bar.update(done - shown)
+                shown = done
+            if budget.seconds is not None and time.time() - t0 > budget.seconds + engine.timeout:
+                raise TimeoutError(f"the run is {engine.timeout:.0f} s past its budget; a loop is stuck")
+        rows: list[dict[str, Any]] = []
+        for f in sorted(loops, key=lambda f: f.status != "error"):
+            rows.extend(loop_result(engine, f, client, roles, shown))
+        return rows
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def loop_result(engine, fut, client, roles, done: int) -> list[dict[str, Any]]:
+    """One loop task's rows; a lost worker becomes WorkerLostError."""
+    try:
+        return list(fut.result(timeout=engine.timeout))
+    except ConnectionError as err:
+        check_alive(client, roles, done)
+        raise WorkerLostError(str(err)) from err
+    except Exception as err:
+        if "Worker holding Actor was lost" in str(err) or type(err).__name__ in (
+            "KilledWorker",
+            "CancelledError",
+        ):
+            check_alive(client, roles, done)
+            raise WorkerLostError(f"a worker of the run was lost after {done} iterations: {err}") from err
+        raise

@@ -1,0 +1,291 @@
+"""One stretch of a Dask-engine run on one placement: its two servers, its group loops, their watch.
+
+A run is one segment when no worker fails. The driver watches a segment (polls the loops, checks
+that every worker of the placement is alive, drains the conv model server's log of Trace rows and
+snapshots both servers every `snapshot_every` updates); when a worker is lost it stops the segment
+and starts the next one on the surviving workers (issue #8, cluster.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from dasknn.engine import tasks
+from dasknn.engine.placement import Placement
+from dasknn.engine.recovery import (
+    Snapshot,
+    WorkerLostError,
+    conv_server_state,
+    fc_server_state,
+    is_worker_loss,
+    lost_workers,
+    state_of,
+)
+from dasknn.engine.servers import ConvModelServer, FCServer
+from dasknn.engine.trace import RunConfig, TrainState
+from dasknn.nn.net import Net
+
+#: how long the driver waits for the scheduler to notice a worker it could not reach (s)
+LOSS_GRACE_SECONDS = 10.0
+
+
+def await_data(engine, client, X, y) -> bool:
+    """Wait (at most `engine.timeout` s) until the persisted data is in memory again (the chunks of
+    a lost worker are recomputed); False as soon as no worker is left."""
+    from distributed import wait
+
+    from dasknn.engine.cluster import cluster_workers
+
+    deadline = time.monotonic() + engine.timeout
+    while cluster_workers(client):
+        try:
+            wait([X, y], timeout=engine.poll)
+            return True
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise WorkerLostError(
+                    f"the data's chunks on lost workers were not recomputed within {engine.timeout:.0f} s"
+                ) from None
+    return False
+
+
+class SegmentFailed(Exception):
+    """Workers of the segment's placement left the cluster; `lost` maps each to its roles."""
+
+    def __init__(self, lost: dict[str, list[str]], cause: BaseException | None = None) -> None:
+        self.lost, self.cause = lost, cause
+        what = "; ".join(f"{w} ({', '.join(r)})" for w, r in lost.items())
+        super().__init__(f"lost {what}" + (f": {cause}" if cause is not None else ""))
+
+
+class Segment:
+    """The servers and group loops of one placement, from `state` at conv version `version`.
+
+    `engine` gives timeout, poll, snapshot_every and strategy; `iterations0` is the run's first
+    iteration number minus one (row iteration = iterations0 + version_written).
+    """
+
+    def __init__(
+        self, engine, client, placement: Placement, state: TrainState, version: int, iterations0: int
+    ):
+        self.engine, self.client, self.placement = engine, client, placement
+        self.iterations0 = iterations0
+        self.version = version
+        self.rows: list[dict[str, Any]] = []
+        self.snapshot = Snapshot(state.copy(), version)
+        self.loops: list = []
+        self.conv_future = self.conv_server = self.fc_future = self.fc_server = None
+
+    # -- start -------------------------------------------------------------------------------------
+    def start(
+        self, conv_net: Net, fc_net: Net, config: RunConfig, specs: list[tasks.GroupSpec], template
+    ) -> None:
+        """Create both servers from the snapshot on their workers and submit the group loops."""
+        try:
+            self._servers(conv_net, fc_net, config)
+            self.loops = [
+                self.client.submit(
+                    tasks.group_loop,
+                    spec,
+                    template,
+                    self.conv_server,
+                    self.fc_server,
+                    workers=[spec.workers[0]],
+                    allow_other_workers=False,
+                    pure=False,
+                )
+                for spec in specs
+            ]
+        except SegmentFailed:
+            raise
+        except Exception as err:
+            self._failed(err)
+
+    def _servers(self, conv_net: Net, fc_net: Net, config: RunConfig) -> None:
+        client, p = self.client, self.placement
+        state, conv_keys = self.snapshot.state, set(conv_net.params)
+        fc_net = fc_net.copy()
+        fc_net.set_params({k: v for k, v in state.params.items() if k not in conv_keys})
+        self.conv_future = client.submit(
+            ConvModelServer,
+            {k: v for k, v in state.params.items() if k in conv_keys},
+            conv_net.lr_mult,
+            conv_net.decay_mult,
+            config.weight_decay,
+            actor=True,
+            workers=[p.conv_server_worker],
+            allow_other_workers=False,
+            pure=False,
+        )
+        self.fc_future = client.submit(
+            FCServer,
+            fc_net,
+            config.weight_decay,
+            config.seed,
+            actor=True,
+            workers=[p.fc_worker],
+            allow_other_workers=False,
+            pure=False,
+        )
+        self.conv_server = self._await(self.conv_future, p.conv_server_worker)
+        self.fc_server = self._await(self.fc_future, p.fc_worker)
+        conv_state = conv_server_state(state, conv_keys, self.version)
+        self._await(self.conv_server.set_state(conv_state), p.conv_server_worker)
+        fc_history = {k for k in state.momentum if k not in conv_keys}
+        if fc_history or "fc_rng" in state.extra:
+            fc_state = self._await(self.fc_server.get_state(), p.fc_worker)
+            self._await(self.fc_server.set_state(fc_server_state(state, fc_state, conv_keys)), p.fc_worker)
+
+    def _await(self, future, worker: str):
+        """A task's or an actor call's result within `timeout` s; SegmentFailed as soon as `worker`
+        (where it runs) is lost: a task pinned to a lost worker would wait for it forever, and a
+        call in flight to a worker that died may wait for its answer until the timeout."""
+        deadline = time.monotonic() + self.engine.timeout
+        while True:
+            try:
+                return future.result(timeout=self.engine.poll)
+            except TimeoutError:
+                lost = self.lost()
+                if worker in lost:
+                    raise SegmentFailed(lost) from None
+                if time.monotonic() > deadline:
+                    raise
+
+    # -- watch -------------------------------------------------------------------------------------
+    def lost(self) -> dict[str, list[str]]:
+        """The workers of the placement that left the cluster, with their roles."""
+        from dasknn.engine.cluster import cluster_workers
+
+        return lost_workers(self.placement, cluster_workers(self.client))
+
+    def _failed(self, err: BaseException) -> NoReturn:
+        """Raise SegmentFailed if a worker of the placement is gone (waiting a bounded grace for the
+        scheduler to notice one the driver could not reach), else re-raise `err`."""
+        if not is_worker_loss(err):
+            raise err
+        deadline = time.monotonic() + min(self.engine.timeout, LOSS_GRACE_SECONDS)
+        while True:
+            lost = self.lost()
+            if lost:
+                raise SegmentFailed(lost, err) from err
+            if time.monotonic() >= deadline:
+                raise err
+            time.sleep(0.2)
+
+    def _read(self, with_state: bool) -> TrainState | None:
+        """Drain the conv model server's log of rows; with `with_state`, also both servers' state
+        (the conv state read with the log, so the rows kept and the weights agree)."""
+        out = self._await(self.conv_server.drain(with_state), self.placement.conv_server_worker)
+        for row in out["rows"]:
+            row["iteration"] = self.iterations0 + row["version_written"]
+        self.rows.extend(out["rows"])
+        self.version = max(self.version, out["version"])
+        if not with_state:
+            return None
+        fc = self._await(self.fc_server.get_state(), self.placement.fc_worker)
+        return state_of(out["state"], fc, self.snapshot.state, self.iterations0)
+
+    def drain(self) -> None:
+        """Move the logged rows to the driver; snapshot both servers every `snapshot_every` updates."""
+        self._read(False)
+        if self.version - self.snapshot.version >= self.engine.snapshot_every:
+            state = self._read(True)
+            self.snapshot = Snapshot(state, state.iterations_done - self.iterations0)
+
+    def live_state(self) -> TrainState:
+        """Both servers' current state, and the rows logged until it."""
+        return self._read(True)
+
+    def watch(self, deadline: float | None, progress: Callable[[int], None] | None = None) -> None:
+        """Until every loop has returned; raises SegmentFailed as soon as a worker is lost."""
+        from distributed import wait
+
+        engine = self.engine
+        while True:
+            try:
+                wait(self.loops, timeout=engine.poll)
+                finished = True
+            except TimeoutError:
+                finished = False
+            except (Exception, asyncio.CancelledError) as err:  # a loop's task was cancelled or forgotten
+                self._failed(err)
+            lost = self.lost()
+            if lost:
+                raise SegmentFailed(lost)
+            errored = [f for f in self.loops if f.status == "error"]
+            try:
+                if errored:
+                    raise errored[0].exception(timeout=engine.timeout)
+                self.drain()
+            except Exception as err:
+                self._failed(err)
+            if progress is not None:
+                progress(self.version)
+            if finished:
+                return
+            if deadline is not None and time.time() > deadline + engine.timeout:
+                raise TimeoutError(f"the run is {engine.timeout:.0f} s past its budget; a group is stuck")
+
+    def finish(self) -> TrainState:
+        """The state the servers ended in, after the last rows are drained."""
+        try:
+            return self.live_state()
+        except Exception as err:
+            self._failed(err)
+            raise  # _failed always raises
+
+    # -- stop --------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop the servers that are still reachable (groups then return) and cancel the loops.
+        Every wait is bounded; a server on a lost worker is skipped."""
+        from dasknn.engine.cluster import cluster_workers
+
+        try:
+            alive = set(cluster_workers(self.client))
+        except Exception:
+            alive = set()
+        for server, where in (
+            (self.conv_server, self.placement.conv_server_worker),
+            (self.fc_server, self.placement.fc_worker),
+        ):
+            if server is not None and where in alive:
+                try:
+                    server.stop().result(timeout=min(self.engine.timeout, 10.0))
+                except Exception:  # the worker went away meanwhile: nothing left to stop
+                    pass
+        if self.loops:
+            self.client.cancel(self.loops)
+
+    def release(self) -> None:
+        """Let the servers' actors go (after their state has been read, or when the run ends)."""
+        futures = [f for f in (self.conv_future, self.fc_future) if f is not None]
+        if futures:
+            self.client.cancel(futures)
+        self.conv_future = self.conv_server = self.fc_future = self.fc_server = None
+
+    def resume_point(
+        self, failure: SegmentFailed
+    ) -> tuple[TrainState, int, list[dict[str, Any]], int | None]:
+        """(state, version, rows kept, iterations redone or None) to continue from after `failure`.
+
+        With both servers alive: their state now, every row kept, nothing redone (None). Otherwise
+        (or when the segment failed before its servers were up) the latest snapshot, the rows up to
+        its version, and as redone the updates after it that the driver had seen (a lower bound:
+        those written since its last poll are lost unseen).
+        Call after `stop()`, so the servers no longer change.
+        """
+        p = self.placement
+        servers_up = self.conv_server is not None and self.fc_server is not None
+        if servers_up and p.fc_worker not in failure.lost and p.conv_server_worker not in failure.lost:
+            try:
+                state = self.live_state()
+                return state, state.iterations_done - self.iterations0, list(self.rows), None
+            except Exception as err:
+                if not (isinstance(err, SegmentFailed) or is_worker_loss(err)):
+                    raise
+        snap = self.snapshot
+        kept = [r for r in self.rows if r["version_written"] <= snap.version]
+        return snap.state.copy(), snap.version, kept, self.version - snap.version
