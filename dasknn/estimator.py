@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import math
 import numbers
-import time
+import os
 from contextlib import ExitStack
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import dask
@@ -23,12 +25,34 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 
 from dasknn.data import check_X, check_X_y
 from dasknn.data.batching import n_batches
-from dasknn.engine.trace import Budget, RunConfig, TrainState
+from dasknn.engine import checkpoint
+from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
 from dasknn.reports import DEFAULT_THRESHOLDS, time_to_accuracy
 
 ENGINES = ("dask", "simulated")
+RESUME_PARAMS = (
+    "net",
+    "batch_size",
+    "n_groups",
+    "learning_rate",
+    "momentum",
+    "weight_decay",
+    "time_budget",
+    "max_epochs",
+    "target_accuracy",
+    "engine",
+    "n_workers",
+    "input_shape",
+    "eval_size",
+    "strategy",
+    "physical_map",
+    "aggregation",
+    "split",
+    "random_state",
+)
+"""Parameters a resumed fit must share with the checkpointed one."""
 
 
 def _auto_or(value, name: str, check) -> None:
@@ -96,7 +120,23 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
     random_state : int
     verbose : int
     warm_start : bool
-        Continue from the previous fit's weights and data position.
+        Continue from the previous fit's weights and data position (in memory, or else the latest
+        checkpoint in `checkpoint_dir`) with a new budget.
+    checkpoint_dir : str, path or None
+        Where the fit writes checkpoints (`dasknn.engine.checkpoint`): after every chunk of training
+        that completes an epoch and at the end (the newest 3 are kept). A fresh fit needs it
+        empty; `save_checkpoint()` writes one on request.
+    resume : bool
+        Continue the fit whose latest checkpoint is in `checkpoint_dir` to that fit's own end (same
+        budgets; on engine="simulated" the result equals the uninterrupted fit). Without a
+        checkpoint there, a fresh fit.
+
+    `partial_fit(X, y, classes)` trains one epoch of X (`max_epochs` epochs when set, within
+    `time_budget` when set) from the current state, with the fixed knobs, or the ones the last fit
+    ended with (the optimizer's choice; a lowered rate after a rollback); on a first call "auto"
+    knobs take Omnivore's cold-start values n_groups=1, momentum=0.9 and learning_rate=0.01.
+    Divergence (non-finite loss or exploding weights) never ends a fit with NaN weights: training
+    rolls back to the last good state and divides the learning rate by 10 (`dasknn.fitting`).
     """
 
     def __init__(
@@ -123,6 +163,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         random_state: int = 0,
         verbose: int = 0,
         warm_start: bool = False,
+        checkpoint_dir: Any = None,
+        resume: bool = False,
     ) -> None:
         self.net = net
         self.batch_size = batch_size
@@ -146,9 +188,11 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.random_state = random_state
         self.verbose = verbose
         self.warm_start = warm_start
+        self.checkpoint_dir = checkpoint_dir
+        self.resume = resume
 
     # -- validation ------------------------------------------------------------------------------
-    def _check_params(self) -> None:
+    def _check_params(self, partial: bool = False) -> None:
         if not (isinstance(self.batch_size, numbers.Integral) and self.batch_size >= 1):
             raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         _auto_or(self.n_groups, "n_groups", _positive_int)
@@ -160,7 +204,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, numbers.Real) and _positive_float(value)):
                 raise ValueError(f"{name} must be None or a number > 0, got {value!r}")
-        if self.time_budget is None and self.max_epochs is None:
+        if self.time_budget is None and self.max_epochs is None and not partial:
             raise ValueError("give time_budget or max_epochs (or both): training needs an end")
         ta = self.target_accuracy
         if ta is not None and not (isinstance(ta, numbers.Real) and 0 < ta <= 1):
@@ -176,12 +220,79 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         if self.split is not None and not isinstance(self.split, str):
             raise ValueError(f"split must be None, 'auto' or a layer name, got {self.split!r}")
         self._strategy()
+        if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, (str, os.PathLike)):
+            kind = type(self.checkpoint_dir).__name__
+            raise ValueError(f"checkpoint_dir must be None or a path, got {kind}")
+        if isinstance(self.verbose, bool) or not (
+            isinstance(self.verbose, numbers.Integral) and self.verbose >= 0
+        ):
+            raise ValueError(f"verbose must be an integer >= 0, got {self.verbose!r}")
+        if self.scheduler is not None and not isinstance(self.scheduler, str):
+            raise ValueError(f"scheduler must be None or an address string, got {self.scheduler!r}")
+        for name in ("warm_start", "resume"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.resume and self.checkpoint_dir is None:
+            raise ValueError("resume=True needs checkpoint_dir (where the checkpoints are)")
         if self.security is not None:
             from distributed.security import Security
 
             if not isinstance(self.security, Security):
                 kind = type(self.security).__name__
                 raise ValueError(f"security must be None or a distributed.security.Security, got {kind}")
+        for name in (
+            "weight_decay",
+            "time_budget",
+            "max_epochs",
+            "target_accuracy",
+            "n_workers",
+            "eval_size",
+        ):
+            if isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
+        rs = self.random_state
+        if isinstance(rs, (bool, np.bool_)) or not (isinstance(rs, numbers.Integral) and 0 <= rs < 2**32):
+            raise ValueError(f"random_state must be an integer in [0, 2**32), got {rs!r}")
+        self._check_input_shape()
+        self._check_net_spec()
+        if (
+            self.engine == "simulated"
+            and self.n_groups != "auto"
+            and int(self.n_groups) > (self.n_workers or 8)
+        ):
+            raise ValueError(
+                f"n_groups={self.n_groups} needs at least that many workers; the simulated cluster has "
+                f"n_workers={self.n_workers or 8}"
+            )
+
+    def _check_input_shape(self) -> None:
+        shape = self.input_shape
+        if shape is None or (isinstance(shape, str) and shape == "flat"):
+            return
+        ok = isinstance(shape, (tuple, list)) and len(shape) == 3
+        ok = ok and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in shape)
+        if not ok:
+            raise ValueError(
+                f"input_shape must be None, 'flat' or (C, H, W) of positive integers, got {shape!r}"
+            )
+
+    def _check_net_spec(self) -> None:
+        """The net is a Net, a zoo name or an existing .prototxt file: checked before any data is read."""
+        spec = self.net
+        if isinstance(spec, Net):
+            return
+        if isinstance(spec, os.PathLike):
+            spec = os.fspath(spec)
+        if not isinstance(spec, str):
+            raise ValueError(f"net must be a zoo name, a Net or a .prototxt path, got {spec!r}")
+        if spec.endswith(".prototxt"):
+            if not os.path.isfile(spec):
+                raise FileNotFoundError(f"net: no such .prototxt file {spec!r}")
+            return
+        from dasknn.nn.zoo import NETS
+
+        if spec.lower().replace("-", "_") not in NETS:
+            raise ValueError(f"unknown net {spec!r}; available: {sorted(NETS)}")
 
     def _strategy(self):
         """The engine's Strategy from strategy, physical_map, aggregation and split (validated there)."""
@@ -228,9 +339,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 )
         return self._shape_X(X)
 
-    def _validate(self, X, y):
+    def _validate(self, X, y, partial: bool = False):
         """(X, y, the classes in y): every input error raised before any work."""
-        self._check_params()
+        self._check_params(partial)
         if y is None:
             raise ValueError("DistributedCNN requires y to be passed, but the target y is None")
         X = self._as_array(X)
@@ -316,143 +427,191 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
     def fit(self, X, y) -> DistributedCNN:
         """Train on X (n, C, H, W) and class labels y; returns self."""
         X, y, labels = self._validate(X, y)
-        if self.warm_start and hasattr(self, "classes_"):
-            unseen = np.setdiff1d(labels, self.classes_)
-            if unseen.size:
-                raise ValueError(
-                    f"warm_start: y has classes {unseen.tolist()} that the first fit did not see"
-                )
+        ckpt = self._checkpoint_to_continue()
+        if ckpt is not None:
+            self._adopt(ckpt, check_params=self.resume)
+        if ckpt is not None or (self.warm_start and hasattr(self, "net_")):
+            self._check_labels(labels, "resume" if self.resume else "warm_start")
         else:
             self.classes_ = labels
+        return self._fit(X, y, ckpt)
+
+    def partial_fit(self, X, y, classes=None) -> DistributedCNN:
+        """Train one epoch of (X, y) (`max_epochs` when set) from the current state; returns self.
+
+        sklearn's incremental contract: `classes` (all labels of the stream) on the first call, or
+        the labels of this y; later calls may only use those. Knobs: see the class docstring.
+        """
+        X, y, labels = self._validate(X, y, partial=True)
+        if not hasattr(self, "net_"):
+            if self.checkpoint_dir is not None and checkpoint.list_checkpoints(self.checkpoint_dir):
+                raise ValueError(f"checkpoint_dir {self.checkpoint_dir} already holds checkpoints")
+            self.classes_ = labels if classes is None else np.unique(np.asarray(classes))
+        elif classes is not None and not np.array_equal(np.unique(np.asarray(classes)), self.classes_):
+            raise ValueError(
+                f"classes={list(classes)} differs from the first call's {self.classes_.tolist()}"
+            )
+        self._check_labels(labels, "partial_fit")
+        epochs = self.max_epochs if self.max_epochs is not None else 1.0
+        return self._fit(X, y, None, partial_epochs=epochs)
+
+    def save_checkpoint(self, directory: str | os.PathLike | None = None) -> Path:
+        """Write the fitted state as a checkpoint (on request) to `directory` or `checkpoint_dir`."""
+        self._check_fitted()
+        directory = directory if directory is not None else self.checkpoint_dir
+        if directory is None:
+            raise ValueError("save_checkpoint needs a directory (or checkpoint_dir)")
+        loop = dict(self._loop_, config=asdict(self.config_), finished=True, final_saved=True)
+        tables = {
+            "history": pd.DataFrame(self.history_),
+            "events": self.decisions_,
+            "trace": self.trace_,
+        }
+        meta = {**self._checkpoint_meta(), "loop": loop}
+        return checkpoint.save(directory, self.state_, meta, tables)
+
+    def _check_labels(self, labels, context: str) -> None:
+        unseen = np.setdiff1d(labels, self.classes_)
+        if unseen.size:
+            raise ValueError(f"{context}: y has classes {unseen.tolist()} that the first fit did not see")
+
+    def _checkpoint_to_continue(self) -> checkpoint.Checkpoint | None:
+        """The latest checkpoint for resume (or warm_start without a fit in memory); a fresh fit
+        raises ValueError when checkpoint_dir already holds checkpoints (they would be mixed up)."""
+        if self.checkpoint_dir is None:
+            return None
+        found = checkpoint.list_checkpoints(self.checkpoint_dir)
+        if not (self.resume or self.warm_start):
+            if found:
+                raise ValueError(
+                    f"checkpoint_dir {self.checkpoint_dir} already holds checkpoints ({found[-1].name}); "
+                    "pass resume=True to continue that fit, warm_start=True to train on from it, "
+                    "or use an empty directory"
+                )
+            return None
+        if self.warm_start and not self.resume and hasattr(self, "net_"):
+            return None
+        return checkpoint.latest(self.checkpoint_dir)
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """The parameters a resumed fit must share with the checkpointed one (they shape the run)."""
+        out = {}
+        for name in RESUME_PARAMS:
+            value = getattr(self, name)
+            if isinstance(value, Net):
+                value = f"Net {value.name}"
+            ok = value is None or isinstance(value, (str, bool, int, float))
+            out[name] = value if ok else repr(value)
+        return out
+
+    def _checkpoint_meta(self) -> dict[str, Any]:
+        return {
+            "params": self._fingerprint(),
+            "classes": np.asarray(self.classes_),
+            "n_features_in": int(self.n_features_in_),
+        }
+
+    def _adopt(self, ckpt: checkpoint.Checkpoint, check_params: bool) -> None:
+        """classes_, n_features_in_ and the state of a checkpoint, checked against this estimator."""
+        meta = ckpt.meta
+        if "params" not in meta or "classes" not in meta:
+            raise ValueError(f"{ckpt.path} is not a DistributedCNN checkpoint (no params/classes)")
+        if check_params:
+            ours = self._fingerprint()
+            diff = {k: (v, ours.get(k)) for k, v in meta["params"].items() if ours.get(k) != v}
+            if diff:
+                detail = ", ".join(
+                    f"{k}: checkpoint {a!r}, this estimator {b!r}" for k, (a, b) in diff.items()
+                )
+                raise ValueError(f"resume: {ckpt.path} was written by a fit with other parameters ({detail})")
+        self.classes_ = np.asarray(meta["classes"])
+        self.n_features_in_ = int(meta["n_features_in"])
+
+    def _fit(self, X, y, ckpt: checkpoint.Checkpoint | None, partial_epochs: float | None = None):
+        """Train from `ckpt` (resume: its fit's loop too), else the fit in memory (warm_start,
+        partial_fit), else afresh."""
         if len(self.classes_) < 2:
             raise ValueError(f"y has {len(self.classes_)} class; a classifier needs at least 2")
         if isinstance(y, da.Array):
             y_idx = y.map_blocks(_label_index, self.classes_, dtype=np.int64)
         else:
             y_idx = da.from_array(_label_index(y, self.classes_), chunks=(X.chunks[0],))
-        warm = self.warm_start and hasattr(self, "net_")
-        net = self.net_ if warm else self._build_net(X.shape[1:], len(self.classes_))
-        start = self.state_ if warm else None
+        n_features = int(math.prod(X.shape[1:]))
+        warm = ckpt is None and hasattr(self, "net_") and (self.warm_start or partial_epochs is not None)
+        if (warm or ckpt is not None) and n_features != self.n_features_in_:
+            raise ValueError(
+                f"X has {n_features} features, but DistributedCNN is expecting {self.n_features_in_} "
+                "features as input"
+            )
+        self.n_features_in_ = n_features
+        if ckpt is not None:
+            net = self._build_net(X.shape[1:], len(self.classes_))
+            net.set_params(ckpt.state.params)
+            start = ckpt.state
+        elif warm:
+            net, start = self.net_, self.state_
+        else:
+            net, start = self._build_net(X.shape[1:], len(self.classes_)), None
+        resume_from = ckpt if self.resume else None
         with ExitStack() as stack:
             engine, _client = self._engine(stack, net)
-            self._train(engine, net, X, y_idx, start)
+            self._train(engine, net, X, y_idx, start, resume_from, partial_epochs)
         self.net_ = net
-        self.n_features_in_ = int(math.prod(X.shape[1:]))
         return self
 
-    def _train(self, engine, net: Net, X, y, start: TrainState | None) -> None:
-        evaluate = self._evaluator(X, y, net)
+    def _train(self, engine, net: Net, X, y, start, resume_from, partial_epochs) -> None:
+        from dasknn.fitting import Trainer, runs_by_config
+
         nb = n_batches(X.shape[0], self.batch_size)
-        max_iterations = None if self.max_epochs is None else max(1, int(self.max_epochs * nb))
-        history: list[dict[str, Any]] = []
-        t_wall = time.perf_counter()
-
-        def record(state: TrainState, trace: pd.DataFrame) -> bool:
-            loss, acc = evaluate(state)
-            t = float(trace["t_end"].max()) if len(trace) else 0.0
-            history.append(
-                {
-                    "time": t,
-                    "iteration": state.iterations_done,
-                    "epoch": state.batches_done / nb,
-                    "loss": loss,
-                    "accuracy": acc,
-                    "wall_time": time.perf_counter() - t_wall,
-                }
-            )
-            if self.verbose:
-                print(
-                    f"[dasknn] t={t:7.1f}s it={state.iterations_done:6d} "
-                    f"epoch={state.batches_done / nb:5.2f} loss={loss:.4f} accuracy={acc:.2%}"
-                )
-            return self.target_accuracy is not None and acc >= self.target_accuracy
-
-        auto = "auto" in (self.n_groups, self.learning_rate, self.momentum)
-        if auto:
-            result = self._optimize(engine, net, X, y, start, record, max_iterations)
-        else:
-            result = self._fixed(engine, net, X, y, start, record, max_iterations)
-        self.state_ = result["state"]
-        self.trace_ = result["trace"]
-        self.decisions_ = result["decisions"]
-        self.history_ = history
-        self.n_iter_ = int(self.state_.iterations_done)
-        thresholds = sorted({*DEFAULT_THRESHOLDS, *([self.target_accuracy] if self.target_accuracy else [])})
-        self.report_ = time_to_accuracy(pd.DataFrame(history), thresholds, run=net.name)
-        self.tradeoff_ = self._tradeoff(result["runs"], net)
-
-    def _fixed(self, engine, net, X, y, start, record, max_iterations) -> dict[str, Any]:
-        """Train with the given n_groups, learning_rate and momentum (a baseline, no optimizer)."""
-        config = RunConfig(
-            n_groups=int(self.n_groups),
-            lr=float(self.learning_rate),
-            momentum=float(self.momentum),
-            weight_decay=float(self.weight_decay),
-            batch_size=self.batch_size,
-            seed=self.random_state,
-        )
-        state = start.copy() if start is not None else TrainState.from_net(net)
-        first_iteration = state.iterations_done
-        chunk = max(2.0, (self.time_budget or 60.0) / 20)
-        traces, elapsed = [], 0.0
-        record(state, pd.DataFrame({"t_end": []}))
-        while True:
-            seconds = chunk if self.time_budget is None else min(chunk, self.time_budget - elapsed)
-            iterations = None
-            if max_iterations is not None:
-                iterations = max_iterations - (state.iterations_done - first_iteration)
-            result = engine.run(
-                net, X, y, config, Budget(seconds=seconds, iterations=iterations), start=state
-            )
-            trace = result.trace.copy()
-            trace[["t_start", "t_end"]] += elapsed
-            elapsed = float(trace["t_end"].max()) if len(trace) else elapsed + seconds
-            traces.append(trace)
-            state = result.state
-            if trace.attrs.get("diverged") or (len(trace) and not np.isfinite(trace["loss"]).all()):
-                raise FloatingPointError(f"training diverged at lr={config.lr}; lower learning_rate")
-            done = record(state, trace)
-            if (
-                done
-                or (self.time_budget is not None and elapsed >= self.time_budget)
-                or (max_iterations is not None and state.iterations_done - first_iteration >= max_iterations)
-            ):
-                break
-        full = pd.concat(traces, ignore_index=True) if traces else pd.DataFrame()
-        full["phase"] = "train"
-        return {"state": state, "trace": full, "decisions": pd.DataFrame(), "runs": {config: full}}
-
-    def _optimize(self, engine, net, X, y, start, record, max_iterations) -> dict[str, Any]:
-        """Omnivore's Algorithm 1 picks whichever of n_groups, learning_rate, momentum are "auto"."""
-        from dasknn.optimizer import OmnivoreOptimizer
-
-        options: dict[str, Any] = {"verbose": self.verbose}
-        for knob, value in (
-            ("n_groups", self.n_groups),
-            ("learning_rate", self.learning_rate),
-            ("momentum", self.momentum),
-        ):
-            if value != "auto":
-                options[knob] = value
-        optimizer = OmnivoreOptimizer(engine, **options)
-        result = optimizer.optimize(
+        epochs = self.max_epochs if partial_epochs is None else partial_epochs
+        max_iterations = None if epochs is None else max(1, int(epochs * nb))
+        trainer = Trainer(
+            self,
+            engine,
             net,
             X,
             y,
-            batch_size=self.batch_size,
-            weight_decay=float(self.weight_decay),
-            seed=self.random_state,
-            time_budget=self.time_budget,
+            self._evaluator(X, y, net),
             max_iterations=max_iterations,
-            should_stop=lambda state, trace: record(state, trace),
-            start=start,
+            checkpoint_dir=self.checkpoint_dir,
+            meta=self._checkpoint_meta(),
         )
-        return {
-            "state": result.state,
-            "trace": result.trace,
-            "decisions": result.decisions,
-            "runs": _runs_by_config(result.trace, result.decisions, self.random_state),
-        }
+        state = start.copy() if start is not None else TrainState.from_net(net)
+        loop = trainer.restore(resume_from) if resume_from is not None else None
+        if partial_epochs is not None and hasattr(self, "history_"):
+            trainer.history, trainer.traces = list(self.history_), [self.trace_]
+            trainer.events = self.decisions_.to_dict("records")
+        auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
+        if (loop or {}).get("kind", "auto" if auto else "fixed") == "auto":
+            result = trainer.optimize(state, loop)
+            runs = runs_by_config(result["trace"], result["decisions"], self.random_state)
+        else:
+            result = trainer.fixed(state, self._fixed_config(partial_epochs is not None), loop)
+            runs = result["runs"]
+        self.state_ = result["state"]
+        self.trace_ = result["trace"]
+        self.decisions_ = result["decisions"]
+        self.config_ = result["config"]
+        self._loop_ = result["loop"]
+        self.history_ = trainer.history
+        self.checkpoint_ = trainer.last_checkpoint
+        self.n_iter_ = int(self.state_.iterations_done)
+        thresholds = sorted({*DEFAULT_THRESHOLDS, *([self.target_accuracy] if self.target_accuracy else [])})
+        self.report_ = time_to_accuracy(pd.DataFrame(self.history_), thresholds, run=net.name)
+        self.tradeoff_ = self._tradeoff(runs, net)
+
+    def _fixed_config(self, partial: bool) -> RunConfig:
+        """The knobs of a fixed-knob run: as given; a partial_fit's continue the last fit's config_."""
+        if partial and hasattr(self, "config_"):
+            return self.config_
+        return RunConfig(
+            n_groups=1 if self.n_groups == "auto" else int(self.n_groups),
+            lr=0.01 if self.learning_rate == "auto" else float(self.learning_rate),
+            momentum=0.9 if self.momentum == "auto" else float(self.momentum),
+            weight_decay=float(self.weight_decay),
+            batch_size=self.batch_size,
+            seed=self.random_state,
+        )
 
     def _tradeoff(self, runs, net: Net):
         from dasknn import __version__
@@ -527,21 +686,3 @@ def _proba_block(block: np.ndarray, net: Net) -> np.ndarray:
 def _label_index(labels: np.ndarray, classes: np.ndarray) -> np.ndarray:
     """Positions of labels in the sorted `classes_` (the class index the net is trained on)."""
     return np.searchsorted(classes, labels).astype(np.int64)
-
-
-def _runs_by_config(trace: pd.DataFrame, decisions: pd.DataFrame, seed: int) -> dict:
-    """The optimizer's runs keyed (n_groups, lr, momentum, seed), the longest run for each config,
-    each on its own clock from 0 (for the xarray tradeoff record)."""
-    if "run" not in trace or "run" not in decisions or not len(trace):
-        return {}
-    groups = decisions.dropna(subset=["run"]).drop_duplicates("run").set_index("run")["n_groups"]
-    runs: dict = {}
-    for run_id, rows in trace.groupby("run", sort=False):
-        if run_id not in groups.index:
-            continue
-        key = (int(groups[run_id]), float(rows["lr"].iloc[0]), float(rows["momentum"].iloc[0]), seed)
-        if key not in runs or len(rows) > len(runs[key]):
-            rows = rows.copy()
-            rows[["t_start", "t_end"]] -= rows["t_start"].min()
-            runs[key] = rows
-    return runs

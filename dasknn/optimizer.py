@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -51,6 +51,7 @@ from dasknn.tradeoff.statistical import final_loss
 __all__ = ["OmnivoreOptimizer", "OptimizerResult"]
 
 StopCallback = Callable[[TrainState, pd.DataFrame], bool]
+EpochCallback = Callable[[TrainState, dict, pd.DataFrame, pd.DataFrame], None]
 
 
 @dataclass
@@ -79,8 +80,10 @@ class OmnivoreOptimizer:
 
     Every number is a parameter with the paper's value as its default: the grids (appendix E),
     `clear_winner` = 5% over `winner_window` = 50 iterations, `small_momenta` = (0.1, 0.2) tried
-    when µ* = 0, `epoch_factor` = 10 (search ≤ 10% of the time). `max_extensions`: how many times
-    tied probes are run longer; `stop_checks`: train runs per epoch when `should_stop` is given.
+    when µ* = 0, `epoch_factor` = 10 (search ≤ 10% of the time); the cold start's training epoch is
+    at most `cold_start_fraction` = 15% of the time budget (appendix E-D: the cold start is < 15% of
+    the run). `max_extensions`: how many times tied probes are run longer; `stop_checks`: train
+    runs per epoch when `should_stop` is given.
     `n_workers`: the conv devices N (default: he_model's, the engine's `n_workers`, or the number of
     conv workers of its `placement_` after a run); `max_groups`: the largest g (default N, else 32).
     `probe_losses(trace, config)`: the per-iteration losses probes are judged by (default: the
@@ -103,6 +106,7 @@ class OmnivoreOptimizer:
         winner_window: int = 50,
         max_extensions: int = 1,
         epoch_factor: float = 10,
+        cold_start_fraction: float = 0.15,
         stop_checks: int = 4,
         max_groups: int | None = None,
         he_model: HEModel | None = None,
@@ -131,6 +135,9 @@ class OmnivoreOptimizer:
         self.winner_window = int_option(winner_window, "winner_window")
         self.max_extensions = int_option(max_extensions, "max_extensions", minimum=0)
         self.epoch_factor = float_option(epoch_factor, "epoch_factor")
+        self.cold_start_fraction = check_values(
+            [cold_start_fraction], "cold_start_fraction", lambda v: 0 < v <= 1, "in (0, 1]"
+        )[0]
         self.stop_checks = int_option(stop_checks, "stop_checks")
         self.max_groups = int_option(max_groups, "max_groups")
         check(
@@ -179,6 +186,8 @@ class OmnivoreOptimizer:
         max_iterations: int | None = None,
         should_stop: StopCallback | None = None,
         start: TrainState | None = None,
+        on_epoch: EpochCallback | None = None,
+        resume: dict[str, Any] | None = None,
         **unknown: Any,
     ) -> OptimizerResult:
         """Train `net` on (X, y) by Omnivore Algorithm 1 until a budget is spent; sets its final weights.
@@ -186,6 +195,11 @@ class OmnivoreOptimizer:
         `time_budget` in the engine's clock, probes included; `max_iterations` counts every update
         run, probes included; `max_epochs` counts train epochs, the synchronous cold-start epoch
         included; `should_stop(state, trace_so_far)` is checked after each train run.
+        `on_epoch(state, session, trace, decisions)` is called after each train epoch (a checkpoint
+        hook, issue #8): `session` is the JSON-able rest of the optimizer's state (phase, the
+        config it goes on with, clock, budgets spent, history, g candidates, HE model). `resume`:
+        such a `session`, with `start` its state and `resume["trace"]`, `resume["decisions"]` the
+        records so far: the optimizer goes on from that epoch's end as the original run would.
         """
         check(not unknown, f"unknown option(s) {sorted(unknown)} for optimize")
         limits = {
@@ -201,9 +215,14 @@ class OmnivoreOptimizer:
             should_stop is None or callable(should_stop), f"should_stop must be callable; got {should_stop!r}"
         )
         check(start is None or isinstance(start, TrainState), f"start must be a TrainState; got {start!r}")
+        check(on_epoch is None or callable(on_epoch), f"on_epoch must be callable; got {on_epoch!r}")
         base = RunConfig(1, self.lr_grid[0], self.cold_start_momentum, weight_decay, batch_size, seed)
         session = _Session(self, net, X, y, base, should_stop, limits)
-        return session.run(start.copy() if start is not None else TrainState.from_net(net))
+        session.on_epoch = on_epoch
+        state = start.copy() if start is not None else TrainState.from_net(net)
+        if resume is not None:
+            return session.resume(state, resume)
+        return session.run(state)
 
 
 class _Session:
@@ -225,6 +244,7 @@ class _Session:
         self.history: list[dict[str, Any]] = []
         self.stopped = ""
         self.he_model: HEModel | None = None
+        self.on_epoch: EpochCallback | None = None
 
     # -- the algorithm ---------------------------------------------------------------------------
     def run(self, state: TrainState) -> OptimizerResult:
@@ -232,29 +252,89 @@ class _Session:
         opt, log = self.opt, self.log
         config = self.base
         best = self.cold_start(state)
-        if best is not None:
-            search_seconds = log.elapsed
-            g = self.initial_groups(best)
-            state, config = best.state, best.config
-            if not self.finished():
-                state, config = self.train(config, state, opt.epoch_factor * search_seconds, "cold_start")
-            config = config.with_(n_groups=g)
-            while not self.finished():
-                if log.time_left() < (1 + opt.epoch_factor) * search_seconds:
-                    why = "too little time left for a search and its epoch: train with the last config"
-                    log.record("train", "no_search", config, why)
-                    state, config = self.train(config, state, log.time_left(), "train")
-                    continue
-                t0 = log.elapsed
-                found = self.search(config, state)
-                if found is None:
-                    break
-                config, state = found
-                search_seconds = log.elapsed - t0
-                state, config = self.train(config, state, opt.epoch_factor * search_seconds, "train")
-        log.record("train", "stop", config, self.stopped or self.stop_reason())
+        if best is None:
+            return self.finish(state, config)
+        search_seconds = log.elapsed
+        g = self.initial_groups(best)
+        state, config = best.state, best.config
+        if not self.finished():
+            seconds = opt.epoch_factor * search_seconds
+            if log.time_budget is not None:  # the paper's cold start is < 15% of the run (appendix E-D)
+                seconds = min(seconds, opt.cold_start_fraction * log.time_budget)
+            state, config = self.train(config, state, seconds, "cold_start")
+        config = config.with_(n_groups=g)
+        self.epoch_done(state, config, search_seconds, "cold_start")
+        return self.epochs(state, config, search_seconds)
+
+    def epochs(self, state: TrainState, config: RunConfig, search_seconds: float) -> OptimizerResult:
+        """Algorithm 1's loop after the cold start: a grid search, then an epoch of training."""
+        opt, log = self.opt, self.log
+        while not self.finished():
+            if log.time_left() < (1 + opt.epoch_factor) * search_seconds:
+                why = "too little time left for a search and its epoch: train with the last config"
+                log.record("train", "no_search", config, why)
+                state, config = self.train(config, state, log.time_left(), "train")
+                self.epoch_done(state, config, search_seconds, "train")
+                continue
+            t0 = log.elapsed
+            found = self.search(config, state)
+            if found is None:
+                break
+            config, state = found
+            search_seconds = log.elapsed - t0
+            state, config = self.train(config, state, opt.epoch_factor * search_seconds, "train")
+            self.epoch_done(state, config, search_seconds, "train")
+        return self.finish(state, config)
+
+    def finish(self, state: TrainState, config: RunConfig) -> OptimizerResult:
+        self.log.record("train", "stop", config, self.stopped or self.stop_reason())
         self.net.set_params(state.params)
-        return OptimizerResult(state, log.trace(), log.decisions(), config, self.history, self.he_model)
+        return OptimizerResult(
+            state, self.log.trace(), self.log.decisions(), config, self.history, self.he_model
+        )
+
+    # -- checkpoints (issue #8) ------------------------------------------------------------------
+    def epoch_done(self, state: TrainState, config: RunConfig, search_seconds: float, phase: str) -> None:
+        """Hand the state after a train epoch and the session's own state to `on_epoch`."""
+        if self.on_epoch is None:
+            return
+        log = self.log
+        session = {
+            "kind": "auto",
+            "phase": phase,
+            "config": asdict(config),
+            "search_seconds": search_seconds,
+            "elapsed": log.elapsed,
+            "iterations": log.iterations,
+            "charged": list(log.charged),
+            "kept": sorted(log.kept),
+            "history": list(self.history),
+            "candidates": list(self.candidates),
+            "n_workers": self.n_workers,
+            "he_model": None if self.he_model is None else asdict(self.he_model),
+            "stopped": self.stopped,
+        }
+        self.on_epoch(state, session, log.trace(), log.decisions())
+
+    def resume(self, state: TrainState, session: dict[str, Any]) -> OptimizerResult:
+        """Go on from an `on_epoch` session (its trace and decisions in session["trace"/"decisions"])."""
+        log = self.log
+        log.elapsed, log.iterations = float(session["elapsed"]), int(session["iterations"])
+        log.charged, log.kept = [float(c) for c in session["charged"]], {int(r) for r in session["kept"]}
+        trace = session["trace"]
+        runs = trace["run"].to_numpy() if "run" in trace else []
+        log.segments = [
+            trace[runs == i].drop(columns=["kept"], errors="ignore") for i in range(len(log.charged))
+        ]
+        log.attrs.update(trace.attrs)
+        log.rows = session["decisions"].to_dict("records")
+        self.history = list(session["history"])
+        self.candidates = [int(g) for g in session["candidates"]]
+        self.n_workers = session["n_workers"]
+        self.he_model = None if session["he_model"] is None else HEModel(**session["he_model"])
+        self.stopped = session["stopped"]
+        config = RunConfig(**session["config"])
+        return self.epochs(state, config, float(session["search_seconds"]))
 
     def cold_start(self, state: TrainState) -> Probe | None:
         """η* at g = 1, µ = cold_start_momentum: lr_grid in order, stop at the first worse rate
@@ -292,8 +372,13 @@ class _Session:
         placement = getattr(opt.engine, "placement_", None)
         if self.n_workers is None and placement is not None:
             self.n_workers = len(placement.conv_workers)
+        engine_model = getattr(opt.engine, "timing", None)
         if opt.he_model is not None:
             self.he_model, source = opt.he_model, "HE model from the he_model argument"
+        elif isinstance(engine_model, HEModel) and engine_model.n_workers == (
+            self.n_workers or engine_model.n_workers
+        ):
+            self.he_model, source = engine_model, "HE model of the engine's timing (the simulated cluster)"
         else:
             self.he_model, source = he_model_from_probe(
                 best.trace, self.net, self.base.batch_size, self.n_workers

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dasknn.engine.checkpoint import healthy
 from dasknn.engine.trace import Budget, RunConfig, TrainState, make_trace
 from dasknn.tradeoff.hardware import HEModel, phase_costs, time_per_iteration
 from dasknn.tradeoff.statistical import final_loss
@@ -269,7 +270,8 @@ class SearchLog:
 
         Charged: the run's span in the engine's clock, or on a real clock its wall time (start-up
         included); a run with no iteration done its seconds budget; a raising run its wall time.
-        A FloatingPointError, a non-finite loss or `attrs["diverged"]` is divergence.
+        A FloatingPointError, a non-finite loss, `attrs["diverged"]` or weights that are non-finite
+        or beyond `checkpoint.WEIGHT_LIMIT` is divergence.
         """
         t0 = time.perf_counter()
         try:
@@ -282,6 +284,7 @@ class SearchLog:
         state = None if result is None else result.state
         losses = trace["loss"].to_numpy(dtype=float)
         diverged = state is None or bool(trace.attrs.get("diverged")) or not np.isfinite(losses).all()
+        diverged = diverged or not healthy(state)  # exploding weights (issue #8)
         span = float(trace["t_end"].max() - trace["t_start"].min()) if len(trace) else 0.0
         seconds = span if trace.attrs.get("time_unit") == "simulated s" else max(span, wall)
         if result is not None and not len(trace) and budget.seconds is not None:

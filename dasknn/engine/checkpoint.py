@@ -1,0 +1,326 @@
+"""Checkpoints of a training run: a TrainState plus JSON metadata and tables, written atomically.
+
+Issue #8. ARCHITECTURE "engine/ ... checkpoint.py": the optimizer and the estimator talk to
+engines through `run(...)` and checkpoints. A checkpoint is one directory
+
+    <checkpoint_dir>/ckpt-<iterations_done, 12 digits>[.<n>]/   (.n: saved again at that iteration)
+        arrays.npz    every array (numpy .npz, uncompressed, no pickles): weights, momentum
+                      buffers, arrays inside `TrainState.extra`, numeric table columns
+        state.json    {"format": "dasknn-checkpoint", "version": 1, "iterations_done",
+                      "batches_done", "params": {key: array name}, "momentum": {...},
+                      "extra": <encoded>, "meta": <encoded>, "tables": {name: {...}},
+                      "arrays_bytes", "arrays_sha256"}
+
+Encoded values are JSON with tagged objects for what JSON lacks: {"__array__": name} (an array
+or numpy scalar in arrays.npz, dtype kept), {"__tuple__": [...]}, {"__items__": [[k, v], ...]}
+(dicts whose keys are not all strings), {"__float__": "nan" | "inf" | "-inf"}. Python ints of
+any size (the bit generators' states) are plain JSON ints.
+
+A save writes both files into a hidden temporary directory beside the target, fsyncs them and
+the directory, renames it into place (`os.replace`) and fsyncs the parent: a reader never sees a
+half-written `ckpt-*`. A writer killed at any point leaves at most a `.tmp-*` directory, which
+`latest` ignores and the next save removes. `load` checks the size and SHA-256 of arrays.npz
+against state.json, so a truncated or corrupted checkpoint is refused, and `latest` falls back
+to the newest one that loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dasknn.engine.trace import TrainState
+
+__all__ = [
+    "FORMAT",
+    "WEIGHT_LIMIT",
+    "Checkpoint",
+    "CheckpointError",
+    "healthy",
+    "latest",
+    "list_checkpoints",
+    "load",
+    "prune",
+    "save",
+]
+
+FORMAT, VERSION = "dasknn-checkpoint", 1
+PREFIX, TMP_PREFIX = "ckpt-", ".tmp-ckpt-"
+WEIGHT_LIMIT = 1e6
+"""Largest |weight| `healthy` accepts: beyond it the weights are exploding (issue #8)."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that is missing, incomplete, corrupted or of another format."""
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: the training state, the caller's metadata and tables, and where it lies."""
+
+    state: TrainState
+    meta: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    path: Path | None = None
+
+
+def healthy(state: TrainState, limit: float = WEIGHT_LIMIT) -> bool:
+    """True when every weight and momentum buffer is finite and no |weight| exceeds `limit`."""
+    for group in (state.params, state.momentum):
+        for value in group.values():
+            a = np.asarray(value)
+            if a.size and not (np.isfinite(a).all() and float(np.abs(a).max()) <= limit):
+                return False
+    return True
+
+
+# -- encoding --------------------------------------------------------------------------------------
+def _encode(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """JSON-able form of obj; arrays and numpy scalars go to `arrays` under fresh names."""
+    if isinstance(obj, (np.ndarray, np.generic)):
+        a = np.asarray(obj)
+        if a.dtype.hasobject:
+            raise TypeError("a checkpoint cannot hold object arrays (they would need pickle)")
+        name = f"a{len(arrays)}"
+        arrays[name] = a
+        return {"__array__": name, "scalar": isinstance(obj, np.generic)}
+    if obj is None or isinstance(obj, (bool, str, int)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, arrays) for v in obj]}
+    if isinstance(obj, list):
+        return [_encode(v, arrays) for v in obj]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _encode(v, arrays) for k, v in obj.items()}
+        return {"__items__": [[_encode(k, arrays), _encode(v, arrays)] for k, v in obj.items()]}
+    raise TypeError(f"a checkpoint cannot hold a {type(obj).__name__}")
+
+
+def _decode(obj: Any, arrays) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, arrays) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "__array__" in obj:
+        a = arrays[obj["__array__"]]
+        return a[()] if obj.get("scalar") else a
+    if "__tuple__" in obj:
+        return tuple(_decode(v, arrays) for v in obj["__tuple__"])
+    if "__items__" in obj:
+        return {_hashable(_decode(k, arrays)): _decode(v, arrays) for k, v in obj["__items__"]}
+    if "__float__" in obj:
+        return float(obj["__float__"])
+    return {k: _decode(v, arrays) for k, v in obj.items()}
+
+
+def _hashable(key: Any) -> Any:
+    return key.item() if isinstance(key, np.generic) else key
+
+
+def _encode_table(df: pd.DataFrame, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Numeric and boolean columns as arrays, the others as JSON lists; attrs encoded."""
+    columns = []
+    for name in df.columns:
+        col = df[name]
+        if col.dtype.kind in "biufc":
+            columns.append([str(name), _encode(col.to_numpy(), arrays)])
+        else:
+            values = [None if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in col]
+            columns.append([str(name), _encode([_plain(v) for v in values], arrays)])
+    return {"columns": columns, "attrs": _encode(dict(df.attrs), arrays)}
+
+
+def _plain(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _decode_table(obj: dict[str, Any], arrays) -> pd.DataFrame:
+    df = pd.DataFrame({name: _decode(values, arrays) for name, values in obj["columns"]})
+    df.attrs.update(_decode(obj["attrs"], arrays))
+    return df
+
+
+# -- writing ---------------------------------------------------------------------------------------
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _order(path: Path) -> tuple[int, int] | None:
+    """(iterations, save number) of a `ckpt-<iterations>[.<n>]` name; None for other names."""
+    if not path.name.startswith(PREFIX):
+        return None
+    it, _, n = path.name[len(PREFIX) :].partition(".")
+    if not it.isdigit() or not (n == "" or n.isdigit()):
+        return None
+    return int(it), int(n or 0)
+
+
+def _free_name(directory: Path, iterations_done: int) -> Path:
+    """`ckpt-<iterations>`, or `ckpt-<iterations>.<n>` (n = 1, 2, ...) when saved again at that iteration."""
+    base = directory / f"{PREFIX}{int(iterations_done):012d}"
+    taken = [o[1] for p in directory.glob(base.name + "*") if (o := _order(p)) and o[0] == iterations_done]
+    return base if not taken else base.with_name(f"{base.name}.{max(taken) + 1}")
+
+
+def save(
+    directory: str | os.PathLike,
+    state: TrainState,
+    meta: dict[str, Any] | None = None,
+    tables: dict[str, pd.DataFrame] | None = None,
+    keep: int | None = None,
+) -> Path:
+    """Write `state` (+ JSON-able `meta`, DataFrame `tables`) as `ckpt-<iterations_done>/`, atomically.
+
+    Saved again at the same iteration (e.g. on request after the last epoch's), it becomes
+    `ckpt-<iterations>.<n>` (n = 1, 2, ...): nothing is ever overwritten, so every earlier
+    checkpoint stays loadable throughout. `keep`: afterwards delete all but the newest `keep`
+    complete checkpoints. Returns the checkpoint's path.
+    """
+    if not isinstance(state, TrainState):
+        raise TypeError(f"state must be a TrainState, got {type(state).__name__}")
+    if keep is not None and not (isinstance(keep, int) and keep >= 1):
+        raise ValueError(f"keep must be None or an integer >= 1, got {keep!r}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {}
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "iterations_done": int(state.iterations_done),
+        "batches_done": int(state.batches_done),
+        "params": {k: _encode(np.asarray(v), arrays)["__array__"] for k, v in state.params.items()},
+        "momentum": {k: _encode(np.asarray(v), arrays)["__array__"] for k, v in state.momentum.items()},
+        "extra": _encode(state.extra, arrays),
+        "meta": _encode(meta or {}, arrays),
+        "tables": {name: _encode_table(df, arrays) for name, df in (tables or {}).items()},
+    }
+    _remove_stale_temporaries(directory)
+    tmp = directory / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        with open(tmp / "arrays.npz", "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        blob = (tmp / "arrays.npz").read_bytes()
+        doc["arrays_bytes"] = len(blob)
+        doc["arrays_sha256"] = hashlib.sha256(blob).hexdigest()
+        _write(tmp / "state.json", json.dumps(doc, allow_nan=False, indent=1).encode())
+        _fsync_dir(tmp)
+        final = _free_name(directory, state.iterations_done)
+        os.replace(tmp, final)
+        _fsync_dir(directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep is not None:
+        prune(directory, keep)
+    return final
+
+
+def _remove_stale_temporaries(directory: Path) -> None:
+    """Delete `.tmp-ckpt-<pid>-*` directories left by writers that no longer run."""
+    for path in directory.glob(f"{TMP_PREFIX}*"):
+        pid = path.name[len(TMP_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def load(path: str | os.PathLike) -> Checkpoint:
+    """Read one checkpoint directory; CheckpointError if it is incomplete, corrupted or foreign."""
+    path = Path(path)
+    try:
+        doc = json.loads((path / "state.json").read_text())
+        blob = (path / "arrays.npz").read_bytes()
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not a complete checkpoint: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise CheckpointError(f"{path}/state.json is not a {FORMAT} file")
+    if doc.get("version") != VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format version {doc.get('version')}; expected {VERSION}"
+        )
+    if len(blob) != doc["arrays_bytes"] or hashlib.sha256(blob).hexdigest() != doc["arrays_sha256"]:
+        raise CheckpointError(f"{path}/arrays.npz does not match its checksum in state.json (corrupted)")
+    with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    state = TrainState(
+        params={k: arrays[v] for k, v in doc["params"].items()},
+        momentum={k: arrays[v] for k, v in doc["momentum"].items()},
+        batches_done=int(doc["batches_done"]),
+        iterations_done=int(doc["iterations_done"]),
+        extra=_decode(doc["extra"], arrays),
+    )
+    tables = {name: _decode_table(t, arrays) for name, t in doc["tables"].items()}
+    return Checkpoint(state=state, meta=_decode(doc["meta"], arrays), tables=tables, path=path)
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """The `ckpt-*` directories in `directory`, oldest (fewest iterations, then first saved) first;
+    not validated."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted((p for p in directory.iterdir() if _order(p) is not None), key=_order)
+
+
+def latest(directory: str | os.PathLike) -> Checkpoint | None:
+    """The newest checkpoint in `directory` that loads (broken ones skipped); None if there is none."""
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            return load(path)
+        except CheckpointError:
+            continue
+    return None
+
+
+def prune(directory: str | os.PathLike, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` loadable checkpoints (and broken ones older than them)."""
+    kept, removed = 0, []
+    for path in reversed(list_checkpoints(directory)):
+        if kept < keep:
+            try:
+                load(path)
+            except CheckpointError:
+                continue
+            kept += 1
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed

@@ -1,0 +1,371 @@
+"""The training loops behind DistributedCNN.fit and partial_fit: fixed knobs or Omnivore's optimizer,
+the history record, divergence rollback and checkpoints.
+
+Issue #8. The fixed loop runs the engine in chunks: each at most time_budget / 20 seconds (2 s
+without a time budget) and at most one epoch of iterations, and records the training accuracy
+after each. It checkpoints (when given a directory) at the end of every chunk that completes an
+epoch and at the end of the fit. The loop's own state (elapsed time, budgets spent, the current
+learning rate, history, trace, events) travels in the checkpoint's metadata, and the engines
+continue a `TrainState` exactly (the simulator carries its in-flight iterations, clock and random
+generators in `TrainState.extra`), so a fit resumed from a checkpoint on the simulated engine makes
+the same engine calls as the uninterrupted fit and ends with the same weights.
+
+Divergence (a non-finite loss, a FloatingPointError, weights that are non-finite or larger than
+`checkpoint.WEIGHT_LIMIT`, or an evaluation loss above `DIVERGED_LOSS` × ln(n_classes)): the chunk
+is undone (back to the state it started from: the last good snapshot), the learning rate is divided
+by 10, an `events` row (action "rollback") and a history row (`event`) record it, and training
+continues; the time the failed chunk took stays spent. After `MAX_ROLLBACKS` rollbacks in a row
+from one state, FloatingPointError.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dasknn.data.batching import n_batches
+from dasknn.engine import checkpoint
+from dasknn.engine.trace import Budget, RunConfig, TrainState
+
+__all__ = ["CHECKPOINTS_KEPT", "MAX_ROLLBACKS", "Trainer", "runs_by_config"]
+
+CHECKPOINTS_KEPT = 3
+"""Checkpoints kept in checkpoint_dir during a fit (older ones are deleted after each save)."""
+MAX_ROLLBACKS = 6
+"""Rollbacks in a row (lr divided by 10 each time) before training gives up with FloatingPointError."""
+DIVERGED_LOSS = 2.0
+"""A chunk whose end state's evaluation loss exceeds DIVERGED_LOSS × ln(n_classes) (twice the loss of
+uniform guessing) has blown up, even with finite numbers."""
+
+
+def _clock(state: TrainState) -> float | None:
+    """The simulator's clock carried in a state (None for engines whose runs start their clock at 0)."""
+    sim = state.extra.get("simulator")
+    return None if sim is None else float(sim["clock"])
+
+
+class Trainer:
+    """One fit's (or partial_fit's) training: history, events, checkpoints, and the loop that runs."""
+
+    def __init__(
+        self,
+        est,
+        engine,
+        net,
+        X,
+        y,
+        evaluate,
+        *,
+        max_iterations: int | None,
+        checkpoint_dir: str | Path | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.est, self.engine, self.net, self.X, self.y = est, engine, net, X, y
+        self.evaluate = evaluate
+        self.nb = n_batches(X.shape[0], est.batch_size)
+        self.max_iterations = max_iterations
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.meta = dict(meta or {})
+        self.history: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.traces: list[pd.DataFrame] = []
+        self.wall0, self.wall_offset = time.perf_counter(), 0.0
+        self.last_checkpoint: Path | None = None
+        self.loss_limit = DIVERGED_LOSS * math.log(max(2, len(est.classes_)))
+
+    # -- records ---------------------------------------------------------------------------------
+    def record(
+        self, state: TrainState, t: float, scores: tuple[float, float] | None = None, **fields
+    ) -> bool:
+        """Score `state` (unless `scores` are given), append a history row; True once at target_accuracy."""
+        if scores is None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                scores = self.evaluate(state)
+        loss, acc = scores
+        row = {
+            "time": float(t),
+            "iteration": state.iterations_done,
+            "epoch": state.batches_done / self.nb,
+            "loss": loss,
+            "accuracy": acc,
+            "wall_time": self.wall_offset + time.perf_counter() - self.wall0,
+            **fields,
+        }
+        self.history.append(row)
+        if self.est.verbose:
+            note = f" {fields['event']}" if fields.get("event") else ""
+            print(
+                f"[dasknn] t={row['time']:7.1f}s it={state.iterations_done:6d} "
+                f"epoch={row['epoch']:5.2f} loss={loss:.4f} accuracy={acc:.2%}{note}"
+            )
+        target = self.est.target_accuracy
+        return target is not None and acc >= target
+
+    def recoveries(self, trace: pd.DataFrame, config: RunConfig) -> str:
+        """The Dask engine's recoveries from lost workers in this run, as events and a history note."""
+        notes = []
+        for r in trace.attrs.get("recoveries") or []:
+            roles = r.get("roles")
+            roles = ", ".join(roles) if isinstance(roles, (list, tuple)) else str(roles)
+            why = (
+                f"lost {r.get('worker')} ({roles}): {r.get('iterations_redone')} iterations redone, "
+                f"n_groups {r.get('n_groups_before')} -> {r.get('n_groups_after')}"
+            )
+            self.events.append(
+                {"phase": "train", "action": "recovery", "n_groups": r.get("n_groups_after"), "lr": config.lr,
+                 "momentum": config.momentum, "reason": why}
+            )  # fmt: skip
+            notes.append(f"recovery: {why}")
+        return "; ".join(notes)
+
+    def restore(self, ckpt: checkpoint.Checkpoint) -> dict[str, Any]:
+        """Take history, events and trace from a checkpoint; returns its loop state."""
+        tables = ckpt.tables
+        self.history = tables["history"].to_dict("records") if "history" in tables else []
+        self.events = tables["events"].to_dict("records") if "events" in tables else []
+        self.traces = [tables["trace"]] if "trace" in tables and len(tables["trace"]) else []
+        if self.history:
+            self.wall_offset = float(self.history[-1]["wall_time"])
+        return dict(ckpt.meta.get("loop", {}))
+
+    def full_trace(self) -> pd.DataFrame:
+        frames = [t for t in self.traces if len(t)]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"t_end": []})
+
+    def save(self, state: TrainState, loop: dict[str, Any]) -> Path | None:
+        """A checkpoint of `state` with the loop state and the records; None without a directory."""
+        if self.checkpoint_dir is None:
+            return None
+        tables = {
+            "history": pd.DataFrame(self.history),
+            "events": pd.DataFrame(self.events),
+            "trace": self.full_trace(),
+        }
+        self.last_checkpoint = checkpoint.save(
+            self.checkpoint_dir, state, {**self.meta, "loop": loop}, tables, keep=CHECKPOINTS_KEPT
+        )
+        return self.last_checkpoint
+
+    # -- fixed knobs -----------------------------------------------------------------------------
+    def fixed(self, start: TrainState, config: RunConfig, loop: dict[str, Any] | None = None) -> dict:
+        """Train with `config` (n_groups, lr, momentum fixed; lr only lowered by rollbacks) from `start`.
+
+        `loop`: a checkpoint's loop state, to continue that fit where it stopped (`restore` first).
+        """
+        est = self.est
+        state = start
+        if loop is None:
+            loop = {
+                "kind": "fixed",
+                "elapsed": self.history[-1]["time"] if self.history else 0.0,
+                "first_iteration": state.iterations_done,
+                "rollbacks_in_row": 0,
+                "checkpoint_epoch": math.floor(state.batches_done / self.nb),
+                "finished": False,
+            }
+            done = self.record(state, loop["elapsed"], lr=config.lr, event="start")
+            loop["finished"] = done
+        else:
+            config = RunConfig(**loop["config"])
+        chunk = max(2.0, (est.time_budget or 60.0) / 20)
+        if "time_end" not in loop:
+            loop["time_end"] = None if est.time_budget is None else loop["elapsed"] + est.time_budget
+        time_end = loop["time_end"]
+        while not loop["finished"]:
+            good = state
+            state, config = self._chunk(state, config, loop, chunk)
+            epoch = math.floor(state.batches_done / self.nb)
+            spent = state.iterations_done - loop["first_iteration"]
+            loop["finished"] = (
+                loop["finished"]
+                or (time_end is not None and loop["elapsed"] >= time_end)
+                or (self.max_iterations is not None and spent >= self.max_iterations)
+            )
+            if loop["finished"] or (state is not good and epoch > loop["checkpoint_epoch"]):
+                loop["checkpoint_epoch"], loop["final_saved"] = epoch, loop["finished"]
+                self.save(state, {**loop, "config": asdict(config)})
+        if not loop.get("final_saved"):
+            loop["final_saved"] = True
+            self.save(state, {**loop, "config": asdict(config)})
+        self.net.set_params(state.params)
+        full = self.full_trace()
+        train = full[full["phase"] == "train"] if "phase" in full else full
+        runs = {c: rows.drop(columns=["phase"]) for c, rows in _by_config(train, config).items()}
+        events = pd.DataFrame(self.events)
+        loop["config"] = asdict(config)
+        return {
+            "state": state,
+            "trace": full,
+            "decisions": events,
+            "runs": runs,
+            "config": config,
+            "loop": loop,
+        }
+
+    def _chunk(self, state: TrainState, config: RunConfig, loop: dict, chunk: float):
+        """One engine run from `state`; on divergence roll back and lower lr. Returns (state, config)."""
+        est = self.est
+        time_end = loop["time_end"]
+        seconds = chunk if time_end is None else min(chunk, time_end - loop["elapsed"])
+        iterations = self.nb
+        if self.max_iterations is not None:
+            spent = state.iterations_done - loop["first_iteration"]
+            iterations = min(iterations, self.max_iterations - spent)
+        budget = Budget(seconds=seconds, iterations=iterations)
+        result = None
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            try:
+                result = self.engine.run(self.net, self.X, self.y, config, budget, start=state.copy())
+            except FloatingPointError:
+                pass
+        trace = result.trace.copy() if result is not None else pd.DataFrame({"t_start": [], "t_end": []})
+        t0 = _clock(state) or 0.0
+        end_clock = None if result is None else _clock(result.state)
+        if end_clock is not None:
+            duration = end_clock - t0
+        else:
+            duration = float(trace["t_end"].max()) if len(trace) else seconds
+        if len(trace):
+            trace[["t_start", "t_end"]] += loop["elapsed"] - (t0 if end_clock is not None else 0.0)
+        loop["elapsed"] += duration
+        diverged = (
+            result is None
+            or bool(trace.attrs.get("diverged"))
+            or (len(trace) > 0 and not np.isfinite(trace["loss"].to_numpy(dtype=float)).all())
+            or not checkpoint.healthy(result.state)
+        )
+        scores = None
+        if not diverged:
+            with np.errstate(over="ignore", invalid="ignore"):
+                scores = self.evaluate(result.state)
+            diverged = not scores[0] <= self.loss_limit
+        trace["phase"] = "rolled_back" if diverged else "train"
+        self.traces.append(trace)
+        if not diverged:
+            loop["rollbacks_in_row"] = 0
+            event = self.recoveries(trace, config)
+            loop["finished"] = self.record(result.state, loop["elapsed"], scores, lr=config.lr, event=event)
+            return result.state, config
+        loop["rollbacks_in_row"] += 1
+        if loop["rollbacks_in_row"] > MAX_ROLLBACKS:
+            raise FloatingPointError(
+                f"training diverged {MAX_ROLLBACKS + 1} times in a row from iteration "
+                f"{state.iterations_done}, down to lr={config.lr:g}; check the data and the net"
+            )
+        new = config.with_(lr=config.lr / 10)
+        why = f"diverged at lr={config.lr:g}: back to the state of iteration {state.iterations_done}, lr / 10"
+        self.events.append(
+            {
+                "phase": "train",
+                "action": "rollback",
+                "n_groups": new.n_groups,
+                "lr": new.lr,
+                "momentum": new.momentum,
+                "time": loop["elapsed"],
+                "iteration": state.iterations_done,
+                "diverged": True,
+                "chosen": True,
+                "reason": why,
+            }
+        )
+        if est.verbose:
+            print(f"[dasknn] {why}")
+        event = f"rollback: lr {config.lr:g} -> {new.lr:g}"
+        loop["finished"] = self.record(state, loop["elapsed"], lr=new.lr, event=event)
+        return state, new
+
+    # -- Omnivore's optimizer --------------------------------------------------------------------
+    def optimize(self, start: TrainState, loop: dict[str, Any] | None = None) -> dict:
+        """Omnivore's Algorithm 1 picks the "auto" knobs; a checkpoint after every train epoch.
+
+        `loop`: a checkpoint's optimizer session (`restore` first) to go on from. The optimizer rolls
+        back diverged train runs itself (last good state, lr / 10; `optimizer._Session.train`).
+        """
+        from dasknn.optimizer import OmnivoreOptimizer
+
+        est = self.est
+        options: dict[str, Any] = {"verbose": est.verbose}
+        for knob in ("n_groups", "learning_rate", "momentum"):
+            if getattr(est, knob) != "auto":
+                options[knob] = getattr(est, knob)
+        optimizer = OmnivoreOptimizer(self.engine, **options)
+        final: dict[str, Any] = {"session": loop}
+        if loop is not None and loop.get("finished"):  # the checkpointed fit had ended
+            self.net.set_params(start.params)
+            config, decisions = RunConfig(**loop["config"]), pd.DataFrame(self.events)
+            return {
+                "state": start,
+                "trace": self.full_trace(),
+                "decisions": decisions,
+                "config": config,
+                "loop": loop,
+            }
+
+        def should_stop(state: TrainState, trace: pd.DataFrame) -> bool:
+            return self.record(state, float(trace["t_end"].max()) if len(trace) else 0.0)
+
+        def on_epoch(state: TrainState, session: dict, trace: pd.DataFrame, decisions: pd.DataFrame) -> None:
+            final["session"] = session
+            self.traces, self.events = [trace], decisions.to_dict("records")
+            self.save(state, session)
+
+        resume = None
+        if loop is not None and not loop.get("finished"):
+            resume = {**loop, "trace": self.full_trace(), "decisions": pd.DataFrame(self.events)}
+        result = optimizer.optimize(
+            self.net,
+            self.X,
+            self.y,
+            batch_size=est.batch_size,
+            weight_decay=float(est.weight_decay),
+            seed=est.random_state,
+            time_budget=est.time_budget,
+            max_iterations=self.max_iterations,
+            should_stop=should_stop,
+            start=start,
+            on_epoch=None if self.checkpoint_dir is None else on_epoch,
+            resume=resume,
+        )
+        session = {**(final["session"] or {"kind": "auto"}), "finished": True}
+        session["config"] = asdict(result.chosen)
+        self.traces, self.events = [result.trace], result.decisions.to_dict("records")
+        if self.checkpoint_dir is not None:
+            self.save(result.state, session)
+        return {
+            "state": result.state,
+            "trace": result.trace,
+            "decisions": result.decisions,
+            "config": result.chosen,
+            "loop": session,
+        }
+
+
+def _by_config(trace: pd.DataFrame, config: RunConfig) -> dict[RunConfig, pd.DataFrame]:
+    """The fixed loop's trace rows per learning rate (a rollback changes it), keyed by RunConfig."""
+    if not len(trace) or "lr" not in trace:
+        return {}
+    return {config.with_(lr=float(lr)): rows for lr, rows in trace.groupby("lr", sort=False)}
+
+
+def runs_by_config(trace: pd.DataFrame, decisions: pd.DataFrame, seed: int) -> dict:
+    """The optimizer's runs keyed (n_groups, lr, momentum, seed), the longest run for each config,
+    each on its own clock from 0 (for the xarray tradeoff record)."""
+    if "run" not in trace or "run" not in decisions or not len(trace):
+        return {}
+    groups = decisions.dropna(subset=["run"]).drop_duplicates("run").set_index("run")["n_groups"]
+    runs: dict = {}
+    for run_id, rows in trace.groupby("run", sort=False):
+        if run_id not in groups.index:
+            continue
+        key = (int(groups[run_id]), float(rows["lr"].iloc[0]), float(rows["momentum"].iloc[0]), seed)
+        if key not in runs or len(rows) > len(runs[key]):
+            rows = rows.copy()
+            rows[["t_start", "t_end"]] -= rows["t_start"].min()
+            runs[key] = rows
+    return runs
