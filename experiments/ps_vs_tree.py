@@ -1,0 +1,351 @@
+"""Parameter server vs reduction tree: gradient aggregation in a compute group, predicted and measured.
+
+Mirrors FireCaffe §6 (Eq. 3 and 4, Fig. 4; firecaffe.txt L233-310): summing p workers' gradients of
+|∇W| bytes at one parameter server takes |∇W|·p / BW (Eq. 3), in a binary reduction tree
+|∇W|·2·log2(p) / BW (Eq. 4, the sum going up and back down). The paper found the parameter server's
+time growing linearly in p and the tree's logarithmically (Fig. 4, Network-in-Network, 30 MB of
+gradients per worker, up to 128 GPUs), hence FireCaffe's reduction trees.
+
+Here, on a LocalCluster of k worker processes with one thread each (k = 2, 3, 4 on this 2-core
+machine: the workers oversubscribe the cores, and "network" transfers are localhost TCP that
+also need CPU):
+
+- the gradient sum alone: k gradient dicts (LeNet's conv gradient, 0.1 MB, and CaffeNet's,
+  9.3 MB) each on its own worker, summed by `dasknn.engine.tasks.aggregate` as the DaskEngine does:
+  'ps' sends all k to one worker (the conv model server's; it holds one of them), 'tree' sums
+  pairwise. Median wall time until the sum exists on the cluster.
+- its prediction: one transfer of the gradient between two workers is timed (t₁, which includes
+  dask's task overhead; BW = |∇W| / t₁). The one-way sum that `aggregate` does takes (k − 1)·t₁
+  ('ps': k − 1 gradients arrive at one worker) or ceil(log2 k)·t₁ ('tree'); FireCaffe's Eq. 3/4,
+  which also count the way back down, give k·t₁ and 2·log2(k)·t₁. Both are stored, and Eq. 3/4 are
+  extrapolated to p = 2..128 at the measured BW.
+- time per iteration of one compute group of k workers (n_groups = 1) training LeNet on the digits
+  with the DaskEngine, `Strategy(aggregation='ps')` vs 'tree'.
+
+What it found (2-core AMD EPYC shared with other jobs, load average ~6, medians of 15; 66 s):
+one hop t₁ is ~11 ms for LeNet's 0.1 MB (task overhead: "9 MB/s") and ~22 ms for CaffeNet's
+9.3 MB (423 MB/s). The parameter server's sum hardly grew with k (CaffeNet: 25, 37, 39 ms for
+k = 2, 3, 4; LeNet: 12 ms throughout), below even the one-way model's (k − 1)·t₁, because dask
+fetches the k − 1 gradients concurrently and localhost has no per-node link for them to queue on;
+the tree's two serial levels (a task round trip each) took 54-58 ms (LeNet 22-24 ms). So ps / tree
+was 0.96, 0.68, 0.67 where Eq. 3/4 predict 1.00, 0.95, 1.00: does not reproduce at k ≤ 4 on one
+machine, whose premise (every node its own link of bandwidth BW, the server's the bottleneck) does
+not hold here; Eq. 3/4 at the measured BW extrapolate to ps 9.1× slower than the tree at p = 128.
+DaskEngine, LeNet, one group of k: ps 0.102, 0.129, 0.133 s per iteration, tree 0.112, 0.125,
+0.174 s: the 0.1 MB conv gradient is a small part of an iteration; equal within noise up to k = 3.
+
+    dasknn experiment ps_vs_tree [--workers 2 3 4] [--repeats 15] [--iterations 20] [--tiny]
+
+Writes experiments/results/ps_vs_tree/{ps_vs_tree.nc, ps_vs_tree.png, table.md}.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dasknn.nn import zoo  # noqa: E402
+from dasknn.tradeoff.hardware import t_parameter_server, t_reduction_tree  # noqa: E402
+from dasknn.tradeoff.layer_placement import AGGREGATIONS, tree_depth  # noqa: E402
+from experiments.common import Experiment, main_for, markdown_table, stamp  # noqa: E402
+
+NAME = "ps_vs_tree"
+MIRRORS = "FireCaffe Eq. 3/4 (Fig. 4)"
+VARIABLES = (
+    "sum_time_s",
+    "predicted_oneway_s",
+    "predicted_eq_s",
+    "transfer_s",
+    "grad_bytes",
+    "bandwidth",
+    "iter_time_s",
+    "extrapolated_s",
+)
+PAYLOADS = {"lenet_conv": zoo.lenet, "caffenet_conv": zoo.caffenet}
+EXTRAPOLATE_P = (2, 4, 8, 16, 32, 64, 128)
+
+
+def conv_gradient(payload: str) -> dict[str, np.ndarray]:
+    """A gradient dict shaped like the conv phase's parameters of the payload's net (random values)."""
+    conv, _ = PAYLOADS[payload]().split_phases()
+    rng = np.random.default_rng(0)
+    return {k: rng.standard_normal(v.shape, dtype=np.float32) for k, v in conv.get_params().items()}
+
+
+def _nbytes(grad: dict[str, np.ndarray]) -> int:
+    return int(sum(v.nbytes for v in grad.values()))
+
+
+def _median(samples: list[float]) -> float:
+    return float(np.median(samples)) if samples else float("nan")
+
+
+def time_transfer(client, workers: list[str], grad: dict, repeats: int) -> float:
+    """Median time for a task on workers[1] to receive one gradient held by workers[0] (t1).
+
+    The task is `sum_grads` of that one gradient (a copy): one hop of a tree, a node's receive and
+    its sum task, as `aggregate` runs it.
+    """
+    from distributed import wait
+
+    from dasknn.engine.tasks import sum_grads
+
+    sources = client.scatter([grad] * (repeats + 1), workers=[workers[0]], hash=False)
+    wait(sources)
+    samples = []
+    for src in sources:  # a fresh copy each time: workers[1] must not hold it already
+        t0 = time.perf_counter()
+        dst = client.submit(sum_grads, src, workers=[workers[1]], allow_other_workers=False, pure=False)
+        wait(dst)
+        samples.append(time.perf_counter() - t0)
+        del dst
+    del sources
+    return _median(samples[1:])  # the first one warms the connection up
+
+
+def time_sum(client, workers: list[str], grad: dict, aggregation: str, repeats: int) -> float:
+    """Median time until `aggregate` has the sum of k = len(workers) gradients, one per worker."""
+    from distributed import wait
+
+    from dasknn.engine.tasks import aggregate
+
+    copies = [client.scatter([grad] * (repeats + 1), workers=[w], hash=False) for w in workers]
+    wait([f for c in copies for f in c])
+    samples = []
+    for parts in zip(*copies, strict=True):
+        t0 = time.perf_counter()
+        total = aggregate(client, list(parts), aggregation, 2, ps_worker=workers[0])
+        wait(total)
+        samples.append(time.perf_counter() - t0)
+        del total
+    del copies
+    return _median(samples[1:])
+
+
+def time_engine(client, aggregation: str, iterations: int) -> float:
+    """Time per iteration of one group of all the cluster's workers training LeNet on the digits."""
+    from dasknn.data import load
+    from dasknn.engine.cluster import DaskEngine
+    from dasknn.engine.trace import Budget, RunConfig, Strategy
+    from dasknn.tradeoff.hardware import time_per_iteration
+
+    X, y = load("digits", size=28, batch_size=64)
+    engine = DaskEngine(client, strategy=Strategy(aggregation=aggregation), timeout=60)
+    config = RunConfig(n_groups=1, lr=0.01, momentum=0.9, batch_size=64)
+    trace = engine.run(zoo.lenet(seed=0), X, y, config, Budget(iterations=iterations)).trace
+    return time_per_iteration(trace, warmup=min(2, iterations - 2))
+
+
+def measure(ks: Sequence[int], payloads: Sequence[str], repeats: int, iterations: int) -> xr.Dataset:
+    """Measured and predicted gradient-sum times per (payload, k, aggregation), and engine iterations."""
+    from dasknn.engine.cluster import cluster_workers, local_client
+
+    if not ks or min(ks) < 2 or repeats < 1 or iterations < 0 or 0 < iterations < 3:
+        raise ValueError(
+            f"need k >= 2, repeats >= 1 and iterations 0 or >= 3; got {ks}, {repeats}, {iterations}"
+        )
+    unknown = set(payloads) - set(PAYLOADS)
+    if unknown:
+        raise ValueError(f"unknown payloads {sorted(unknown)}; available: {sorted(PAYLOADS)}")
+    grads = {p: conv_gradient(p) for p in payloads}
+    npay, nk, na = len(payloads), len(ks), len(AGGREGATIONS)
+    sums = np.full((npay, nk, na), np.nan)
+    transfer = np.full((npay, nk), np.nan)
+    iters = np.full((nk, na), np.nan)
+    for ki, k in enumerate(ks):
+        with local_client(n_workers=k, threads_per_worker=1) as client:
+            workers = sorted(cluster_workers(client))
+            client.run(importlib.import_module, "dasknn.engine.tasks")  # all workers at once
+            for pi, p in enumerate(payloads):
+                transfer[pi, ki] = time_transfer(client, workers, grads[p], repeats)
+                for ai, aggregation in enumerate(AGGREGATIONS):
+                    sums[pi, ki, ai] = time_sum(client, workers, grads[p], aggregation, repeats)
+            if iterations:
+                for ai, aggregation in enumerate(AGGREGATIONS):
+                    iters[ki, ai] = time_engine(client, aggregation, iterations)
+    grad_bytes = np.array([_nbytes(grads[p]) for p in payloads], float)
+    t1 = np.nanmedian(transfer, axis=1)  # one transfer's time per payload, over the clusters
+    bandwidth = grad_bytes / t1
+    hops = {"ps": [k - 1 for k in ks], "tree": [tree_depth(k, 2) for k in ks]}
+    oneway = np.stack([np.outer(t1, hops[a]) for a in AGGREGATIONS], axis=-1)
+    model = {"ps": t_parameter_server, "tree": t_reduction_tree}  # FireCaffe Eq. 3 and Eq. 4
+    eq = np.array(
+        [[[model[a](grad_bytes[i], k, bandwidth[i]) for a in AGGREGATIONS] for k in ks] for i in range(npay)]
+    )
+    ext = np.array(
+        [
+            [[model[a](grad_bytes[i], p, bandwidth[i]) for a in AGGREGATIONS] for p in EXTRAPOLATE_P]
+            for i in range(npay)
+        ]
+    )
+    dims = ("payload", "k", "aggregation")
+    ds = xr.Dataset(
+        {
+            "sum_time_s": (dims, sums, {"units": "s", "description": "measured: k gradients to their sum"}),
+            "predicted_oneway_s": (
+                dims,
+                oneway,
+                {"units": "s", "description": "t1 × serial transfers: ps k − 1, tree ceil(log2 k)"},
+            ),
+            "predicted_eq_s": (
+                dims,
+                eq,
+                {
+                    "units": "s",
+                    "description": "FireCaffe Eq. 3 (ps: |∇W|·k/BW) and 4 (tree: |∇W|·2·log2 k/BW)",
+                },
+            ),
+            "transfer_s": (
+                ("payload", "k"),
+                transfer,
+                {"units": "s", "description": "t1: one gradient from one worker to another (task included)"},
+            ),
+            "grad_bytes": (("payload",), grad_bytes, {"units": "B", "description": "|∇W| of the conv phase"}),
+            "bandwidth": (
+                ("payload",),
+                bandwidth,
+                {"units": "B/s", "description": "|∇W| / t1 (median over the clusters)"},
+            ),
+            "iter_time_s": (
+                ("k", "aggregation"),
+                iters,
+                {"units": "s", "description": "DaskEngine time per iteration, LeNet, one group of k"},
+            ),
+            "extrapolated_s": (
+                ("payload", "p", "aggregation"),
+                ext,
+                {"units": "s", "description": "Eq. 3 / 4 at the measured bandwidth for p workers"},
+            ),
+        },
+        coords={
+            "payload": list(payloads),
+            "k": np.asarray(ks, np.int64),
+            "aggregation": list(AGGREGATIONS),
+            "p": np.asarray(EXTRAPOLATE_P, np.int64),
+        },
+    )
+    ds["k"].attrs = {"units": "1", "description": "workers of the group (LocalCluster processes, 1 thread)"}
+    ds.attrs.update(repeats=repeats, iterations=iterations, oversubscribed=int(max(ks) > 2))
+    return ds
+
+
+def table(ds: xr.Dataset) -> str:
+    """One row per (payload, k): measured and predicted ps and tree times, and the engine's."""
+    rows = []
+    for p in ds["payload"].values:
+        for k in ds["k"].values:
+            sel = ds.sel(payload=p, k=k)
+            row = {"gradient": f"{p} ({float(sel['grad_bytes']) / 1e6:.2f} MB)", "k": int(k)}
+            for a in ("ps", "tree"):
+                row[f"{a} measured ms"] = 1e3 * float(sel["sum_time_s"].sel(aggregation=a))
+                row[f"{a} one-way model ms"] = 1e3 * float(sel["predicted_oneway_s"].sel(aggregation=a))
+                row[f"{a} Eq. {3 if a == 'ps' else 4} ms"] = 1e3 * float(
+                    sel["predicted_eq_s"].sel(aggregation=a)
+                )
+            row["ps / tree measured"] = float(
+                sel["sum_time_s"].sel(aggregation="ps") / sel["sum_time_s"].sel(aggregation="tree")
+            )
+            rows.append(row)
+    out = markdown_table(pd.DataFrame(rows))
+    if np.isfinite(ds["iter_time_s"].values).any():
+        eng = pd.DataFrame(
+            [
+                {
+                    "k (LeNet, one group)": int(k),
+                    "ps s/iter": float(ds["iter_time_s"].sel(k=k, aggregation="ps")),
+                    "tree s/iter": float(ds["iter_time_s"].sel(k=k, aggregation="tree")),
+                }
+                for k in ds["k"].values
+            ]
+        )
+        out += "\n\nDaskEngine, time per iteration:\n\n" + markdown_table(eng)
+    return out
+
+
+def plot(ds: xr.Dataset, fig) -> None:
+    """(a) measured vs predicted sum time against k; (b) Eq. 3/4 extrapolated to p = 128."""
+    fig.set_size_inches(11, 4.2)
+    ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    p = ds["payload"].values[-1]
+    sel = ds.sel(payload=p)
+    for a, color in (("ps", "C0"), ("tree", "C1")):
+        ax1.plot(
+            ds["k"], 1e3 * sel["sum_time_s"].sel(aggregation=a), "o-", color=color, label=f"{a} measured"
+        )
+        ax1.plot(
+            ds["k"],
+            1e3 * sel["predicted_oneway_s"].sel(aggregation=a),
+            "--",
+            color=color,
+            label=f"{a} one-way",
+        )
+        ax1.plot(
+            ds["k"], 1e3 * sel["predicted_eq_s"].sel(aggregation=a), ":", color=color, label=f"{a} Eq. 3/4"
+        )
+    ax1.set_xlabel("k workers")
+    ax1.set_ylabel("ms to sum the gradients")
+    ax1.set_title(f"(a) {p}, {float(sel['grad_bytes']) / 1e6:.1f} MB")
+    ax1.legend(fontsize=7)
+    for a, style in (("ps", "o-"), ("tree", "s-")):
+        ax2.plot(ds["p"], sel["extrapolated_s"].sel(aggregation=a), style, label=a)
+    ax2.set_xscale("log", base=2)
+    ax2.set_xlabel("p workers")
+    ax2.set_ylabel("s (Eq. 3 / 4 at the measured BW)")
+    ax2.set_title("(b) extrapolated (cf. FireCaffe Fig. 4)")
+    ax2.legend()
+
+
+def run(
+    tiny: bool = False, workers: Sequence[int] = (2, 3, 4), repeats: int = 15, iterations: int = 20
+) -> Experiment:
+    """Measure on LocalClusters of k workers (tiny: k = 2, LeNet's gradient, 2 repeats, no engine runs)."""
+    payloads: Sequence[str] = tuple(PAYLOADS)
+    if tiny:
+        workers, payloads, repeats, iterations = (2,), ("lenet_conv",), 2, 0
+    ks = sorted({int(k) for k in workers})
+    ds = stamp(measure(ks, payloads, repeats, iterations), NAME, MIRRORS, tiny)
+    last = ds["sum_time_s"].sel(payload=ds["payload"].values[-1])
+    ratio = last.sel(aggregation="ps") / last.sel(aggregation="tree")
+    notes = [
+        f"LocalCluster of k worker processes, 1 thread each, on {ds.attrs['device']}; k > 2 oversubscribes "
+        "the 2 cores; transfers are localhost TCP. Medians of "
+        f"{repeats} (sums) and time per iteration over {iterations} iterations (engine).",
+        "Measured bandwidth |∇W|/t1: "
+        + ", ".join(
+            f"{p} {float(ds['bandwidth'].sel(payload=p)) / 1e6:.0f} MB/s" for p in ds["payload"].values
+        ),
+        "ps / tree measured for the largest gradient: "
+        + ", ".join(f"k={int(k)} {float(ratio.sel(k=k)):.2f}" for k in ds["k"].values)
+        + "; Eq. 3/4 predict "
+        + ", ".join(f"k={int(k)} {k / (2 * math.log2(k)):.2f}" for k in ds["k"].values)
+        + " (one-way model: "
+        + ", ".join(f"k={int(k)} {(k - 1) / tree_depth(int(k)):.2f}" for k in ds["k"].values)
+        + ").",
+        "Timings on a shared 2-core machine are noisy (other processes run beside it).",
+    ]
+    return Experiment(ds, table(ds), plot, notes)
+
+
+main = main_for(
+    run,
+    __doc__,
+    [
+        (("--workers",), {"type": int, "nargs": "+", "default": [2, 3, 4], "help": "group sizes k"}),
+        (("--repeats",), {"type": int, "default": 15, "help": "timed gradient sums per point (median)"}),
+        (("--iterations",), {"type": int, "default": 20, "help": "engine iterations per run (0: skip)"}),
+    ],
+)
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""The HE/SE tradeoff over compute groups: time per iteration, iterations to ℓ_F, and their product.
+
+Mirrors Omnivore Fig. 7 (L1044-1073, appendix L3746-3780): on CPU-L (32 conv machines + 1 FC,
+AlexNet/ImageNet), g ∈ {1, 2, 4, 8, 16, 32}, each g with its own grid-searched (η, µ), from the same
+checkpoint. The paper found g = 32 (fully asynchronous) 3.7× faster than sync to the final loss ℓ_F:
+6.7× faster iterations (a), 1.8× more of them (b); the optimizer (Algorithm 1) picked g = 4,
+5.3× faster than sync and 1.4× faster than async.
+
+Here, two clusters:
+
+- simulated CPU-L-like: the clock is the HE model of CaffeNet on CPU-L (experiments/whatif_cpu_l.py:
+  T_cc = 4.46 s, T_nc = 0.24 s, t_fc = 0.39 s, gamma CV 6%); the statistics are real SGD of a small
+  LeNet (LeNet's layout, 8/16 filters, 64 hidden; `--net lenet` for Caffe's) on the MNIST sample,
+  b = 32, weight decay 5e-4, every run for the same number of updates (not the same time, as the
+  paper: on 2 cores updates are what cost). (η, µ) per g by the paper's per-staleness search
+  (appendix E-D): g = 1 tries µ ∈ {0, 0.3, 0.6, 0.9} × η ∈ {0.1, 0.01}; each next g tries µ ×
+  {η*_last, η*_last/10} without µ > µ*_last at η*_last. Best = lowest final smoothed loss;
+  ℓ_F, SE, P_HE, P_SE, P_total as `dasknn.tradeoff.record` defines them. The optimizer's pick is a
+  run of `OmnivoreOptimizer` on the 32-worker simulated cluster (shards of b/32 per worker).
+- local Dask: `local_client(n_workers=2)`, DaskEngine, g ∈ {1, 2}, measured wall seconds, µ grid at
+  the simulated g = 1's best η. Skipped at the tiny setting and with --no-dask.
+
+What it found (default setting, 2 shared cores, load 9-14; one seed, so SE differences under
+~20% are noise): the simulated time per iteration is HE(g) (8.04, 2.11, 0.58, 0.39, 0.39, 0.39
+simulated s for g = 1..32); iterations to ℓ_F 81, 120, 121, 178, 177, 200 (P_SE 1 → 2.47); the
+best µ falls with g (0.9 up to g = 4, 0.6 from g = 8) and η* = 0.01 for every g, as in the paper.
+g = 32 reaches ℓ_F 8.3× sooner than sync (HE 20×, SE penalty 2.5×; paper 3.7×, 6.7×, 1.8×); the
+lowest P_total is g = 16 (9.4×), with g = 4 and 8 within 1%: 1.13× faster than async (paper: g = 4,
+5.3× and 1.4×). The shape reproduces; the sizes do not, because the HE model's HE(1)/HE(32) = 20 is
+3× the paper's measured 6.7. The optimizer (cold start η = 0.01 after η = 0.1 diverged in training,
+then the HE model's first saturating g among the divisors of 32, then a µ × η search there) picks
+g = 8 with (µ, η) = (0.3, 0.01): it keeps g = 8 because µ* > 0, and 8 is where this HE model
+saturates the FC server (experiments/whatif_cpu_l.py explains 8 vs the paper's 4). On the 2-worker
+LocalCluster g = 2 iterates 12-15× faster than g = 1 (two runs: a one-group run of k = 2 pays shard
+tasks and a reduction per iteration on a net this small) with P_SE 0.87-1.06: 13-14× to ℓ_F.
+Wall time 240-400 s (load 7-14).
+
+`python -m experiments.tradeoff [--tiny] [--net lenet] [--iterations N]
+[--no-dask]`; writes experiments/results/tradeoff/{tradeoff.nc, tradeoff.png, table.md}.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+from threadpoolctl import threadpool_limits
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dasknn.engine.simulate import SimulatedEngine  # noqa: E402
+from dasknn.engine.trace import Budget, RunConfig  # noqa: E402
+from dasknn.optimizer import OmnivoreOptimizer  # noqa: E402
+from dasknn.tradeoff.record import record_from_traces  # noqa: E402
+from experiments.common import Experiment, main_for, markdown_table, stamp  # noqa: E402
+from experiments.sgd_grid import (  # noqa: E402
+    BLAS_THREADS,
+    MOMENTA,
+    best_by_final_loss,
+    cpu_l_model,
+    dataset,
+    engine_for_groups,
+    make_net,
+    next_grid,
+    positive_ints,
+    train,
+)
+
+NAME = "tradeoff"
+MIRRORS = "Omnivore Fig. 7"
+VARIABLES = (
+    "HE",
+    "SE",
+    "P_HE",
+    "P_SE",
+    "P_total",
+    "best_lr",
+    "best_momentum",
+    "time_per_iter",
+    "final_loss",
+    "iters_to_target",
+    "HE_predicted",
+    "chosen_groups",
+)
+PAPER = {"async_speedup": 3.7, "async_HE": 6.7, "async_SE": 1.8, "chosen_g": 4, "chosen_speedup": 5.3}
+WEIGHT_DECAY = 5e-4
+SETTINGS = {
+    False: {"groups": (1, 2, 4, 8, 16, 32), "momenta": MOMENTA, "n_samples": 5000, "iterations": 300},
+    True: {
+        "groups": (1, 4),
+        "momenta": (0.9,),
+        "n_samples": 320,
+        "iterations": 10,
+        "data": "mnist-synthetic",
+    },
+}
+
+
+def search(run_one, groups, momenta, lr0: float) -> dict[tuple, pd.DataFrame]:
+    """Traces keyed (g, lr, µ, seed): g = 1 on µ × {lr0, lr0/10}, then the per-S pruned grid."""
+    traces: dict[tuple, pd.DataFrame] = {}
+    pairs = [(m, lr) for m in momenta for lr in (lr0, lr0 / 10)]
+    for g in groups:
+        here = {(m, lr): run_one(g, lr, m) for m, lr in pairs}
+        traces.update({(g, lr, m, 0): t for (m, lr), t in here.items()})
+        m_best, lr_best = best_by_final_loss(here)
+        pairs = next_grid(lr_best, m_best, momenta)
+        print(f"  g={g}: best (µ, η) = ({m_best:g}, {lr_best:g}) of {len(here)} runs", flush=True)
+    return traces
+
+
+def simulated(
+    net: str, X, y, batch_size: int, groups, momenta, iterations: int, lr0: float, data: str
+) -> xr.Dataset:
+    """The simulated CPU-L-like cluster: every g's grid, the record, and HE(g) predicted."""
+    model = cpu_l_model()
+
+    def run_one(g: int, lr: float, m: float) -> pd.DataFrame:
+        cfg = RunConfig(g, lr, m, WEIGHT_DECAY, batch_size)
+        return train(engine_for_groups(model, g), net, X, y, cfg, iterations)
+
+    record = record_from_traces(
+        search(run_one, groups, momenta, lr0), net=net, dataset=data, batch_size=batch_size
+    )
+    record["HE_predicted"] = (
+        ("groups",),
+        [model.he(int(g)) for g in record["groups"].values],
+        {"units": "simulated s per iteration", "description": "HE(g) of the CPU-L model, Omnivore §IV-B"},
+    )
+    return record
+
+
+def optimizer_pick(net: str, X, y, batch_size: int, max_iterations: int, probe: int) -> tuple[int, list[str]]:
+    """The g that OmnivoreOptimizer chooses on the 32-worker simulated CPU-L, and its decisions."""
+    model = cpu_l_model()
+    engine = SimulatedEngine(model, variability="gamma", cv=0.06, verbose=0)
+    opt = OmnivoreOptimizer(engine, he_model=model, lr_grid=(0.1, 0.01, 0.001), probe_iterations=probe)
+    with threadpool_limits(limits=BLAS_THREADS):
+        result = opt.optimize(
+            make_net(net),
+            X,
+            y,
+            batch_size=batch_size,
+            weight_decay=WEIGHT_DECAY,
+            max_iterations=max_iterations,
+        )
+    d = result.decisions
+    steps = [f"{r.phase}/{r.action}: g={r.n_groups}, µ={r.momentum:g}, η={r.lr:g}" for r in d.itertuples()]
+    return int(result.chosen.n_groups), steps
+
+
+def dask_cluster(net: str, X, y, batch_size: int, momenta, iterations: int, lr: float) -> xr.Dataset:
+    """g ∈ {1, 2} on a 2-worker LocalCluster (wall seconds), µ grid at the given η."""
+    from dasknn.engine.cluster import DaskEngine, local_client
+
+    traces = {}
+    with local_client(n_workers=2, threads_per_worker=1) as client:
+        engine = DaskEngine(client, blas_threads=1, timeout=300)
+        for g in (1, 2):
+            for m in momenta:
+                cfg = RunConfig(g, lr, m, WEIGHT_DECAY, batch_size)
+                traces[(g, lr, m, 0)] = engine.run(
+                    make_net(net), X, y, cfg, Budget(iterations=iterations)
+                ).trace
+            print(f"  dask g={g}: {len(momenta)} runs", flush=True)
+    return record_from_traces(traces, net=net, dataset="mnist-sample", batch_size=batch_size)
+
+
+def table(ds: xr.Dataset) -> str:
+    """Markdown: per cluster and g, HE / SE / total with the penalties and the best (µ, η)."""
+    rows = []
+    for cluster in ds["cluster"].values:
+        c = ds.sel(cluster=cluster, seed=0)
+        for g in ds["groups"].values:
+            s = c.sel(groups=g)
+            if not np.isfinite(float(s["HE"])):
+                continue
+            rows.append(
+                {
+                    "cluster": cluster,
+                    "g": int(g),
+                    "HE predicted": float(s["HE_predicted"]),
+                    "HE (s/iter)": float(s["HE"]),
+                    "SE (iters to ℓ_F)": float(s["SE"]),
+                    "time to ℓ_F": float(s["HE"] * s["SE"]),
+                    "µ*": float(s["best_momentum"]),
+                    "η*": float(s["best_lr"]),
+                    "P_HE": float(s["P_HE"]),
+                    "P_SE": float(s["P_SE"]),
+                    "P_total": float(s["P_total"]),
+                }
+            )
+    return markdown_table(pd.DataFrame(rows))
+
+
+def plot(ds: xr.Dataset, fig) -> None:
+    """Fig. 7's three panels: time per iteration, iterations to ℓ_F, their product, against g."""
+    axes = fig.subplots(1, 3)
+    for cluster, marker in zip(ds["cluster"].values, ("o-", "s--"), strict=False):
+        c = ds.sel(cluster=cluster, seed=0).dropna("groups", subset=["HE"])
+        g = c["groups"].values
+        for ax, value in zip(axes, (c["P_HE"], c["P_SE"], c["P_total"]), strict=True):
+            ax.plot(g, value, marker, label=str(cluster))
+    for ax, title in zip(axes, ("(a) P_HE: time/iter", "(b) P_SE: iters to ℓ_F", "(c) P_total"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("compute groups g")
+        ax.set_title(title, fontsize=9)
+        ax.axhline(1.0, color="k", lw=0.5)
+    chosen = int(ds["chosen_groups"])
+    axes[2].axvline(chosen, color="C2", ls=":", label=f"optimizer: g = {chosen}")
+    axes[2].legend(fontsize=6)
+
+
+def run(
+    tiny: bool = False, net: str = "lenet_small", iterations: int | None = None, dask: bool = True
+) -> Experiment:
+    """Experiment 5 (tiny: g ∈ {1, 4}, µ = 0.9, 10 updates, a 12-update optimizer, no Dask part)."""
+    s = dict(SETTINGS[tiny])
+    if iterations is not None and int(iterations) < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    iterations = int(iterations or s["iterations"])
+    groups = positive_ints(s["groups"], "groups")
+    make_net(net)  # validate the name before any work
+    batch_size = 32
+    data = s.get("data", "mnist-sample")
+    X, y = dataset(data, s["n_samples"])
+    sim = simulated(net, X, y, batch_size, groups, s["momenta"], iterations, lr0=0.1, data=data)
+    sync = sim.sel(groups=1, seed=0)
+    lr_sync = float(sync["best_lr"])
+    probe = 4 if tiny else 20
+    chosen, steps = optimizer_pick(net, X, y, batch_size, 3 * probe if tiny else 1200, probe)
+    parts = [sim.expand_dims(cluster=["simulated CPU-L"])]
+    if dask and not tiny:
+        rec = dask_cluster(net, X, y, batch_size, s["momenta"], iterations, lr_sync)
+        rec["HE_predicted"] = (("groups",), [math.nan] * rec.sizes["groups"])
+        parts.append(rec.expand_dims(cluster=["local dask (2 workers)"]))
+    ds = xr.concat(parts, dim="cluster", join="outer", combine_attrs="override", data_vars="all")
+    ds["chosen_groups"] = ((), chosen, {"units": "groups", "description": "OmnivoreOptimizer's choice"})
+    ds = stamp(ds, NAME, MIRRORS, tiny, net=net, iterations=iterations, engine="simulated + dask")
+    ds.attrs["time_unit"] = "simulated s (simulated CPU-L); s (local dask)"
+    c = sim.sel(seed=0)
+    best_g = int(c["groups"][int(np.nanargmin(c["P_total"].values))])
+    async_g = int(max(groups))
+    notes = [
+        f"optimizer (OmnivoreOptimizer on the simulated CPU-L, {len(steps)} decisions) picks g = {chosen}; "
+        f"paper: g = {PAPER['chosen_g']}",
+        f"lowest P_total among the grid: g = {best_g} ({1 / float(c['P_total'].sel(groups=best_g)):.2f}× "
+        f"faster than sync); g = {async_g}: {1 / float(c['P_total'].sel(groups=async_g)):.2f}× "
+        f"(paper: g = 32 {PAPER['async_speedup']}×, HE {PAPER['async_HE']}×, "
+        f"SE penalty {PAPER['async_SE']}×)",
+        f"every run {iterations} updates of {net}, b = 32, {data} ({s['n_samples']} images); "
+        "ℓ_F = the highest best-final loss over g (record.py)",
+        "optimizer decisions: " + "; ".join(steps),
+    ]
+    return Experiment(ds, table(ds), plot, notes)
+
+
+main = main_for(
+    run,
+    __doc__,
+    [
+        (("--net",), {"default": "lenet_small", "help": "lenet_small (default) or lenet"}),
+        (("--iterations",), {"type": int, "default": None, "help": "updates per run (default 300)"}),
+        (("--no-dask",), {"dest": "dask", "action": "store_false", "help": "skip the LocalCluster part"}),
+    ],
+)
+
+if __name__ == "__main__":
+    sys.exit(main())

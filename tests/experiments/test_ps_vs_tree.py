@@ -1,0 +1,42 @@
+"""Experiment 9 at its tiny setting: gradient sums on a real LocalCluster next to FireCaffe's Eq. 3/4."""
+
+import numpy as np
+import pytest
+
+from experiments import ps_vs_tree
+
+
+def test_ps_vs_tree_tiny(run_tiny):
+    ds, _ = run_tiny("ps_vs_tree")
+    assert list(ds["k"].values) == [2] and list(ds["aggregation"].values) == ["tree", "ps"]
+    sums = ds["sum_time_s"].values
+    assert np.all(np.isfinite(sums)) and np.all(sums > 0) and np.all(sums < 5)
+    assert float(ds["grad_bytes"].sel(payload="lenet_conv")) == 4 * (20 * 25 + 20 + 50 * 20 * 25 + 50)
+    assert float(ds["bandwidth"].sel(payload="lenet_conv")) > 0
+    # for k = 2 both strategies are one transfer (one-way) and Eq. 3 = Eq. 4 = 2 |∇W| / BW
+    pred = ds["predicted_eq_s"].sel(k=2, payload="lenet_conv")
+    assert np.isclose(float(pred.sel(aggregation="ps")), float(pred.sel(aggregation="tree")))
+    ext = ds["extrapolated_s"].isel(payload=0)
+    ps, tree = ext.sel(aggregation="ps").values, ext.sel(aggregation="tree").values
+    assert np.allclose(ps / ps[0], ds["p"].values / 2)  # linear in p
+    assert tree[-1] < ps[-1] / 5  # logarithmic: far below at p = 128
+
+
+@pytest.mark.slow
+def test_ps_vs_tree_engine(tmp_path):
+    """The DaskEngine part: one group of 2 workers trains LeNet with each aggregation."""
+    from dasknn.tradeoff.record import load
+
+    out = tmp_path / "ps_vs_tree"
+    argv = ["--out", str(out), "--workers", "2", "--repeats", "2", "--iterations", "4"]
+    assert ps_vs_tree.main(argv) == 0
+    ds = load(out / "ps_vs_tree.nc")
+    it = ds["iter_time_s"].values
+    assert np.all(np.isfinite(it)) and np.all(it > 0)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="k >= 2"):
+        ps_vs_tree.measure([1], ["lenet_conv"], 1, 0)
+    with pytest.raises(ValueError, match="unknown payloads"):
+        ps_vs_tree.measure([2], ["vgg"], 1, 0)
