@@ -318,6 +318,8 @@ class Trainer:
         resume = None
         if loop is not None and not loop.get("finished"):
             resume = {**loop, "trace": self.full_trace(), "decisions": pd.DataFrame(self.events)}
+        elif not self.history:  # the curve starts at the starting weights, time 0
+            self.record(start if start is not None else TrainState.from_net(self.net), 0.0, event="start")
         result = optimizer.optimize(
             self.net,
             self.X,
@@ -332,6 +334,9 @@ class Trainer:
             on_epoch=None if self.checkpoint_dir is None else on_epoch,
             resume=resume,
         )
+        if not self.history or self.history[-1]["iteration"] != result.state.iterations_done:
+            t_end = float(result.trace["t_end"].max()) if len(result.trace) else 0.0
+            self.record(result.state, t_end, event="end")  # the model returned, even mid-search
         session = {**(final["session"] or {"kind": "auto"}), "finished": True}
         session["config"] = asdict(result.chosen)
         self.traces, self.events = [result.trace], result.decisions.to_dict("records")

@@ -201,3 +201,14 @@ def test_unmerged_fc_trains_through_the_estimator(digits):
     est.fit(X, y)
     assert est.trace_.attrs["physical_map"] == "unmerged"
     assert est.history_[-1]["accuracy"] >= 0.9
+
+
+def test_a_budget_spent_in_the_cold_start_still_gives_a_history_and_a_report(digits):
+    """The optimizer's budget can run out before its first training epoch: the curve still starts at
+    time 0 and ends at the returned model."""
+    X, y = digits
+    est = DistributedCNN(engine="simulated", time_budget=0.2, eval_size=200).fit(X, y)
+    hist = est.history_
+    assert hist[0]["time"] == 0.0 and hist[0]["iteration"] == 0 and hist[0]["event"] == "start"
+    assert hist[-1]["iteration"] == est.n_iter_ > 0
+    assert list(est.report_["threshold"]) == [0.9, 0.95, 0.98, 0.99]
