@@ -10,7 +10,6 @@ values. Learned state ends in `_`: `net_`, `classes_`, `history_`, `trace_`, `de
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from contextlib import ExitStack
 from dataclasses import asdict
@@ -27,11 +26,11 @@ from dasknn.data import check_X, check_X_y
 from dasknn.data.batching import n_batches
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import RunConfig, TrainState
+from dasknn.estimator_params import check_params
 from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
 from dasknn.reports import DEFAULT_THRESHOLDS, time_to_accuracy
 
-ENGINES = ("dask", "simulated")
 RESUME_PARAMS = (
     "net",
     "batch_size",
@@ -53,28 +52,6 @@ RESUME_PARAMS = (
     "random_state",
 )
 """Parameters a resumed fit must share with the checkpointed one."""
-
-
-def _auto_or(value, name: str, check) -> None:
-    if value == "auto":
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not check(value):
-        raise ValueError(f"{name} must be 'auto' or {check.__doc__}, got {value!r}")
-
-
-def _positive_int(v):
-    """an integer >= 1"""
-    return float(v).is_integer() and v >= 1
-
-
-def _positive_float(v):
-    """a finite number > 0"""
-    return math.isfinite(v) and v > 0
-
-
-def _momentum(v):
-    """a number in [0, 1)"""
-    return 0 <= v < 1
 
 
 class DistributedCNN(ClassifierMixin, BaseEstimator):
@@ -193,106 +170,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
     # -- validation ------------------------------------------------------------------------------
     def _check_params(self, partial: bool = False) -> None:
-        if not (isinstance(self.batch_size, numbers.Integral) and self.batch_size >= 1):
-            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
-        _auto_or(self.n_groups, "n_groups", _positive_int)
-        _auto_or(self.learning_rate, "learning_rate", _positive_float)
-        _auto_or(self.momentum, "momentum", _momentum)
-        if not (isinstance(self.weight_decay, numbers.Real) and 0 <= self.weight_decay < math.inf):
-            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
-        for name in ("time_budget", "max_epochs"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, numbers.Real) and _positive_float(value)):
-                raise ValueError(f"{name} must be None or a number > 0, got {value!r}")
-        if self.time_budget is None and self.max_epochs is None and not partial:
-            raise ValueError("give time_budget or max_epochs (or both): training needs an end")
-        ta = self.target_accuracy
-        if ta is not None and not (isinstance(ta, numbers.Real) and 0 < ta <= 1):
-            raise ValueError(f"target_accuracy must be None or in (0, 1], got {ta!r}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"unknown engine {self.engine!r}; expected one of {ENGINES}")
-        if self.n_workers is not None and not (
-            isinstance(self.n_workers, numbers.Integral) and self.n_workers >= 1
-        ):
-            raise ValueError(f"n_workers must be None or an integer >= 1, got {self.n_workers!r}")
-        if not (isinstance(self.eval_size, numbers.Integral) and self.eval_size >= 1):
-            raise ValueError(f"eval_size must be an integer >= 1, got {self.eval_size!r}")
-        if self.split is not None and not isinstance(self.split, str):
-            raise ValueError(f"split must be None, 'auto' or a layer name, got {self.split!r}")
-        self._strategy()
-        if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, (str, os.PathLike)):
-            kind = type(self.checkpoint_dir).__name__
-            raise ValueError(f"checkpoint_dir must be None or a path, got {kind}")
-        if isinstance(self.verbose, bool) or not (
-            isinstance(self.verbose, numbers.Integral) and self.verbose >= 0
-        ):
-            raise ValueError(f"verbose must be an integer >= 0, got {self.verbose!r}")
-        if self.scheduler is not None and not isinstance(self.scheduler, str):
-            raise ValueError(f"scheduler must be None or an address string, got {self.scheduler!r}")
-        for name in ("warm_start", "resume"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.resume and self.checkpoint_dir is None:
-            raise ValueError("resume=True needs checkpoint_dir (where the checkpoints are)")
-        if self.security is not None:
-            from distributed.security import Security
-
-            if not isinstance(self.security, Security):
-                kind = type(self.security).__name__
-                raise ValueError(f"security must be None or a distributed.security.Security, got {kind}")
-        for name in (
-            "weight_decay",
-            "time_budget",
-            "max_epochs",
-            "target_accuracy",
-            "n_workers",
-            "eval_size",
-        ):
-            if isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
-        rs = self.random_state
-        if isinstance(rs, (bool, np.bool_)) or not (isinstance(rs, numbers.Integral) and 0 <= rs < 2**32):
-            raise ValueError(f"random_state must be an integer in [0, 2**32), got {rs!r}")
-        self._check_input_shape()
-        self._check_net_spec()
-        if (
-            self.engine == "simulated"
-            and self.n_groups != "auto"
-            and int(self.n_groups) > (self.n_workers or 8)
-        ):
-            raise ValueError(
-                f"n_groups={self.n_groups} needs at least that many workers; the simulated cluster has "
-                f"n_workers={self.n_workers or 8}"
-            )
-
-    def _check_input_shape(self) -> None:
-        shape = self.input_shape
-        if shape is None or (isinstance(shape, str) and shape == "flat"):
-            return
-        ok = isinstance(shape, (tuple, list)) and len(shape) == 3
-        ok = ok and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in shape)
-        if not ok:
-            raise ValueError(
-                f"input_shape must be None, 'flat' or (C, H, W) of positive integers, got {shape!r}"
-            )
-
-    def _check_net_spec(self) -> None:
-        """The net is a Net, a zoo name or an existing .prototxt file: checked before any data is read."""
-        spec = self.net
-        if isinstance(spec, Net):
-            return
-        if isinstance(spec, os.PathLike):
-            spec = os.fspath(spec)
-        if not isinstance(spec, str):
-            raise ValueError(f"net must be a zoo name, a Net or a .prototxt path, got {spec!r}")
-        if spec.endswith(".prototxt"):
-            if not os.path.isfile(spec):
-                raise FileNotFoundError(f"net: no such .prototxt file {spec!r}")
-            return
-        from dasknn.nn.zoo import NETS
-
-        if spec.lower().replace("-", "_") not in NETS:
-            raise ValueError(f"unknown net {spec!r}; available: {sorted(NETS)}")
+        check_params(self, partial)
 
     def _strategy(self):
         """The engine's Strategy from strategy, physical_map, aggregation and split (validated there)."""

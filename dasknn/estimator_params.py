@@ -1,0 +1,135 @@
+"""Validation of DistributedCNN's parameters: one gate, each error naming the parameter (issue #8).
+
+Follows scikit-learn: `__init__` stores, `fit` calls `check_params` first, so bad options fail
+before any data is read or any cluster is started.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+
+import numpy as np
+
+from dasknn.nn.net import Net
+
+ENGINES = ("dask", "simulated")
+
+
+def _auto_or(value, name: str, check) -> None:
+    if value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not check(value):
+        raise ValueError(f"{name} must be 'auto' or {check.__doc__}, got {value!r}")
+
+
+def _positive_int(v):
+    """an integer >= 1"""
+    return float(v).is_integer() and v >= 1
+
+
+def _positive_float(v):
+    """a finite number > 0"""
+    return math.isfinite(v) and v > 0
+
+
+def _momentum(v):
+    """a number in [0, 1)"""
+    return 0 <= v < 1
+
+
+def check_params(est, partial: bool = False) -> None:
+    """Every DistributedCNN parameter checked, each error naming it, before any data is touched."""
+    if not (isinstance(est.batch_size, numbers.Integral) and est.batch_size >= 1):
+        raise ValueError(f"batch_size must be an integer >= 1, got {est.batch_size!r}")
+    _auto_or(est.n_groups, "n_groups", _positive_int)
+    _auto_or(est.learning_rate, "learning_rate", _positive_float)
+    _auto_or(est.momentum, "momentum", _momentum)
+    if not (isinstance(est.weight_decay, numbers.Real) and 0 <= est.weight_decay < math.inf):
+        raise ValueError(f"weight_decay must be a finite number >= 0, got {est.weight_decay!r}")
+    for name in ("time_budget", "max_epochs"):
+        value = getattr(est, name)
+        if value is not None and not (isinstance(value, numbers.Real) and _positive_float(value)):
+            raise ValueError(f"{name} must be None or a number > 0, got {value!r}")
+    if est.time_budget is None and est.max_epochs is None and not partial:
+        raise ValueError("give time_budget or max_epochs (or both): training needs an end")
+    ta = est.target_accuracy
+    if ta is not None and not (isinstance(ta, numbers.Real) and 0 < ta <= 1):
+        raise ValueError(f"target_accuracy must be None or in (0, 1], got {ta!r}")
+    if est.engine not in ENGINES:
+        raise ValueError(f"unknown engine {est.engine!r}; expected one of {ENGINES}")
+    if est.n_workers is not None and not (isinstance(est.n_workers, numbers.Integral) and est.n_workers >= 1):
+        raise ValueError(f"n_workers must be None or an integer >= 1, got {est.n_workers!r}")
+    if not (isinstance(est.eval_size, numbers.Integral) and est.eval_size >= 1):
+        raise ValueError(f"eval_size must be an integer >= 1, got {est.eval_size!r}")
+    if est.split is not None and not isinstance(est.split, str):
+        raise ValueError(f"split must be None, 'auto' or a layer name, got {est.split!r}")
+    est._strategy()
+    if est.checkpoint_dir is not None and not isinstance(est.checkpoint_dir, (str, os.PathLike)):
+        kind = type(est.checkpoint_dir).__name__
+        raise ValueError(f"checkpoint_dir must be None or a path, got {kind}")
+    if isinstance(est.verbose, bool) or not (isinstance(est.verbose, numbers.Integral) and est.verbose >= 0):
+        raise ValueError(f"verbose must be an integer >= 0, got {est.verbose!r}")
+    if est.scheduler is not None and not isinstance(est.scheduler, str):
+        raise ValueError(f"scheduler must be None or an address string, got {est.scheduler!r}")
+    for name in ("warm_start", "resume"):
+        if not isinstance(getattr(est, name), (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False, got {getattr(est, name)!r}")
+    if est.resume and est.checkpoint_dir is None:
+        raise ValueError("resume=True needs checkpoint_dir (where the checkpoints are)")
+    if est.security is not None:
+        from distributed.security import Security
+
+        if not isinstance(est.security, Security):
+            kind = type(est.security).__name__
+            raise ValueError(f"security must be None or a distributed.security.Security, got {kind}")
+    for name in (
+        "weight_decay",
+        "time_budget",
+        "max_epochs",
+        "target_accuracy",
+        "n_workers",
+        "eval_size",
+    ):
+        if isinstance(getattr(est, name), (bool, np.bool_)):
+            raise ValueError(f"{name} must be a number, got {getattr(est, name)!r}")
+    rs = est.random_state
+    if isinstance(rs, (bool, np.bool_)) or not (isinstance(rs, numbers.Integral) and 0 <= rs < 2**32):
+        raise ValueError(f"random_state must be an integer in [0, 2**32), got {rs!r}")
+    _check_input_shape(est)
+    _check_net_spec(est)
+    if est.engine == "simulated" and est.n_groups != "auto" and int(est.n_groups) > (est.n_workers or 8):
+        raise ValueError(
+            f"n_groups={est.n_groups} needs at least that many workers; the simulated cluster has "
+            f"n_workers={est.n_workers or 8}"
+        )
+
+
+def _check_input_shape(est) -> None:
+    shape = est.input_shape
+    if shape is None or (isinstance(shape, str) and shape == "flat"):
+        return
+    ok = isinstance(shape, (tuple, list)) and len(shape) == 3
+    ok = ok and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in shape)
+    if not ok:
+        raise ValueError(f"input_shape must be None, 'flat' or (C, H, W) of positive integers, got {shape!r}")
+
+
+def _check_net_spec(est) -> None:
+    """The net is a Net, a zoo name or an existing .prototxt file: checked before any data is read."""
+    spec = est.net
+    if isinstance(spec, Net):
+        return
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str):
+        raise ValueError(f"net must be a zoo name, a Net or a .prototxt path, got {spec!r}")
+    if spec.endswith(".prototxt"):
+        if not os.path.isfile(spec):
+            raise FileNotFoundError(f"net: no such .prototxt file {spec!r}")
+        return
+    from dasknn.nn.zoo import NETS
+
+    if spec.lower().replace("-", "_") not in NETS:
+        raise ValueError(f"unknown net {spec!r}; available: {sorted(NETS)}")
