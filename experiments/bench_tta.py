@@ -117,6 +117,7 @@ class GroupClockSimulator:
 
     def __init__(self, model: HEModel, cv: float = 0.06) -> None:
         self.model, self.cv, self.n_workers = model, cv, model.n_workers
+        self.timing = model  # the optimizer's HE model for the initial g (as SimulatedEngine.timing)
         self.engines: dict[int, SimulatedEngine] = {}
 
     def run(self, net, X, y, config, budget, start=None):

@@ -153,6 +153,9 @@ class DaskEngine:
     'ps': summed on the conv model server's worker, FireCaffe §6) and `split` (None, 'auto' for
     RALP's rule, or a layer name). SMA and model averaging run in `dask_replicas` (learners='auto':
     `autotune`), the unmerged map in `dask_unmerged`; neither has the fault tolerance above.
+
+    `throughput` (worker address → GFLOP/s) sets the FLOPS-proportional shard sizes by hand
+    (Caffe con Troll §2.3), overriding `calibrate()`; a worker left out counts as the median one.
     """
 
     def __init__(
@@ -167,8 +170,14 @@ class DaskEngine:
         strategy: Strategy | None = None,
         snapshot_every: int = 20,
         max_recoveries: int = 3,
+        throughput: dict[str, float] | None = None,
     ) -> None:
         strategy = strategy if strategy is not None else Strategy()
+        if throughput is not None:
+            bad = {w: v for w, v in throughput.items() if not (isinstance(v, int | float) and v > 0)}
+            if bad:
+                raise ValueError(f"throughput must map worker addresses to GFLOP/s > 0; got {bad}")
+            self.throughput_ = {str(w): float(v) for w, v in throughput.items()}
         if int(snapshot_every) < 1:
             raise ValueError(f"snapshot_every must be >= 1 update, got {snapshot_every}")
         if int(max_recoveries) < 0:
@@ -368,8 +377,12 @@ class DaskEngine:
         return RunResult(trace=trace, state=end_state)
 
     def _throughput(self, client) -> dict[str, float] | None:
-        """Measured GFLOP/s of each worker's device (the FLOPS calibration, cached per worker)."""
-        return getattr(self, "throughput_", None)
+        """GFLOP/s of each worker's device (calibrated or given); unnamed workers count as the median."""
+        known = getattr(self, "throughput_", None)
+        if not known:
+            return None
+        typical = float(np.median(list(known.values())))
+        return {w: known.get(w, typical) for w in cluster_workers(client)}
 
     def calibrate(self) -> dict[str, float]:
         """Measure every worker's SGEMM GFLOP/s (its device's) for FLOPS-proportional shares."""

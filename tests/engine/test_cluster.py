@@ -13,7 +13,7 @@ import pytest
 
 from dasknn.data.batching import iterate_batches
 from dasknn.engine import tasks
-from dasknn.engine.cluster import DaskEngine, WorkerLostError, local_client
+from dasknn.engine.cluster import DaskEngine, WorkerLostError, cluster_workers, local_client
 from dasknn.engine.servers import FCServer
 from dasknn.engine.trace import TRACE_COLUMNS, Budget, RunConfig
 from dasknn.nn import zoo
@@ -76,6 +76,23 @@ def test_one_group_of_two_workers_matches_in_process_training(client2, digits):
     ref = in_process(X, y, CFG, 8)
     for k, v in ref.params.items():
         np.testing.assert_allclose(net.params[k], v, rtol=1e-3, atol=5e-5, err_msg=k)  # float32 sums
+
+
+def test_given_throughputs_set_the_shards_and_keep_the_maths(client2, digits):
+    """A manual FLOPS override (CcT §2.3): a worker 3× faster gets 3/4 of each batch; the summed
+    gradient, and so the training, is the same as in one process."""
+    X, y = digits
+    fast, slow = sorted(cluster_workers(client2))
+    engine = DaskEngine(client2, throughput={fast: 300.0, slow: 100.0})
+    net = zoo.lenet(seed=0)
+    engine.run(net, X, y, CFG, Budget(iterations=8))
+    shares = engine.placement_.shares
+    assert shares[fast] == pytest.approx(0.75) and shares[slow] == pytest.approx(0.25)
+    ref = in_process(X, y, CFG, 8)
+    for k, v in ref.params.items():
+        np.testing.assert_allclose(net.params[k], v, rtol=1e-3, atol=5e-5, err_msg=k)
+    with pytest.raises(ValueError, match="GFLOP/s > 0"):
+        DaskEngine(client2, throughput={fast: 0.0})
 
 
 def test_four_groups_are_stale_by_about_three_and_still_learn(client2, digits):
