@@ -23,6 +23,7 @@ _LOSS_NAMES = (
     "KilledWorker",
     "CancelledError",
     "FutureCancelledError",
+    "FuturesCancelledError",  # distributed.wait on loops the scheduler forgot with their workers
     "CommClosedError",
     "StreamClosedError",
 )
@@ -31,6 +32,7 @@ _LOSS_TEXT = (
     "cannot be reached",
     "Timed out trying to connect",
     "not running",
+    "already forgotten",
 )
 
 
