@@ -20,14 +20,13 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from dasknn.data.batching import n_batches
 from dasknn.engine import tasks
 from dasknn.engine.placement import Placement, plan, replan
 from dasknn.engine.recovery import Recovery, lost_error, resume_batches
 from dasknn.engine.recovery import WorkerLostError as WorkerLostError  # the public name stays here
 from dasknn.engine.segment import Segment, SegmentFailed, await_data
 from dasknn.engine.strategies import split_layer
-from dasknn.engine.trace import Budget, RunConfig, RunResult, Strategy, TrainState, make_trace
+from dasknn.engine.trace import Budget, RunConfig, RunResult, Strategy, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
 
 
@@ -353,16 +352,8 @@ class DaskEngine:
             client.run(tasks.forget_run, run_id, on_error="ignore")
             del template, seg
         net.set_params(end_state.params)
-        nb = n_batches(X.shape[0], config.batch_size)
         end_state.batches_done = max([state.batches_done, *(r["batch"] + 1 for r in rows)])
-        for row in rows:
-            row.update(
-                t_start=row["t_start"] - t0,
-                t_end=row["t_end"] - t0,
-                lr=config.lr,
-                momentum=config.momentum,
-                epoch=row["batch"] / nb,
-            )
+        on_run_clock(rows, t0, config, X.shape[0])
         trace = make_trace(
             rows,
             "dask",

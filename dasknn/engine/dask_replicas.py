@@ -26,12 +26,11 @@ from typing import Any
 import numpy as np
 
 from dasknn.backend import array_module, get_xp, to_device
-from dasknn.data.batching import n_batches
 from dasknn.engine import tasks
 from dasknn.engine.cluster import cluster_workers
 from dasknn.engine.dask_runs import engine_client, persist_data, wait_for_loops
 from dasknn.engine.placement import Placement, device_of
-from dasknn.engine.trace import Budget, RunConfig, RunResult, Strategy, TrainState, make_trace
+from dasknn.engine.trace import Budget, RunConfig, RunResult, Strategy, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
 
@@ -364,16 +363,9 @@ def run_replicas(
         extra=dict(state.extra),
     )
     net.set_params(end_state.params)
-    nb = n_batches(data.X.shape[0], config.batch_size)
+    on_run_clock(rows, t0, config, data.X.shape[0])
     for i, row in enumerate(rows):
-        row.update(
-            iteration=state.iterations_done + i + 1,
-            t_start=row["t_start"] - t0,
-            t_end=row["t_end"] - t0,
-            lr=config.lr,
-            momentum=config.momentum,
-            epoch=row["batch"] / nb,
-        )
+        row["iteration"] = state.iterations_done + i + 1
     trace = make_trace(
         rows,
         "dask",

@@ -18,14 +18,13 @@ from typing import Any
 import numpy as np
 
 from dasknn.backend import get_xp, to_device, to_numpy
-from dasknn.data.batching import n_batches
 from dasknn.engine import tasks
 from dasknn.engine.cluster import cluster_workers
 from dasknn.engine.dask_runs import engine_client, persist_data, wait_for_loops
 from dasknn.engine.placement import Placement, plan, shard_sizes
 from dasknn.engine.servers import ConvModelServer
 from dasknn.engine.strategies import split_layer
-from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
+from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
 
 __all__ = ["run_unmerged", "unmerged_loop", "whole_net_step"]
@@ -299,16 +298,9 @@ def run_unmerged(
         extra=dict(state.extra),
     )
     net.set_params(end_state.params)
-    nb = n_batches(data.X.shape[0], config.batch_size)
+    on_run_clock(rows, t0, config, data.X.shape[0])
     for row in rows:
-        row.update(
-            t_start=row["t_start"] - t0,
-            t_end=row["t_end"] - t0,
-            lr=config.lr,
-            momentum=config.momentum,
-            epoch=row["batch"] / nb,
-            iteration=state.iterations_done + row["version_written"],
-        )
+        row["iteration"] = state.iterations_done + row["version_written"]
     trace = make_trace(
         rows,
         "dask",
