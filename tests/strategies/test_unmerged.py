@@ -45,6 +45,6 @@ def test_unmerged_four_groups_train_lenet_to_97_percent(mnist):
     X, y, Xn, yn = mnist
     net = zoo.lenet(seed=0)
     engine = SimulatedEngine(t_conv=1.0, t_fc=0.1, n_workers=4, verbose=0, strategy=UNMERGED)
-    cfg = RunConfig(n_groups=4, lr=0.01, momentum=0.6, batch_size=64)
-    engine.run(net, X, y, cfg, Budget(iterations=400))
+    cfg = RunConfig(n_groups=4, lr=0.01, momentum=0.9, batch_size=64)
+    engine.run(net, X, y, cfg, Budget(iterations=600))
     assert training_accuracy(net, Xn, yn) >= 0.97
