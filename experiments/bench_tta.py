@@ -181,6 +181,9 @@ def fit_run(
         "wall_seconds": time.perf_counter() - t0,
     }
     if decisions is not None and len(decisions):
+        # a fixed run's decisions are its rollbacks (divergence: back to the last good state, lr / 10)
+        record["rollbacks"] = int((decisions["action"] == "rollback").sum())
+    if decisions is not None and (decisions.get("action", pd.Series(dtype=object)) == "train").any():
         if decisions_csv is not None:
             decisions.to_csv(decisions_csv, index=False)
         trained = decisions[decisions["action"] == "train"]
