@@ -30,6 +30,7 @@ from dasknn.engine import tasks
 from dasknn.engine.cluster import cluster_workers
 from dasknn.engine.dask_runs import engine_client, persist_data, wait_for_loops
 from dasknn.engine.placement import Placement, device_of
+from dasknn.engine.servers import submit_actor
 from dasknn.engine.trace import Budget, RunConfig, RunResult, Strategy, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
@@ -285,7 +286,8 @@ def run_replicas(
     alpha = strategy.alpha if strategy.alpha is not None else 1.0 / k
     t0 = time.time()
     deadline = None if budget.seconds is None else t0 + budget.seconds
-    avg_future = client.submit(
+    avg_future = submit_actor(
+        client,
         AverageModel,
         z,
         z_prev,
@@ -296,10 +298,7 @@ def run_replicas(
         _rounds(budget, k),
         deadline,
         engine.timeout,
-        actor=True,
-        workers=[home],
-        allow_other_workers=False,
-        pure=False,
+        worker=home,
     )
     average = avg_future.result(timeout=engine.timeout)
     work = net.copy()

@@ -22,7 +22,7 @@ from dasknn.engine import tasks
 from dasknn.engine.cluster import cluster_workers
 from dasknn.engine.dask_runs import engine_client, persist_data, wait_for_loops
 from dasknn.engine.placement import Placement, plan, shard_sizes
-from dasknn.engine.servers import ConvModelServer
+from dasknn.engine.servers import ConvModelServer, submit_actor
 from dasknn.engine.strategies import split_layer
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
@@ -176,16 +176,8 @@ def unmerged_loop(spec: tasks.GroupSpec, template, conv_server, fc_model) -> lis
 
 def _model_server(client, engine, params, net: Net, state: TrainState, config: RunConfig, worker: str):
     """A ConvModelServer actor on `worker` holding `params` with their momentum from `state`."""
-    fut = client.submit(
-        ConvModelServer,
-        params,
-        net.lr_mult,
-        net.decay_mult,
-        config.weight_decay,
-        actor=True,
-        workers=[worker],
-        allow_other_workers=False,
-        pure=False,
+    fut = submit_actor(
+        client, ConvModelServer, params, net.lr_mult, net.decay_mult, config.weight_decay, worker=worker
     )
     server = fut.result(timeout=engine.timeout)
     history = {k: v for k, v in state.momentum.items() if k in params}

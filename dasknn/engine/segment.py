@@ -24,7 +24,7 @@ from dasknn.engine.recovery import (
     lost_workers,
     state_of,
 )
-from dasknn.engine.servers import ConvModelServer, FCServer
+from dasknn.engine.servers import ConvModelServer, FCServer, submit_actor
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.nn.net import Net
 
@@ -109,26 +109,17 @@ class Segment:
         state, conv_keys = self.snapshot.state, set(conv_net.params)
         fc_net = fc_net.copy()
         fc_net.set_params({k: v for k, v in state.params.items() if k not in conv_keys})
-        self.conv_future = client.submit(
+        self.conv_future = submit_actor(
+            client,
             ConvModelServer,
             {k: v for k, v in state.params.items() if k in conv_keys},
             conv_net.lr_mult,
             conv_net.decay_mult,
             config.weight_decay,
-            actor=True,
-            workers=[p.conv_server_worker],
-            allow_other_workers=False,
-            pure=False,
+            worker=p.conv_server_worker,
         )
-        self.fc_future = client.submit(
-            FCServer,
-            fc_net,
-            config.weight_decay,
-            config.seed,
-            actor=True,
-            workers=[p.fc_worker],
-            allow_other_workers=False,
-            pure=False,
+        self.fc_future = submit_actor(
+            client, FCServer, fc_net, config.weight_decay, config.seed, worker=p.fc_worker
         )
         self.conv_server = self._await(self.conv_future, p.conv_server_worker)
         self.fc_server = self._await(self.fc_future, p.fc_worker)

@@ -19,6 +19,11 @@ from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
 
 
+def submit_actor(client, cls, *args: Any, worker: str):
+    """A dask actor of `cls(*args)` pinned to `worker` (never moved elsewhere); returns its future."""
+    return client.submit(cls, *args, actor=True, workers=[worker], allow_other_workers=False, pure=False)
+
+
 class ConvModelServer:
     """Conv-phase weights, their momentum buffers and a version counter.
 
