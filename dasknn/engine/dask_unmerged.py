@@ -124,7 +124,7 @@ def _sharded_iteration(client, spec, template, conv_server, fc_model, x, y, b) -
         outs.append(out)
         grads.append(client.submit(_grads_of, out, workers=[w], pure=False))
         metrics.append(client.submit(_metrics_of, out, workers=[w], pure=False))
-    total = tasks.aggregate(client, grads, spec.aggregation, spec.branching, spec.ps_worker)
+    total, _ = tasks.aggregate(client, grads, spec.aggregation, spec.branching, spec.ps_worker)
     summed = total.result(timeout=spec.timeout)
     loss, acc = (float(sum(v)) for v in zip(*client.gather(metrics), strict=True))
     pushed = _push_both(spec, conv_server, fc_model, summed, version, fc_version, set(fc_w))

@@ -2,7 +2,8 @@
 
 Omnivore on Dask (ARCHITECTURE.md, "Data flow of one iteration"). A group's loop runs on its lead
 worker and, each iteration: pulls the conv weights (version v) from the conv model server; runs the
-conv forward of each shard on its worker with batched lowering (the cache stays there); sends the
+conv forward of each shard on its worker with batched lowering (the cache stays there; the lead
+worker's own shard runs inline in the loop); sends the
 activations to the merged FC server, which returns d(activations); runs each shard's conv backward
 where its cache is; sums the k gradients (a tree of tasks, or at one place: `aggregate`); pushes
 ONE update (version v'). A group
@@ -26,6 +27,7 @@ from dasknn.data.batching import BatchOrder
 
 _NETS: dict[tuple[str, int], Any] = {}
 _NETS_LOCK = threading.Lock()
+_CACHES: dict[tuple[str, str, int], Any] = {}  # (run, token, shard) → a forward cache
 STOP_CHECK_SECONDS = 0.5
 
 
@@ -92,11 +94,14 @@ def _net(run_id: str, template, device: str):
 
 
 def forget_run(run_id: str) -> int:
-    """Drop a finished run's cached nets from this worker process; returns how many."""
+    """Drop a finished run's cached nets and forward caches from this worker process; returns how
+    many nets."""
     with _NETS_LOCK:
         keys = [k for k in _NETS if k[0] == run_id]
         for k in keys:
             del _NETS[k]
+        for k in [k for k in _CACHES if k[0] == run_id]:
+            del _CACHES[k]
     return len(keys)
 
 
@@ -199,75 +204,85 @@ def _wait(futures: list, spec: GroupSpec, conv_server) -> bool:
                 ) from None
 
 
-def _sharded_iteration(client, spec, conv_server, fc_server, x, y, row) -> dict[str, Any] | None:
-    """A group of k > 1 workers: shard tasks on their workers, a reduction tree, one push.
+def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row) -> dict[str, Any] | None:
+    """A group of k > 1 workers: this (lead) worker's shard inline, one task per other shard, one push.
 
-    Returns the Trace row the conv model server logged, or None once a server has stopped."""
+    The loop runs on the group's lead worker (`spec.workers[0]`), so its shard needs no task: it
+    is computed here while the other workers' forward tasks run. Those tasks keep their caches in
+    their worker process (`conv_forward` returns only the activations) for `conv_backward`, so an
+    iteration costs two task hops per remote shard. Returns the Trace row the conv model server
+    logged, or None once a server has stopped."""
     from distributed import Future
 
     from dasknn.engine.placement import shard_sizes
 
     tmo = spec.timeout
     version, weights = _call(conv_server, "pull", timeout=tmo)
-    template = Future(spec.template_key, client, state="memory")
+    template_f = Future(spec.template_key, client, state="memory")
     bounds = np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
-    w_futures = [client.scatter([weights], workers=[w], direct=True, hash=False)[0] for w in spec.workers]
+    remote = list(zip(range(1, len(spec.workers)), spec.workers[1:], spec.devices[1:], strict=True))
     # every scattered future stays referenced until the push: a dropped one could be released
     # before the scheduler has registered it, and its task would lose a dependency
-    shards = [
-        client.scatter(x[bounds[i] : bounds[i + 1]], workers=[w], direct=True, hash=False)
-        for i, w in enumerate(spec.workers)
-    ]
-    fwd = []
-    for i, (w, device) in enumerate(zip(spec.workers, spec.devices, strict=True)):
-        fwd.append(
-            client.submit(
-                conv_forward,
-                spec.run_id,
-                template,
-                w_futures[i],
-                shards[i],
-                device,
-                workers=[w],
-                allow_other_workers=False,
-                pure=False,
-            )
-        )
-    acts = [
-        client.submit(activations, f, workers=[w], pure=False) for f, w in zip(fwd, spec.workers, strict=True)
-    ]
-    if not _wait(acts, spec, conv_server):
+    w_futures = {i: client.scatter([weights], workers=[w], direct=True, hash=False)[0] for i, w, _ in remote}
+    shards = {
+        i: client.scatter(x[bounds[i] : bounds[i + 1]], workers=[w], direct=True, hash=False)
+        for i, w, _ in remote
+    }
+    token = f"{spec.group}-{row['batch']}"
+    fwd = {
+        i: client.submit(
+            conv_forward,
+            spec.run_id,
+            token,
+            i,
+            template_f,
+            w_futures[i],
+            shards[i],
+            device,
+            workers=[w],
+            allow_other_workers=False,
+            pure=False,
+        )  # fmt: skip
+        for i, w, device in remote
+    }
+    lead = _net(spec.run_id, template, spec.devices[0])
+    acts0, caches0 = _forward(lead, weights, x[bounds[0] : bounds[1]], spec.devices[0])
+    if not _wait(list(fwd.values()), spec, conv_server):
         return None
-    fc = _call(fc_server, "step", np.concatenate(client.gather(acts)), y, spec.lr, spec.momentum, timeout=tmo)
+    acts = np.concatenate([acts0, *client.gather([fwd[i] for i, _, _ in remote])])
+    fc = _call(fc_server, "step", acts, y, spec.lr, spec.momentum, timeout=tmo)
     if fc is None:
         return None
-    dacts = [
-        client.scatter(fc["dacts"][bounds[i] : bounds[i + 1]], workers=[w], direct=True, hash=False)
-        for i, w in enumerate(spec.workers)
+    dacts = {
+        i: client.scatter(fc["dacts"][bounds[i] : bounds[i + 1]], workers=[w], direct=True, hash=False)
+        for i, w, _ in remote
+    }
+    grads = [
+        client.submit(
+            conv_backward,
+            spec.run_id,
+            token,
+            i,
+            template_f,
+            w_futures[i],
+            fwd[i],
+            dacts[i],
+            device,
+            workers=[w],
+            allow_other_workers=False,
+            pure=False,
+        )  # fmt: skip
+        for i, w, device in remote
     ]
-    grads = []
-    for i, (f, w, device) in enumerate(zip(fwd, spec.workers, spec.devices, strict=True)):
-        grads.append(
-            client.submit(
-                conv_backward,
-                spec.run_id,
-                template,
-                w_futures[i],
-                f,
-                dacts[i],
-                device,
-                workers=[w],
-                allow_other_workers=False,
-                pure=False,
-            )
-        )
-    total = aggregate(client, grads, spec.aggregation, spec.branching, spec.ps_worker)
-    if not _wait([total], spec, conv_server):
-        return None
+    grads0 = _backward(lead, weights, caches0, fc["dacts"][bounds[0] : bounds[1]], spec.devices[0])
+    summed, total = aggregate(client, grads, spec.aggregation, spec.branching, spec.ps_worker, local=grads0)
+    if summed is not None:
+        if not _wait([summed], spec, conv_server):
+            return None
+        part = summed.result(timeout=tmo)
+        total = part if total is None else sum_grads(total, part)
     row.update(loss=fc["loss"], accuracy=fc["accuracy"])
-    pushed = _call(
-        conv_server, "push", total.result(timeout=tmo), version, spec.lr, spec.momentum, row, timeout=tmo
-    )
+    pushed = _call(conv_server, "push", total, version, spec.lr, spec.momentum, row, timeout=tmo)
     del shards, dacts, w_futures, fwd
     return pushed
 
@@ -303,7 +318,7 @@ def group_loop(spec: GroupSpec, template, conv_server, fc_server) -> int:
         if len(spec.workers) == 1:
             pushed = _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row)
         else:
-            pushed = _sharded_iteration(client, spec, conv_server, fc_server, x, y, row)
+            pushed = _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row)
         if pushed is None:
             break
         i += 1
@@ -313,21 +328,25 @@ def group_loop(spec: GroupSpec, template, conv_server, fc_server) -> int:
 # -- the shard tasks of a group of k > 1 workers -------------------------------------------------
 
 
-def conv_forward(run_id, template, weights, x, device) -> dict[str, Any]:
-    """One shard's conv forward with batched lowering; the cache stays in this task's result."""
+def conv_forward(run_id, token, shard, template, weights, x, device) -> np.ndarray:
+    """One shard's conv forward with batched lowering; returns the activations and keeps the cache
+    in this worker process for the shard's `conv_backward` (same run, token and shard)."""
     net = _net(run_id, template, device)
     acts, caches = _forward(net, weights, x, device)
-    return {"acts": acts, "caches": caches}
+    with _NETS_LOCK:
+        _CACHES[(run_id, token, shard)] = caches
+    return acts
 
 
-def activations(fwd: dict[str, Any]) -> np.ndarray:
-    return fwd["acts"]
-
-
-def conv_backward(run_id, template, weights, fwd, dacts, device) -> dict[str, np.ndarray]:
-    """One shard's conv backward on the worker that holds its forward cache."""
+def conv_backward(run_id, token, shard, template, weights, fwd_done, dacts, device) -> dict[str, np.ndarray]:
+    """One shard's conv backward on the worker that holds its forward cache (`fwd_done`, the forward
+    task's result, makes this task wait for it)."""
+    with _NETS_LOCK:
+        caches = _CACHES.pop((run_id, token, shard), None)
+    if caches is None:
+        raise RuntimeError(f"no forward cache for shard {shard} of {token} in run {run_id} on this worker")
     net = _net(run_id, template, device)
-    return _backward(net, weights, fwd["caches"], dacts, device)
+    return _backward(net, weights, caches, dacts, device)
 
 
 def sum_grads(*grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -336,23 +355,35 @@ def sum_grads(*grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def aggregate(
-    client, grads: list, aggregation: str = "tree", branching: int = 2, ps_worker: str | None = None
-):
-    """The future of the sum of k gradient futures, as FireCaffe §6 compares (issue #7).
+    client,
+    grads: list,
+    aggregation: str = "tree",
+    branching: int = 2,
+    ps_worker: str | None = None,
+    local: dict[str, np.ndarray] | None = None,
+) -> tuple[Any, dict[str, np.ndarray] | None]:
+    """The sum of k gradients, as FireCaffe §6 compares (issue #7), as (future, local): the sum is
+    the future's value plus `local` (either may be None).
 
-    'tree': a reduction tree, each task summing up to `branching` results, ceil(log_b k) levels
-    (b = 2: pairwise sums). 'ps': parameter-server style, all k gradients sent to one task on
-    `ps_worker` (the conv model server's worker) and summed there.
+    `grads`: futures of gradients on workers; `local`: the calling (lead) worker's own gradient, or
+    None. 'tree': a reduction tree, each task summing up to `branching` results, ceil(log_b k)
+    levels (b = 2: pairwise sums); the lead's gradient joins at the root, on the lead. 'ps':
+    parameter-server style, all k gradients summed by one task on `ps_worker` (the conv model
+    server's worker); the lead's gradient is sent there, unless the lead is that worker.
     """
-    if aggregation == "ps":
-        where = {"workers": [ps_worker], "allow_other_workers": False} if ps_worker else {}
-        return client.submit(sum_grads, *grads, pure=False, **where) if len(grads) > 1 else grads[0]
-    if aggregation != "tree":
+    if aggregation not in ("tree", "ps"):
         raise ValueError(f"aggregation must be 'tree' or 'ps', got {aggregation!r}")
+    if aggregation == "ps":
+        here = _this_worker()
+        if local is not None and ps_worker and (here is None or here.address != ps_worker):
+            grads, local = [client.scatter(local, workers=[ps_worker], direct=True, hash=False), *grads], None
+        where = {"workers": [ps_worker], "allow_other_workers": False} if ps_worker else {}
+        total = client.submit(sum_grads, *grads, pure=False, **where) if len(grads) > 1 else None
+        return (total if total is not None else (grads[0] if grads else None)), local
     b = int(branching)
     while len(grads) > 1:
         grads = [
             client.submit(sum_grads, *grads[i : i + b], pure=False) if len(grads[i : i + b]) > 1 else grads[i]
             for i in range(0, len(grads), b)
         ]
-    return grads[0]
+    return (grads[0] if grads else None), local

@@ -55,12 +55,17 @@ def test_shard_gradients_sum_to_the_full_batch_gradient(digits):
     weights = conv.get_params()
     server = FCServer(fc.copy())
     shards = [(0, 40), (40, 64)]
-    fwd = [tasks.conv_forward("t", conv, weights, xb[a:b], "cpu") for a, b in shards]
-    out = server.step(np.concatenate([f["acts"] for f in fwd]), yb, 0.0, 0.0)
-    grads = [
-        tasks.conv_backward("t", conv, weights, f, out["dacts"][a:b], "cpu")
-        for f, (a, b) in zip(fwd, shards, strict=True)
+    fwd = [
+        tasks.conv_forward("t", "0-0", i, conv, weights, xb[a:b], "cpu") for i, (a, b) in enumerate(shards)
     ]
+    out = server.step(np.concatenate(fwd), yb, 0.0, 0.0)
+    grads = [
+        tasks.conv_backward("t", "0-0", i, conv, weights, f, out["dacts"][a:b], "cpu")
+        for i, (f, (a, b)) in enumerate(zip(fwd, shards, strict=True))
+    ]
+    with pytest.raises(RuntimeError, match="no forward cache for shard 0"):  # each cache is used once
+        tasks.conv_backward("t", "0-0", 0, conv, weights, fwd[0], out["dacts"][:40], "cpu")
+    assert tasks.forget_run("t") == 1 and not tasks._CACHES
     summed = tasks.sum_grads(*grads)
     _, _, full = zoo.lenet(seed=0).loss_and_grads(xb, yb)
     for k, g in summed.items():

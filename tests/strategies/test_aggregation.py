@@ -47,9 +47,24 @@ def test_tree_and_parameter_server_give_the_same_sum(client2, aggregation, branc
     ]
     futures = client2.scatter(grads, hash=False)
     ps_worker = sorted(client2.scheduler_info()["workers"])[0]
-    total = tasks.aggregate(client2, futures, aggregation, branching, ps_worker).result()
+    total = tasks.aggregate(client2, futures, aggregation, branching, ps_worker)[0].result()
     for key in ("w", "b"):
         np.testing.assert_allclose(total[key], np.sum([g[key] for g in grads], axis=0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("aggregation", ["tree", "ps"])
+def test_a_lead_workers_own_gradient_joins_the_sum(client2, aggregation):
+    """The group's lead computes its shard inline: its gradient is added here (tree root, or PS on
+    the lead) or sent to the parameter server's worker."""
+    rng = np.random.default_rng(1)
+    grads = [{"w": rng.standard_normal((4, 2)).astype(np.float32)} for _ in range(3)]
+    futures = client2.scatter(grads[1:], hash=False)
+    ps_worker = sorted(client2.scheduler_info()["workers"])[0]
+    summed, local = tasks.aggregate(client2, futures, aggregation, 2, ps_worker, local=grads[0])
+    # from the client (no lead worker), PS sends the local gradient to ps_worker; the tree keeps it here
+    assert (local is None) == (aggregation == "ps")
+    total = summed.result() if local is None else tasks.sum_grads(local, summed.result())
+    np.testing.assert_allclose(total["w"], np.sum([g["w"] for g in grads], axis=0), rtol=1e-6)
 
 
 def test_dask_engine_ps_and_tree_train_the_same_weights(client2, digits):
