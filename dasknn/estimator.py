@@ -27,6 +27,7 @@ from dasknn.data.batching import n_batches
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.estimator_params import check_params
+from dasknn.fitting import Evaluator
 from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
 from dasknn.reports import DEFAULT_THRESHOLDS, time_to_accuracy
@@ -107,6 +108,11 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         Continue the fit whose latest checkpoint is in `checkpoint_dir` to that fit's own end (same
         budgets; on engine="simulated" the result equals the uninterrupted fit). Without a
         checkpoint there, a fresh fit.
+    optimizer_options : dict or None
+        Extra options of `dasknn.optimizer.OmnivoreOptimizer` when a knob is "auto", e.g.
+        `{"lr_grid": (0.1, 0.03, 0.01, 0.003)}` for the cold start's rates, `probe_iterations`,
+        `epoch_factor`, `cold_start_groups`; checked before any work starts. The knobs themselves
+        (n_groups, learning_rate, momentum) and verbose come from this estimator's parameters.
 
     `partial_fit(X, y, classes)` trains one epoch of X (`max_epochs` epochs when set, within
     `time_budget` when set) from the current state, with the fixed knobs, or the ones the last fit
@@ -142,6 +148,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         warm_start: bool = False,
         checkpoint_dir: Any = None,
         resume: bool = False,
+        optimizer_options: dict | None = None,
     ) -> None:
         self.net = net
         self.batch_size = batch_size
@@ -167,6 +174,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.warm_start = warm_start
         self.checkpoint_dir = checkpoint_dir
         self.resume = resume
+        self.optimizer_options = optimizer_options
 
     # -- validation ------------------------------------------------------------------------------
     def _check_params(self, partial: bool = False) -> None:
@@ -285,21 +293,13 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         engine = DaskEngine(client, verbose=max(0, self.verbose - 1), strategy=self._strategy())
         return engine, client
 
-    def _evaluator(self, X, y, net: Net):
+    def _evaluator(self, X, y, net: Net) -> Evaluator:
         n = X.shape[0]
         idx = np.sort(
             np.random.default_rng(self.random_state).choice(n, min(self.eval_size, n), replace=False)
         )
         X_eval, y_eval = dask.compute(X[idx], y[idx])
-        scratch = net.copy()
-
-        def evaluate(state: TrainState) -> tuple[float, float]:
-            from dasknn.nn.train import evaluate as score
-
-            scratch.set_params(state.params)
-            return score(scratch, X_eval, y_eval)
-
-        return evaluate
+        return Evaluator(net, X_eval, y_eval)
 
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, X, y) -> DistributedCNN:

@@ -39,6 +39,35 @@ def _momentum(v):
     return 0 <= v < 1
 
 
+class _NoEngine:
+    """Stands in for the engine while optimizer options are checked: nothing may run."""
+
+    def run(self, *args, **kwargs):  # pragma: no cover - never called
+        raise RuntimeError("optimizer options are only being checked")
+
+
+OWN_OPTIONS = ("n_groups", "learning_rate", "momentum", "verbose")
+
+
+def _check_optimizer_options(options) -> None:
+    """None or a dict of OmnivoreOptimizer options, each known and valid, none of the estimator's own."""
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise ValueError(f"optimizer_options must be None or a dict, got {type(options).__name__}")
+    own = sorted(set(options) & set(OWN_OPTIONS))
+    if own:
+        raise ValueError(
+            f"optimizer_options may not set {own}: use the estimator's parameters of those names"
+        )
+    from dasknn.optimizer import OmnivoreOptimizer
+
+    try:
+        OmnivoreOptimizer(_NoEngine(), **options)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"optimizer_options: {err}") from None
+
+
 def check_params(est, partial: bool = False) -> None:
     """Every DistributedCNN parameter checked, each error naming it, before any data is touched."""
     if not (isinstance(est.batch_size, numbers.Integral) and est.batch_size >= 1):
@@ -76,6 +105,7 @@ def check_params(est, partial: bool = False) -> None:
     for name in ("warm_start", "resume"):
         if not isinstance(getattr(est, name), (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {getattr(est, name)!r}")
+    _check_optimizer_options(est.optimizer_options)
     if est.resume and est.checkpoint_dir is None:
         raise ValueError("resume=True needs checkpoint_dir (where the checkpoints are)")
     if est.security is not None:

@@ -33,7 +33,7 @@ from dasknn.data.batching import n_batches
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import Budget, RunConfig, TrainState
 
-__all__ = ["CHECKPOINTS_KEPT", "MAX_ROLLBACKS", "Trainer", "runs_by_config"]
+__all__ = ["CHECKPOINTS_KEPT", "MAX_ROLLBACKS", "PROBE_SAMPLES", "Evaluator", "Trainer", "runs_by_config"]
 
 CHECKPOINTS_KEPT = 3
 """Checkpoints kept in checkpoint_dir during a fit (older ones are deleted after each save)."""
@@ -42,6 +42,28 @@ MAX_ROLLBACKS = 6
 DIVERGED_LOSS = 2.0
 """A chunk whose end state's evaluation loss exceeds DIVERGED_LOSS × ln(n_classes) (twice the loss of
 uniform guessing) has blown up, even with finite numbers."""
+
+
+PROBE_SAMPLES = 512
+"""Evaluation samples the optimizer's probes are scored on (their end weights' loss, test mode)."""
+
+
+class Evaluator:
+    """(loss, accuracy) of a state on fixed training samples (the history's curve), and the
+    optimizer's `probe_score`: the loss on the first PROBE_SAMPLES of them (the samples are drawn at
+    random once, so a prefix is a random subset too)."""
+
+    def __init__(self, net, X_eval, y_eval, probe_samples: int = PROBE_SAMPLES) -> None:
+        from dasknn.optimizer_search import HeldOutLoss
+
+        self.net, self.X, self.y = net.copy(), np.asarray(X_eval), np.asarray(y_eval)
+        self.probe_score = HeldOutLoss(net, self.X[:probe_samples], self.y[:probe_samples])
+
+    def __call__(self, state: TrainState) -> tuple[float, float]:
+        from dasknn.nn.train import evaluate
+
+        self.net.set_params(state.params)
+        return evaluate(self.net, self.X, self.y)
 
 
 def _clock(state: TrainState) -> float | None:
@@ -290,10 +312,13 @@ class Trainer:
         from dasknn.optimizer import OmnivoreOptimizer
 
         est = self.est
-        options: dict[str, Any] = {"verbose": est.verbose}
+        options: dict[str, Any] = {**(est.optimizer_options or {}), "verbose": est.verbose}
         for knob in ("n_groups", "learning_rate", "momentum"):
             if getattr(est, knob) != "auto":
                 options[knob] = getattr(est, knob)
+        probe_score = getattr(self.evaluate, "probe_score", None)
+        if probe_score is not None:  # probes judged on the same samples, not on their batches' losses
+            options["probe_score"] = probe_score
         optimizer = OmnivoreOptimizer(self.engine, **options)
         final: dict[str, Any] = {"session": loop}
         if loop is not None and loop.get("finished"):  # the checkpointed fit had ended

@@ -6,10 +6,13 @@ appendix E-D L3668-3700). Engine-agnostic: it talks to an engine only through
 DaskEngine alike. Times and budgets are in the engine's clock ("simulated s" on the simulator).
 
 1. Cold start (g = 1, µ = 0.9): probe η in `lr_grid` order from the same state, stopping at the
-   first rate worse than the previous one (or diverging) → η*. Then train synchronously for an
-   epoch so that the weights find their scale.
+   first rate worse than the previous one (or diverging) → η*.
 2. Initial g: the smallest g that saturates the FC server per the HE model (the `he_model`
    argument, or one built from the cold-start probe's time per iteration).
+   Appendix E-D: g = 2, 4, … up to it get a (µ, η) grid too, and each g's winner runs the same
+   time; the lowest loss picks the cold start's g ("a cold-start run with slight asynchrony may
+   more quickly terminate the cold start phase"; optimizer_cold_start). Then train an epoch at
+   that g so that the weights find their scale, and go on at the initial g.
 3. Each epoch: probe µ ∈ momentum_grid × η ∈ {η*_last, η*_last/10} (no µ > µ*_last at η*_last)
    from the same checkpoint; without a clear winner (5% over the last 50 iterations) probe the tied
    ones longer; if µ* = 0 also try µ = 0.1, 0.2; if 0 still wins and g > 1, halve g and search
@@ -31,6 +34,7 @@ from typing import Any
 import pandas as pd
 
 from dasknn.engine.trace import RunConfig, TrainState
+from dasknn.optimizer_cold_start import cold_start_groups, cold_start_lr
 from dasknn.optimizer_search import (
     Judge,
     Probe,
@@ -87,7 +91,13 @@ class OmnivoreOptimizer:
     `n_workers`: the conv devices N (default: he_model's, the engine's `n_workers`, or the number of
     conv workers of its `placement_` after a run); `max_groups`: the largest g (default N, else 32).
     `probe_losses(trace, config)`: the per-iteration losses probes are judged by (default: the
-    training loss column; e.g. a planted or validation loss). `n_groups`, `learning_rate`,
+    training loss column; e.g. a planted or validation loss); `probe_score(state)`: judge probes by
+    the loss of their end weights instead (e.g. `optimizer_search.HeldOutLoss` on fixed samples;
+    its time is charged to the clock). `cold_start_groups`: tune g during the cold start too
+    (appendix E-D; False: the cold-start epoch runs at g = 1). `momentum_early_stop`: each rate's
+    momenta are probed from the highest down, stopping at the first worse one (the cold start's rule
+    for η, applied to µ; about half the probes when the loss is unimodal in µ); False: every point
+    of the grid, as appendix E lists it. `n_groups`, `learning_rate`,
     `momentum` pin a knob the user fixed; the others are still tuned. Unknown options raise ValueError.
     """
 
@@ -111,6 +121,9 @@ class OmnivoreOptimizer:
         max_groups: int | None = None,
         he_model: HEModel | None = None,
         probe_losses: Judge | None = None,
+        probe_score: Callable[[TrainState], float] | None = None,
+        cold_start_groups: bool = True,
+        momentum_early_stop: bool = True,
         n_groups: int | None = None,
         learning_rate: float | None = None,
         momentum: float | None = None,
@@ -155,6 +168,21 @@ class OmnivoreOptimizer:
             f"probe_losses must be callable; got {probe_losses!r}",
         )
         self.probe_losses = probe_losses
+        check(
+            probe_score is None or callable(probe_score),
+            f"probe_score must be callable (a TrainState -> loss); got {probe_score!r}",
+        )
+        self.probe_score = probe_score
+        check(
+            isinstance(cold_start_groups, bool),
+            f"cold_start_groups must be True or False; got {cold_start_groups!r}",
+        )
+        self.cold_start_groups = cold_start_groups
+        check(
+            isinstance(momentum_early_stop, bool),
+            f"momentum_early_stop must be True or False; got {momentum_early_stop!r}",
+        )
+        self.momentum_early_stop = momentum_early_stop
         self.verbose = int_option(verbose, "verbose", minimum=0)
         # pinned knobs: the user fixed them, the optimizer tunes only the others
         self.n_groups = int_option(n_groups, "n_groups")
@@ -237,6 +265,7 @@ class _Session:
             self.log, opt.probe_length, opt.clear_winner, opt.winner_window, opt.max_extensions
         )
         self.prober.judge = opt.probe_losses
+        self.prober.scorer = opt.probe_score
         self.max_epochs, self.should_stop = limits["max_epochs"], should_stop
         self.n_workers = opt.n_workers or (opt.he_model.n_workers if opt.he_model else None)
         self.n_workers = self.n_workers or getattr(opt.engine, "n_workers", None)
@@ -251,11 +280,10 @@ class _Session:
         """Cold start, then epochs of search and training (Algorithm 1) until a limit is reached."""
         opt, log = self.opt, self.log
         config = self.base
-        best = self.cold_start(state)
+        best, g = self.cold_start(state)
         if best is None:
             return self.finish(state, config)
         search_seconds = log.elapsed
-        g = self.initial_groups(best)
         state, config = best.state, best.config
         if not self.finished():
             seconds = opt.epoch_factor * search_seconds
@@ -336,35 +364,23 @@ class _Session:
         config = RunConfig(**session["config"])
         return self.epochs(state, config, float(session["search_seconds"]))
 
-    def cold_start(self, state: TrainState) -> Probe | None:
-        """η* at g = 1, µ = cold_start_momentum: lr_grid in order, stop at the first worse rate
-        (Omnivore appendix E-D, L3688-3700)."""
-        opt, log = self.opt, self.log
-        probes: list[Probe] = []
-        why = "every rate of lr_grid probed: the lowest score"
-        for i, lr in enumerate(opt.lr_grid):
-            reason = f"cold-start rate {i + 1} of {len(opt.lr_grid)}"
-            p = self.prober.probe(self.base.with_(lr=lr), state, "cold_start", reason)
-            if p is None:
-                why = "the budget ran out during the cold start"
-                break
-            probes.append(p)
-            prev = probes[-2] if len(probes) > 1 else None
-            if prev is not None and any(not q.diverged for q in probes[:-1]):
-                if p.diverged or (not prev.diverged and p.score > prev.score):
-                    skipped = ", ".join(f"{v:g}" for v in opt.lr_grid[i + 1 :]) or "none"
-                    what = "diverged" if p.diverged else f"is worse than lr={prev.config.lr:g}"
-                    why = f"stopped early: lr={lr:g} {what}; not probed: {skipped}"
-                    break
-        finite = [p for p in probes if not p.diverged]
-        if probes and not finite:
-            raise FloatingPointError(f"every rate of lr_grid {opt.lr_grid} diverged at n_groups=1")
-        if not finite:
-            return None
-        best = min(finite, key=lambda p: p.score)
-        log.mark_winner(best)
-        log.record("cold_start", "choose_lr", best.config, why, score=best.score, chosen=True)
-        return best
+    def cold_start(self, state: TrainState) -> tuple[Probe | None, int]:
+        """Appendix E-D: η* at g = 1, the initial g from the HE model, then (with
+        `cold_start_groups`) g = 2, 4, … up to it tuned and compared at equal time
+        (optimizer_cold_start). Returns (the winning probe, or None if the budget ran out; the
+        initial g of Algorithm 1's loop)."""
+        best = cold_start_lr(self, state)
+        if best is None:
+            return None, 1
+        g = self.initial_groups(best)
+        why = "cold_start_groups=False: the cold start runs at g = 1"
+        if self.opt.n_groups is not None:
+            why = f"n_groups = {self.opt.n_groups} given by the user: the cold start runs at g = 1"
+        elif self.opt.cold_start_groups and not self.finished():
+            best, why = cold_start_groups(self, state, best, g)
+        self.log.mark_winner(best)
+        self.log.record("cold_start", "choose_groups", best.config, why, score=best.score, chosen=True)
+        return best, g
 
     def initial_groups(self, best: Probe) -> int:
         """The smallest g saturating the FC server per the HE model (Omnivore §V-B, L1036-1040)."""
@@ -398,13 +414,9 @@ class _Session:
             grid = momentum_lr_grid(config.lr, config.momentum, opt.momentum_grid)
             if opt.learning_rate is not None:
                 grid = [(m, lr) for m, lr in grid if lr == opt.learning_rate]
-            probes = []
-            for i, (momentum, lr) in enumerate(grid):
-                c = config.with_(n_groups=g, lr=lr, momentum=momentum)
-                p = self.prober.probe(c, checkpoint, "search", f"grid point {i + 1} of {len(grid)}")
-                if p is None:
-                    break
-                probes.append(p)
+            probes = self.prober.grid(
+                config.with_(n_groups=g), grid, checkpoint, "search", early_stop=opt.momentum_early_stop
+            )
             if not probes:
                 return None
             finite = [p for p in probes if not p.diverged]

@@ -2,7 +2,9 @@
 
 Omnivore Algorithm 1 (L1000-1075) and appendix E (L3636-3811). A probe is one short engine run of a
 configuration from a checkpoint; its score is the smoothed loss at its end (the trailing mean of
-the last 10 logged losses, `tradeoff.statistical.final_loss`, as in the reference implementation).
+the last 10 logged losses, `tradeoff.statistical.final_loss`, as in the reference implementation),
+or, with a `HeldOutLoss` scorer, the loss of its end weights on fixed samples: every probe is then
+judged on the same images, so the batch noise of 20-iteration probes does not pick the winner.
 `SearchLog` keeps the time account: each run is charged its span in the engine's clock (its
 wall-clock time on a real cluster, start-up included), so the returned trace counts the search.
 """
@@ -26,6 +28,7 @@ from dasknn.tradeoff.statistical import final_loss
 
 __all__ = [
     "DECISION_COLUMNS",
+    "HeldOutLoss",
     "Judge",
     "Probe",
     "Prober",
@@ -46,8 +49,9 @@ DECISION_COLUMNS = tuple(
     "phase action n_groups lr momentum score window_loss iterations seconds time diverged chosen "
     "start_hash run reason".split()
 )
-"""One row per probe or decision. `score`: smoothed loss at the probe's end; `window_loss`: mean
-loss over its last `winner_window` iterations; `iterations`: the probe's so far (a train epoch's);
+"""One row per probe or decision. `score`: smoothed loss at the probe's end, or the held-out loss
+of its end weights when the optimizer has a `probe_score`; `window_loss`: mean training loss over
+its last `winner_window` iterations; `iterations`: the probe's so far (a train epoch's);
 `seconds`: time charged to the row's engine run (probe and extend rows add up to the search time);
 `time`: the optimizer's clock after it; `chosen`: the winning probe, or a decision that sets the
 training config (whose n_groups, lr, momentum it then holds); `start_hash`: digest of the state the
@@ -109,6 +113,32 @@ Judge = Callable[[pd.DataFrame, RunConfig], Sequence[float]]
 """Per-iteration losses a probe is judged by, from its trace and config (default: the `loss` column)."""
 
 
+class HeldOutLoss:
+    """A probe score: the mean loss of a state's weights on fixed samples (test mode).
+
+    Probes judged by their last training losses see different batches, and at 20 iterations the
+    batch noise can exceed the difference between configurations; a fixed sample removes that
+    noise from the comparison. `n_samples` lets the optimizer charge the forward passes to a
+    simulated clock."""
+
+    def __init__(self, net, X, y, batch_size: int = 256) -> None:
+        X, y = np.asarray(X), np.asarray(y)
+        check(
+            X.ndim >= 2 and len(X) == len(y) and len(y) > 0,
+            f"HeldOutLoss needs matching X, y; got {X.shape}, {y.shape}",
+        )
+        self.net, self.X, self.y, self.batch_size = net.copy(), X, y, int(batch_size)
+        self.n_samples = len(y)
+
+    def __call__(self, state: TrainState) -> float:
+        from dasknn.nn.train import evaluate
+
+        self.net.set_params(state.params)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            loss, _ = evaluate(self.net, self.X, self.y, self.batch_size)
+        return float(loss) if math.isfinite(loss) else math.inf
+
+
 @dataclass
 class Probe:
     """A configuration run from a checkpoint (and possibly extended): its trace and end state."""
@@ -121,6 +151,7 @@ class Probe:
     state: TrainState | None = None
     diverged: bool = False
     runs: list[int] = field(default_factory=list)
+    held_out: float | None = None  # the probe_score of its end state, when the optimizer has one
 
     def losses(self) -> np.ndarray:
         if self.diverged or len(self.trace) == 0:
@@ -131,9 +162,18 @@ class Probe:
 
     @property
     def score(self) -> float:
-        """Smoothed loss at the end (mean of the last 10 losses); +inf if diverged or empty."""
+        """The held-out loss of the end state when scored, else the smoothed training loss at the end
+        (mean of the last 10 losses); +inf if diverged or empty."""
+        if self.held_out is not None and not self.diverged:
+            return self.held_out
         value = final_loss(self.losses())
         return value if math.isfinite(value) else math.inf
+
+    def judged(self, window: int) -> float:
+        """What the clear-winner test compares: the held-out loss, else `window_loss(window)`."""
+        if self.held_out is not None and not self.diverged:
+            return self.held_out
+        return self.window_loss(window)
 
     def window_loss(self, window: int) -> float:
         """Mean loss over the last `window` iterations (the clear-winner test); +inf if diverged."""
@@ -156,17 +196,16 @@ def momentum_lr_grid(
 def clear_winner(probes: Sequence[Probe], threshold: float, window: int) -> tuple[Probe, list[Probe]]:
     """The lowest-score probe and those it does not clearly beat (Omnivore appendix E, L3695-3700).
 
-    The winner is clear when its mean loss over the last `window` iterations is at least
-    `threshold` (5%) below every other finite probe's; the others are returned as tied.
+    The winner is clear when its mean loss over the last `window` iterations (its held-out loss
+    when scored) is at least `threshold` (5%) below every other finite probe's; the others are
+    returned as tied.
     """
     winner = min(probes, key=lambda p: p.score)
-    best = winner.window_loss(window)
+    best = winner.judged(window)
     tied = [
         p
         for p in probes
-        if p is not winner
-        and math.isfinite(p.window_loss(window))
-        and best > (1 - threshold) * p.window_loss(window)
+        if p is not winner and math.isfinite(p.judged(window)) and best > (1 - threshold) * p.judged(window)
     ]
     return winner, tied
 
@@ -303,6 +342,10 @@ class SearchLog:
         self.iterations += len(trace)
         return seg, state, diverged, seconds, run_id
 
+    def charge(self, seconds: float) -> None:
+        """Time spent between engine runs (scoring a probe) on the optimizer's clock."""
+        self.elapsed += max(0.0, float(seconds))
+
     def trace(self) -> pd.DataFrame:
         """Every run so far, end to end on the optimizer's clock, with `phase`, `run` and `kept`."""
         frames = [s for s in self.segments if len(s)]
@@ -365,6 +408,7 @@ class Prober:
     window: int = 50
     max_extensions: int = 1
     judge: Judge | None = None
+    scorer: Callable[[TrainState], float] | None = None
 
     def probe(
         self, config: RunConfig, start: TrainState, phase: str, reason: str, repeats: int = 1
@@ -378,6 +422,56 @@ class Prober:
         self.advance(p, start, budget)
         self.log.record_probe("probe", p, reason, self.window)
         return p
+
+    def grid(
+        self,
+        config: RunConfig,
+        points: Sequence[tuple[float, float]],
+        start: TrainState,
+        phase: str,
+        label: str = "",
+        early_stop: bool = False,
+    ) -> list[Probe]:
+        """Probe `config` at each (momentum, lr) of `points` from `start`; stops when the budget does.
+
+        `early_stop`: each rate's momenta run from the highest down and stop at the first one whose
+        score is worse than the one before (the cold start's rule for η, applied to µ); a "skip"
+        decision row names the momenta left out."""
+        order = list(points)
+        if early_stop:
+            by_lr: dict[float, list[float]] = {}
+            for m, lr in points:
+                by_lr.setdefault(lr, []).append(m)
+            order = [(m, lr) for lr, ms in by_lr.items() for m in sorted(ms, reverse=True)]
+        probes: list[Probe] = []
+        prev: Probe | None = None
+        skipped: set[float] = set()
+        for i, (momentum, lr) in enumerate(order):
+            if lr in skipped:
+                continue
+            c = config.with_(lr=lr, momentum=momentum)
+            p = self.probe(c, start, phase, f"{label}grid point {i + 1} of {len(order)}")
+            if p is None:
+                break
+            probes.append(p)
+            # worse than a finite predecessor; after a diverged one a lower momentum may still converge
+            worse = (
+                prev is not None
+                and prev.config.lr == lr
+                and not prev.diverged
+                and (p.diverged or p.score > prev.score)
+            )
+            if early_stop and worse:
+                skipped.add(lr)
+                rest = [m for m, r in order[i + 1 :] if r == lr]
+                if rest:
+                    why = (
+                        f"µ={momentum:g} is worse than µ={prev.config.momentum:g} at lr={lr:g}: "
+                        f"not probed: µ={', '.join(f'{m:g}' for m in rest)}"
+                    )
+                    self.log.record(phase, "skip", c, why, score=p.score)
+            prev = p
+        return probes
 
     def extend(self, p: Probe) -> None:
         """Run a probe one probe length further from its own end state."""
@@ -393,6 +487,21 @@ class Prober:
         p.trace = seg if not len(p.trace) else pd.concat([p.trace, seg], ignore_index=True)
         p.diverged = p.diverged or diverged
         p.runs.append(run)
+        if self.scorer is not None and not p.diverged and p.state is not None:
+            t0 = time.perf_counter()
+            p.held_out = self.scorer(p.state)
+            self.log.charge(self.scoring_seconds(time.perf_counter() - t0, seg))
+
+    def scoring_seconds(self, wall: float, seg: pd.DataFrame) -> float:
+        """The clock's charge for scoring a probe: its wall time, or on a simulated clock the
+        forward passes over the scorer's samples, a third of an iteration's time per batch."""
+        if self.log.attrs.get("time_unit") != "simulated s":
+            return wall
+        n = getattr(self.scorer, "n_samples", None)
+        if not n or not len(seg):
+            return 0.0
+        per_iteration = float((seg["t_end"] - seg["t_start"]).median())
+        return per_iteration / 3 * n / max(1, int(seg["n_images"].median()) if "n_images" in seg else 1)
 
     def pick(self, probes: list[Probe]) -> tuple[Probe, int, str]:
         """The lowest score; tied probes run longer, up to `max_extensions` times.
@@ -408,4 +517,5 @@ class Prober:
             winner, tied = clear_winner([winner, *tied], self.threshold, self.window)
         if tied:
             return winner, 1 + extensions, f"no clear winner after {extensions} extension(s): lowest score"
-        return winner, 1 + extensions, f"clear winner ({self.threshold:.0%} over {self.window} iterations)"
+        over = "on the held-out loss" if self.scorer is not None else f"over {self.window} iterations"
+        return winner, 1 + extensions, f"clear winner ({self.threshold:.0%} {over})"

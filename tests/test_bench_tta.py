@@ -65,7 +65,9 @@ def test_a_tiny_run_writes_the_tables_and_the_plots(tmp_path):
     out = bench_tta.main(argv)
     dask_table = pd.read_csv(tmp_path / "tta.csv")
     assert {"run", "tta_95", "tta_98", "tta_99", "ratio_99", "train_seconds"} <= set(dask_table.columns)
-    assert list(dask_table["run"][:3]) == ["optimizer", "sync g=1 η=0.01", "async g=2 η=0.01"]
+    assert list(dask_table["run"][:4]) == [
+        "optimizer", "optimizer, paper η grid", "sync g=1 η=0.01", "async g=2 η=0.01"
+    ]  # fmt: skip
     assert (dask_table["train_seconds"] <= 15 + 10).all()
     assert set(out["simulated"]["kind"]) >= {"optimizer", "sync", "async"}
     for name in ("accuracy.png", "accuracy_simulated.png", "table.md", "histories.csv", "simulated.csv"):

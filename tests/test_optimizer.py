@@ -51,7 +51,10 @@ def run(digits8):
     X, y = digits8
     net = small_net()
     start_hash = state_hash(TrainState.from_net(net))
-    opt = OmnivoreOptimizer(SimulatedEngine(PLANTED, verbose=0), probe_iterations=20, epoch_factor=3)
+    # Algorithm 1's loop from a synchronous cold start (the g ladder of appendix E-D has its own tests)
+    opt = OmnivoreOptimizer(
+        SimulatedEngine(PLANTED, verbose=0), probe_iterations=20, epoch_factor=3, cold_start_groups=False
+    )
     result = opt.optimize(
         net, X, y, batch_size=32, time_budget=20_000, should_stop=lambda state, trace: reached(trace)
     )
@@ -65,6 +68,7 @@ def probes(decisions: pd.DataFrame, phase: str) -> pd.DataFrame:
 def test_cold_start_picks_a_sensible_rate_and_stops_at_the_first_worse_one(run):
     decisions = run[0].decisions
     cold = probes(decisions, "cold_start")
+    cold = cold[cold["n_groups"] == 1]  # the rate probes; then the g ladder (appendix E-D)
     grid = (0.1, 0.01, 0.001, 1e-4, 1e-5)
     assert tuple(cold["lr"]) == grid[: len(cold)]
     assert (cold["n_groups"] == 1).all() and (cold["momentum"] == 0.9).all()
@@ -122,7 +126,7 @@ def test_decisions_have_the_documented_columns_and_probes_share_their_start(run)
         assert rows["start_hash"].nunique() == 1
         assert rows["start_hash"].iloc[0] != start_hash
     chosen = decisions[decisions["chosen"] & (decisions["action"] == "probe")]
-    assert len(chosen) == (decisions["action"].isin(["choose", "choose_lr"])).sum()
+    assert len(chosen) == (decisions["action"].isin(["choose", "choose_groups"])).sum()
     kept_runs = set(result.trace.loc[result.trace["kept"], "run"])
     assert set(chosen["run"]) <= kept_runs
 
@@ -134,6 +138,7 @@ def test_momentum_zero_at_four_groups_tries_small_momenta_then_halves_g(digits8)
         probe_iterations=8,
         epoch_factor=0.5,
         probe_losses=implicit_momentum_losses(optimal_total=0.6, best_lr=0.1),
+        cold_start_groups=False,  # Algorithm 1's loop alone (the ladder has its own test)
     )
     result = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=2)
     d = result.decisions
@@ -158,7 +163,7 @@ def test_a_raising_engine_counts_as_divergence_and_the_cold_start_moves_on(digit
         engine, lr_grid=(1.0, 0.1, 0.01, 0.001, 1e-4), probe_iterations=20, epoch_factor=0.5
     )
     result = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=1)
-    cold = probes(result.decisions, "cold_start")
+    cold = probes(result.decisions, "cold_start")[lambda r: r["n_groups"] == 1]
     assert cold.iloc[0]["lr"] == 1.0 and cold.iloc[0]["diverged"] and math.isinf(cold.iloc[0]["score"])
     assert not cold.iloc[1:]["diverged"].any() and len(cold) < 5
     assert result.chosen.lr in (0.1, 0.01)
@@ -183,7 +188,7 @@ def test_a_diverging_train_epoch_goes_back_to_its_start_and_divides_lr_by_10(dig
     engine = RaisingEngine(
         PLANTED, verbose=0, raises=lambda config, budget: config.n_groups > 1 and budget.iterations is None
     )
-    opt = OmnivoreOptimizer(engine, probe_iterations=8, epoch_factor=0.5)
+    opt = OmnivoreOptimizer(engine, probe_iterations=8, epoch_factor=0.5, cold_start_groups=False)
     result = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=3)
     d = result.decisions
     first, second = d[d["action"] == "choose"].iloc[0], d[d["action"] == "choose"].iloc[1]
