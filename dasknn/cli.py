@@ -77,6 +77,7 @@ def cmd_train(args) -> int:
         verbose=1 if args.verbose else 0,
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
+        optimizer_options=None if args.lr_grid is None else {"lr_grid": args.lr_grid},
     )
     if args.verbose:
         knobs = f"n_groups={args.n_groups}, lr={args.lr}, momentum={args.momentum}"
@@ -215,6 +216,16 @@ def _ranged(check, what: str, auto: bool = False, integer: bool = False):
     return parse
 
 
+def _rates(text: str) -> tuple[float, ...]:
+    """An argparse type: comma-separated learning rates, each finite and > 0."""
+    rate = _positive(float)
+    try:
+        rates = tuple(rate(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+    return rates
+
+
 def _net(text: str) -> str:
     """An argparse type: a zoo net name or an existing .prototxt file."""
     from dasknn.nn.zoo import NETS
@@ -268,6 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_ranged(lambda v: v > 0, "> 0", auto=True),
         default="auto",
         help="learning rate: 'auto' or a number",
+    )
+    t.add_argument(
+        "--lr-grid",
+        type=_rates,
+        default=None,
+        help="the optimizer's cold-start rates, highest first, e.g. 0.1,0.03,0.01 (default: 0.1 ... 1e-5)",
     )
     t.add_argument(
         "--momentum",

@@ -432,7 +432,12 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             net, start = self._build_net(X.shape[1:], len(self.classes_)), None
         resume_from = ckpt if self.resume else None
         with ExitStack() as stack:
-            engine, _client = self._engine(stack, net)
+            engine, client = self._engine(stack, net)
+            if client is not None:
+                # once per fit: the engine's runs then reuse these chunks (persisting the same graph
+                # again per run makes the scheduler warn of a "different run_spec" for its keys)
+                X = client.persist(X) if isinstance(X, da.Array) else X
+                y_idx = client.persist(y_idx) if isinstance(y_idx, da.Array) else y_idx
             self._train(engine, net, X, y_idx, start, resume_from, partial_epochs)
         self.net_ = net
         return self

@@ -134,7 +134,7 @@ class BenchCNN(DistributedCNN):
     """DistributedCNN on the engine the benchmark built (`bench_engine`), so every run shares it."""
 
     def _engine(self, stack, net):
-        return self.bench_engine, None
+        return self.bench_engine, getattr(self.bench_engine, "client", None)
 
 
 def fit_run(

@@ -47,6 +47,8 @@ def test_bad_options_exit_2_with_the_problem_named(tmp_path):
     assert out.returncode == 2 and "must be > 0" in out.stderr
     out = dasknn("train", "--lr", "fast")
     assert out.returncode == 2 and "expected 'auto' or a number" in out.stderr
+    out = dasknn("train", "--lr-grid", "0.1,-0.01")
+    assert out.returncode == 2 and "--lr-grid" in out.stderr and "must be > 0" in out.stderr
 
 
 def test_summary_prints_layers_and_costs():
@@ -69,3 +71,15 @@ def test_train_with_a_replica_strategy_on_the_simulator(tmp_path):
     assert set(trace["group"]) == {0, 1}
     out = dasknn("train", "--strategy", "hogwild")
     assert out.returncode == 2 and "--strategy" in out.stderr
+
+
+def test_lr_grid_sets_the_optimizers_cold_start_rates(tmp_path):
+    run = tmp_path / "grid"
+    out = dasknn(
+        "train", "--dataset", "digits", "--engine", "simulated", "--lr-grid", "0.05,0.005",
+        "--max-epochs", "2", "--eval-size", "300", "--output", str(run), "-q",
+    )  # fmt: skip
+    assert out.returncode in (0, 1), out.stderr
+    decisions = pd.read_csv(run / "decisions.csv")
+    cold = decisions[(decisions["phase"] == "cold_start") & (decisions["action"] == "probe")]
+    assert cold["lr"].iloc[0] == 0.05 and set(cold[cold["n_groups"] == 1]["lr"]) <= {0.05, 0.005}

@@ -78,7 +78,15 @@ class Pooling(Layer):
         (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.pad
         if h + 2 * ph < kh or w + 2 * pw < kw:
             raise ValueError(f"layer {self.name!r}: window {kh}x{kw} larger than padded input {h}x{w}")
-        return (c, pool_output_size(h, kh, sh, ph), pool_output_size(w, kw, sw, pw))
+        oh, ow = pool_output_size(h, kh, sh, ph), pool_output_size(w, kw, sw, pw)
+        for axis, n, k, s, p, out in (("height", h, kh, sh, ph, oh), ("width", w, kw, sw, pw, ow)):
+            if (out - 1) * s - p >= n:  # only when kernel < stride and pad = 0: Caffe keeps the window
+                raise ValueError(
+                    f"layer {self.name!r}: along the {axis} ({n}), the last of {out} windows "
+                    f"(kernel_size {k}, stride {s}, pad {p}) starts past the input and pools nothing; "
+                    "use a kernel_size >= stride, or pad"
+                )
+        return (c, oh, ow)
 
     def _padded_extent(self):
         (_, h, w), (_, oh, ow) = self.in_shape, self.out_shape

@@ -200,5 +200,8 @@ def test_bad_layer_options_are_named():
         Convolution("c", 2, 7).setup((1, 5, 5))
     with pytest.raises(ValueError, match="unknown pool 'median'"):
         Pooling("p", "median", 2)
+    with pytest.raises(ValueError, match="along the width .2., the last of 2 windows .* pools nothing"):
+        Pooling("p", "max", 1, stride=2).setup((1, 3, 2))  # Caffe would pool an empty window
+    assert Pooling("p", "max", 1, stride=2).setup((1, 3, 3)) == (1, 2, 2)  # kernel < stride, all in
     with pytest.raises(ValueError, match="local_size must be a positive odd"):
         LRN("n", local_size=4)
