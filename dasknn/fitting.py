@@ -313,6 +313,9 @@ class Trainer:
 
         est = self.est
         options: dict[str, Any] = {**(est.optimizer_options or {}), "verbose": est.verbose}
+        # training is evaluated (and stops at the target) at least once per pass over the data, as
+        # the fixed loop's chunks are: the two report time to accuracy at the same granularity
+        options.setdefault("stop_check_iterations", self.nb)
         for knob in ("n_groups", "learning_rate", "momentum"):
             if getattr(est, knob) != "auto":
                 options[knob] = getattr(est, knob)

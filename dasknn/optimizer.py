@@ -87,7 +87,9 @@ class OmnivoreOptimizer:
     when µ* = 0, `epoch_factor` = 10 (search ≤ 10% of the time); the cold start's training epoch is
     at most `cold_start_fraction` = 15% of the time budget (appendix E-D: the cold start is < 15% of
     the run). `max_extensions`: how many times tied probes are run longer; `stop_checks`: train
-    runs per epoch when `should_stop` is given.
+    runs per epoch when `should_stop` is given, each at most `stop_check_iterations` long (default
+    no limit; DistributedCNN passes one pass over the data, as its fixed loop checks: the optimizer's
+    training is then evaluated, and stops at the target, as often as a fixed run's).
     `n_workers`: the conv devices N (default: he_model's, the engine's `n_workers`, or the number of
     conv workers of its `placement_` after a run); `max_groups`: the largest g (default N, else 32).
     `probe_losses(trace, config)`: the per-iteration losses probes are judged by (default: the
@@ -118,6 +120,7 @@ class OmnivoreOptimizer:
         epoch_factor: float = 10,
         cold_start_fraction: float = 0.15,
         stop_checks: int = 4,
+        stop_check_iterations: int | None = None,
         max_groups: int | None = None,
         he_model: HEModel | None = None,
         probe_losses: Judge | None = None,
@@ -152,6 +155,7 @@ class OmnivoreOptimizer:
             [cold_start_fraction], "cold_start_fraction", lambda v: 0 < v <= 1, "in (0, 1]"
         )[0]
         self.stop_checks = int_option(stop_checks, "stop_checks")
+        self.stop_check_iterations = int_option(stop_check_iterations, "stop_check_iterations")
         self.max_groups = int_option(max_groups, "max_groups")
         check(
             he_model is None or isinstance(he_model, HEModel),
@@ -459,12 +463,24 @@ class _Session:
         """Train an epoch of `seconds` (in `stop_checks` runs when should_stop is given); on divergence
         go back to the last good state and divide lr by 10 for the next search."""
         log = self.log
-        chunks = self.opt.stop_checks if self.should_stop is not None else 1
+        checking = self.should_stop is not None
+        chunk = seconds / (self.opt.stop_checks if checking else 1)
+        per_check = self.opt.stop_check_iterations if checking else None
         trained: list[pd.DataFrame] = []
-        for _ in range(chunks):
-            budget = log.budget(seconds=seconds / chunks)
+        end_time, runs = log.elapsed + seconds, 0
+        while True:
+            if per_check is None:  # `stop_checks` runs of equal length
+                if runs == (self.opt.stop_checks if checking else 1):
+                    break
+                length = chunk
+            else:  # runs of at most per_check iterations until the epoch's time is spent
+                length = min(chunk, end_time - log.elapsed)
+                if length <= 0.05 * chunk:
+                    break
+            budget = log.budget(seconds=length, iterations=per_check)
             if budget is None:
                 break
+            runs += 1
             seg, end, diverged, _, run = log.run(config, budget, state, phase)
             if diverged:
                 config = config.with_(lr=config.lr / 10)
@@ -473,8 +489,10 @@ class _Session:
             log.kept.add(run)
             trained.append(seg)
             state = end
-            if self.should_stop is not None and self.should_stop(state, log.trace()):
+            if checking and self.should_stop(state, log.trace()):
                 self.stopped = "should_stop returned True"
+                break
+            if not len(seg):  # a run that did no iteration: its time is spent, nothing to go on with
                 break
         done = pd.concat(trained) if trained else pd.DataFrame({"loss": [], "accuracy": []})
         self.history.append(

@@ -165,6 +165,10 @@ def test_auto_knobs_run_omnivores_optimizer_and_record_its_decisions():
     assert actions[0] == "probe" and "choose_lr" in actions and "initial_groups" in actions
     assert set(est.trace_["phase"]) >= {"cold_start"}
     assert est.tradeoff_ is not None and est.tradeoff_.sizes["lr"] >= 2
+    # training is evaluated at least once per pass over the data (as the fixed loop's chunks)
+    probe_runs = set(est.decisions_.loc[est.decisions_["run"] >= 0, "run"])
+    train_runs = est.trace_[~est.trace_["run"].isin(probe_runs)].groupby("run").size()
+    assert len(train_runs) >= 1 and train_runs.max() <= len(X) // 32
 
 
 def test_pinned_knobs_are_kept_by_the_optimizer():

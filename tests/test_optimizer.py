@@ -260,6 +260,7 @@ def test_a_winner_is_clear_only_when_5_percent_below_every_other_over_the_window
         ({"momentum_grid": (0.0, 1.0)}, "momentum_grid values must be in [0, 1)"),
         ({"lr_grid": (0.1, -1.0)}, "lr_grid values must be > 0"),
         ({"probe_iterations": 0}, "probe_iterations must be an integer >= 1"),
+        ({"stop_check_iterations": 0}, "stop_check_iterations must be an integer >= 1"),
         ({"clear_winner": 1.5}, "clear_winner values must be in [0, 1)"),
         ({"epoch_factor": -1}, "epoch_factor must be a finite number > 0"),
         ({"n_workers": 4, "he_model": PLANTED}, "disagrees with he_model.n_workers=8"),
@@ -308,3 +309,28 @@ def test_lenet_on_digits_reaches_99_percent_training_accuracy_within_its_budget(
     assert d[d["action"] == "initial_groups"].iloc[0]["n_groups"] == timing.smallest_saturating_g() == 4
     assert reached(result.trace, 0.99, 50) and "search" in set(result.trace["phase"])
     assert result.trace["t_end"].is_monotonic_increasing and result.trace["t_end"].iloc[-1] <= 3000
+
+
+def test_stop_check_iterations_makes_train_runs_of_at_most_that_many_iterations(digits8):
+    """Training runs end every `stop_check_iterations` so should_stop (the estimator's evaluation)
+    sees the model as often as a fixed run's loop does; without it an epoch is 4 runs."""
+    X, y = digits8
+    checks: list[int] = []
+
+    def should_stop(state: TrainState, trace: pd.DataFrame) -> bool:
+        checks.append(state.iterations_done)
+        return False
+
+    opt = OmnivoreOptimizer(
+        SimulatedEngine(PLANTED, verbose=0), probe_iterations=20, epoch_factor=3,
+        cold_start_groups=False, stop_check_iterations=15,
+    )  # fmt: skip
+    capped = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=2, should_stop=should_stop)
+    per_run = capped.trace[capped.trace["phase"] == "train"].groupby("run").size()
+    assert len(per_run) > 4 and per_run.max() <= 15
+    assert len(checks) >= len(per_run) and np.all(np.diff(checks) > 0)
+    train_seconds = capped.decisions.query("action == 'train'")
+    assert len(train_seconds) == 2  # the cold-start epoch and one Algorithm 1 epoch, each checked
+    opt.stop_check_iterations = None
+    uncapped = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=2, should_stop=lambda s, t: False)
+    assert uncapped.trace[uncapped.trace["phase"] == "train"].groupby("run").ngroups == 4
