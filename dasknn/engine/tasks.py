@@ -183,6 +183,11 @@ def _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row) -> 
     return _call(conv_server, "push", grads, version, spec.lr, spec.momentum, row, timeout=tmo)
 
 
+def _pinned(client, worker: str, fn, *args):
+    """`fn(*args)` as a task on `worker` only (a shard's data and cache live there); never cached."""
+    return client.submit(fn, *args, workers=[worker], allow_other_workers=False, pure=False)
+
+
 def _wait(futures: list, spec: GroupSpec, conv_server) -> bool:
     """Wait for shard tasks at most `spec.timeout` s; False as soon as the conv model server stops.
 
@@ -230,19 +235,9 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
     }
     token = f"{spec.group}-{row['batch']}"
     fwd = {
-        i: client.submit(
-            conv_forward,
-            spec.run_id,
-            token,
-            i,
-            template_f,
-            w_futures[i],
-            shards[i],
-            device,
-            workers=[w],
-            allow_other_workers=False,
-            pure=False,
-        )  # fmt: skip
+        i: _pinned(
+            client, w, conv_forward, spec.run_id, token, i, template_f, w_futures[i], shards[i], device
+        )
         for i, w, device in remote
     }
     lead = _net(spec.run_id, template, spec.devices[0])
@@ -258,7 +253,9 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
         for i, w, _ in remote
     }
     grads = [
-        client.submit(
+        _pinned(
+            client,
+            w,
             conv_backward,
             spec.run_id,
             token,
@@ -268,10 +265,7 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
             fwd[i],
             dacts[i],
             device,
-            workers=[w],
-            allow_other_workers=False,
-            pure=False,
-        )  # fmt: skip
+        )
         for i, w, device in remote
     ]
     grads0 = _backward(lead, weights, caches0, fc["dacts"][bounds[0] : bounds[1]], spec.devices[0])
