@@ -464,13 +464,14 @@ class _Session:
         go back to the last good state and divide lr by 10 for the next search."""
         log = self.log
         checking = self.should_stop is not None
-        chunk = seconds / (self.opt.stop_checks if checking else 1)
+        n_chunks = self.opt.stop_checks if checking else 1
+        chunk = seconds / n_chunks
         per_check = self.opt.stop_check_iterations if checking else None
         trained: list[pd.DataFrame] = []
         end_time, runs = log.elapsed + seconds, 0
         while True:
             if per_check is None:  # `stop_checks` runs of equal length
-                if runs == (self.opt.stop_checks if checking else 1):
+                if runs == n_chunks:
                     break
                 length = chunk
             else:  # runs of at most per_check iterations until the epoch's time is spent
