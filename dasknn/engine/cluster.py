@@ -57,11 +57,17 @@ def _chunk_futures(arr) -> list:
 
 
 def cluster_workers(client) -> dict[str, dict[str, Any]]:
-    """address → scheduler info (resources, nthreads) of every worker of the client's cluster."""
+    """address → scheduler info (resources, nthreads) of every worker of the client's cluster.
+
+    Asks the scheduler directly. `client.scheduler_info()` returns the client's shared cache, which
+    a periodic callback on the client's event loop rewrites with no per-worker entries
+    (n_workers=0): read just after such a rewrite, or after a failed fetch it swallows, it shows
+    an empty cluster, and a run would take its live workers for lost.
+    """
     try:
-        info = client.scheduler_info(n_workers=-1)
-    except TypeError:  # distributed < 2025: no n_workers argument, all workers returned
-        info = client.scheduler_info()
+        info = client.sync(client.scheduler.identity, n_workers=-1)
+    except TypeError:  # distributed < 2025: identity() takes no n_workers and lists every worker
+        info = client.sync(client.scheduler.identity)
     return dict(info["workers"])
 
 

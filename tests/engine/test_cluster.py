@@ -141,3 +141,14 @@ def test_losing_a_worker_raises_a_clear_error_within_bounded_time(digits):
         with pytest.raises(WorkerLostError, match=victim.replace(".", r"\.")):
             engine.run(zoo.lenet(), X, y, CFG.with_(n_groups=2), Budget(seconds=120))
         assert time.time() - t0 < 60
+
+
+def test_cluster_workers_asks_the_scheduler_not_the_clients_cache():
+    """client.scheduler_info() returns a cache that a periodic callback rewrites with no per-worker
+    entries; read right after such a rewrite it shows an empty cluster, and a run took its live
+    workers for lost (a rare false recovery under load). With the callback every millisecond, that
+    cache read came back empty 36 times in 500 here; cluster_workers must never."""
+    with dask.config.set({"distributed.client.scheduler-info-interval": "1ms"}):
+        with local_client(n_workers=2, processes=False) as client:
+            sizes = {len(cluster_workers(client)) for _ in range(500)}
+    assert sizes == {2}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dasknn.engine import tasks
-from dasknn.engine.cluster import DaskEngine, local_client
+from dasknn.engine.cluster import DaskEngine, cluster_workers, local_client
 from dasknn.engine.trace import Budget, RunConfig, Strategy
 from dasknn.nn import zoo
 from dasknn.tradeoff.hardware import t_parameter_server, t_reduction_tree
@@ -46,7 +46,7 @@ def test_tree_and_parameter_server_give_the_same_sum(client2, aggregation, branc
         for _ in range(5)
     ]
     futures = client2.scatter(grads, hash=False)
-    ps_worker = sorted(client2.scheduler_info()["workers"])[0]
+    ps_worker = sorted(cluster_workers(client2))[0]
     total = tasks.aggregate(client2, futures, aggregation, branching, ps_worker)[0].result()
     for key in ("w", "b"):
         np.testing.assert_allclose(total[key], np.sum([g[key] for g in grads], axis=0), rtol=1e-6)
@@ -59,7 +59,7 @@ def test_a_lead_workers_own_gradient_joins_the_sum(client2, aggregation):
     rng = np.random.default_rng(1)
     grads = [{"w": rng.standard_normal((4, 2)).astype(np.float32)} for _ in range(3)]
     futures = client2.scatter(grads[1:], hash=False)
-    ps_worker = sorted(client2.scheduler_info()["workers"])[0]
+    ps_worker = sorted(cluster_workers(client2))[0]
     summed, local = tasks.aggregate(client2, futures, aggregation, 2, ps_worker, local=grads[0])
     # from the client (no lead worker), PS sends the local gradient to ps_worker; the tree keeps it here
     assert (local is None) == (aggregation == "ps")

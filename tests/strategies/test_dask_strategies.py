@@ -10,7 +10,7 @@ import pytest
 
 from dasknn.data.batching import iterate_batches
 from dasknn.engine.autotune import MEASUREMENT_COLUMNS, tune_learners
-from dasknn.engine.cluster import DaskEngine, local_client
+from dasknn.engine.cluster import DaskEngine, cluster_workers, local_client
 from dasknn.engine.simulate import SimulatedEngine
 from dasknn.engine.trace import TRACE_COLUMNS, Budget, RunConfig, Strategy
 from dasknn.nn import zoo
@@ -72,7 +72,7 @@ def test_two_learners_on_dask_train_the_simulators_weights(client2, digits, stra
     np.testing.assert_allclose(
         result.trace.sort_values("iteration")["loss"], simulated.trace["loss"], rtol=1e-5
     )
-    assert sorted(engine.placement_.groups) == sorted([[w] for w in client2.scheduler_info()["workers"]])
+    assert sorted(engine.placement_.groups) == sorted([[w] for w in cluster_workers(client2)])
     assert result.state.batches_done == 8 and result.trace.attrs["learners_per_worker"] == 1
 
 
