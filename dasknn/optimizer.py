@@ -460,28 +460,21 @@ class _Session:
     def train(
         self, config: RunConfig, state: TrainState, seconds: float, phase: str
     ) -> tuple[TrainState, RunConfig]:
-        """Train an epoch of `seconds` (in `stop_checks` runs when should_stop is given); on divergence
-        go back to the last good state and divide lr by 10 for the next search."""
+        """Train an epoch of `seconds` (with should_stop: in runs of at most seconds / `stop_checks`
+        and `stop_check_iterations`, checked after each); on divergence go back to the last good
+        state and divide lr by 10 for the next search."""
         log = self.log
         checking = self.should_stop is not None
-        n_chunks = self.opt.stop_checks if checking else 1
-        chunk = seconds / n_chunks
+        chunk = seconds / (self.opt.stop_checks if checking else 1)
         per_check = self.opt.stop_check_iterations if checking else None
         trained: list[pd.DataFrame] = []
-        end_time, runs = log.elapsed + seconds, 0
-        while True:
-            if per_check is None:  # `stop_checks` runs of equal length
-                if runs == n_chunks:
-                    break
-                length = chunk
-            else:  # runs of at most per_check iterations until the epoch's time is spent
-                length = min(chunk, end_time - log.elapsed)
-                if length <= 0.05 * chunk:
-                    break
-            budget = log.budget(seconds=length, iterations=per_check)
+        end_time = log.elapsed + seconds
+        # runs of at most `chunk` seconds and `per_check` iterations until the epoch's time is spent
+        # (a run's charge may overrun its budget a little: a remainder under 5% of a chunk is dropped)
+        while end_time - log.elapsed > 0.05 * chunk:
+            budget = log.budget(seconds=min(chunk, end_time - log.elapsed), iterations=per_check)
             if budget is None:
                 break
-            runs += 1
             seg, end, diverged, _, run = log.run(config, budget, state, phase)
             if diverged:
                 config = config.with_(lr=config.lr / 10)

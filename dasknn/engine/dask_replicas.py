@@ -30,7 +30,7 @@ from dasknn.engine import tasks
 from dasknn.engine.cluster import cluster_workers
 from dasknn.engine.dask_runs import engine_client, persist_data, wait_for_loops
 from dasknn.engine.placement import Placement, device_of
-from dasknn.engine.servers import submit_actor
+from dasknn.engine.servers import submit_actor, submit_pinned
 from dasknn.engine.trace import Budget, RunConfig, RunResult, Strategy, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
@@ -330,11 +330,7 @@ def run_replicas(
             weight_decay=config.weight_decay,
             timeout=engine.timeout,
         )
-        loops.append(
-            client.submit(
-                learner_loop, spec, template, average, workers=[w], allow_other_workers=False, pure=False
-            )
-        )
+        loops.append(submit_pinned(client, learner_loop, spec, template, average, worker=w))
     try:
         rows = wait_for_loops(
             engine,

@@ -22,7 +22,7 @@ from dasknn.engine import tasks
 from dasknn.engine.cluster import cluster_workers
 from dasknn.engine.dask_runs import engine_client, persist_data, wait_for_loops
 from dasknn.engine.placement import Placement, plan, shard_sizes
-from dasknn.engine.servers import ConvModelServer, submit_actor
+from dasknn.engine.servers import ConvModelServer, submit_actor, submit_pinned
 from dasknn.engine.strategies import split_layer
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
@@ -109,7 +109,8 @@ def _sharded_iteration(client, spec, template, conv_server, fc_model, x, y, b) -
         a, z = int(bounds[i]), int(bounds[i + 1])
         parts = client.scatter([weights, x[a:z], y[a:z]], workers=[w], direct=True, hash=False)
         scattered.append(parts)
-        out = client.submit(
+        out = submit_pinned(
+            client,
             whole_net_step,
             spec.run_id,
             template,
@@ -117,9 +118,7 @@ def _sharded_iteration(client, spec, template, conv_server, fc_model, x, y, b) -
             device,
             (spec.seed, FC_RNG_STREAM, b),
             (z - a) / spec.batch_size,
-            workers=[w],
-            allow_other_workers=False,
-            pure=False,
+            worker=w,
         )
         outs.append(out)
         grads.append(client.submit(_grads_of, out, workers=[w], pure=False))
@@ -253,16 +252,7 @@ def run_unmerged(
             ps_worker=where,
         )
         loops.append(
-            client.submit(
-                unmerged_loop,
-                spec,
-                template,
-                conv_server,
-                fc_model,
-                workers=[workers[0]],
-                allow_other_workers=False,
-                pure=False,
-            )
+            submit_pinned(client, unmerged_loop, spec, template, conv_server, fc_model, worker=workers[0])
         )
     try:
         rows = wait_for_loops(

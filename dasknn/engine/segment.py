@@ -24,7 +24,7 @@ from dasknn.engine.recovery import (
     lost_workers,
     state_of,
 )
-from dasknn.engine.servers import ConvModelServer, FCServer, submit_actor
+from dasknn.engine.servers import ConvModelServer, FCServer, submit_actor, submit_pinned
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.nn.net import Net
 
@@ -87,15 +87,14 @@ class Segment:
         try:
             self._servers(conv_net, fc_net, config)
             self.loops = [
-                self.client.submit(
+                submit_pinned(
+                    self.client,
                     tasks.group_loop,
                     spec,
                     template,
                     self.conv_server,
                     self.fc_server,
-                    workers=[spec.workers[0]],
-                    allow_other_workers=False,
-                    pure=False,
+                    worker=spec.workers[0],
                 )
                 for spec in specs
             ]

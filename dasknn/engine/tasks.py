@@ -24,6 +24,7 @@ import numpy as np
 
 from dasknn.backend import get_xp, to_device, to_numpy
 from dasknn.data.batching import BatchOrder
+from dasknn.engine.servers import submit_pinned
 
 _NETS: dict[tuple[str, int], Any] = {}
 _NETS_LOCK = threading.Lock()
@@ -183,11 +184,6 @@ def _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row) -> 
     return _call(conv_server, "push", grads, version, spec.lr, spec.momentum, row, timeout=tmo)
 
 
-def _pinned(client, worker: str, fn, *args):
-    """`fn(*args)` as a task on `worker` only (a shard's data and cache live there); never cached."""
-    return client.submit(fn, *args, workers=[worker], allow_other_workers=False, pure=False)
-
-
 def _wait(futures: list, spec: GroupSpec, conv_server) -> bool:
     """Wait for shard tasks at most `spec.timeout` s; False as soon as the conv model server stops.
 
@@ -235,8 +231,8 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
     }
     token = f"{spec.group}-{row['batch']}"
     fwd = {
-        i: _pinned(
-            client, w, conv_forward, spec.run_id, token, i, template_f, w_futures[i], shards[i], device
+        i: submit_pinned(
+            client, conv_forward, spec.run_id, token, i, template_f, w_futures[i], shards[i], device, worker=w
         )
         for i, w, device in remote
     }
@@ -253,9 +249,8 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
         for i, w, _ in remote
     }
     grads = [
-        _pinned(
+        submit_pinned(
             client,
-            w,
             conv_backward,
             spec.run_id,
             token,
@@ -265,6 +260,7 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
             fwd[i],
             dacts[i],
             device,
+            worker=w,
         )
         for i, w, device in remote
     ]
