@@ -16,7 +16,8 @@ machines: forward 7.2×, backward 6.6×) and network time linearly or worse ("th
 
 Here, N = 2: `local_client(n_workers=2)` (two single-threaded worker processes, BLAS 1 thread
 each; the FC server shares a worker with conv work, as `plan` places it without an FC resource).
-g = 1 is one group of k = 2 (shard tasks, a reduction, one push); g = 2 is two groups of one worker.
+g = 1 is one group of k = 2 (its lead's shard inline, the other on that worker's ShardServer actor,
+one push); g = 2 is two groups of one worker.
 For each of LeNet (b = 64, digits 28×28) and CIFAR-10 quick (b = 128, synthetic 3×32×32):
 
 - calibration, on one of the cluster's workers (the runs' own process environment) and, for
@@ -33,10 +34,14 @@ CIFAR-10 quick, and misses by 2.05× on LeNet, whose 25 ms iteration is as long 
 of a group that is not on the servers' worker (pull, FC step with activations, push: ~7-10 ms each
 way here), which the engine does not overlap with compute as the model's max() assumes; the two
 workers also share the 2 cores with the FC server and the driver. With one group of two workers
-(g = 1) the model is too optimistic, 1.51× (CIFAR-10 quick) and 5.3× (LeNet): the engine's k > 1
-iteration costs ~75-85 ms more than t_conv(2) + t_fc in dask round trips (scatters, ~7 submits,
-gathers) that a bandwidth-only T_nc · k does not count. The worker and in-process calibrations
-agree within ~10% now that `local_client` tunes the workers' malloc (see bench_overhead).
+(g = 1) the model was too optimistic, 1.51× (CIFAR-10 quick) and 5.3× (LeNet), while the remote
+shard ran as dask tasks: the engine's k > 1 iteration cost ~75-85 ms more than t_conv(2) + t_fc in
+scheduler round trips (scatters, submits, gathers, ~13 ms a hop) that a bandwidth-only T_nc · k does
+not count. Since the remote shard runs on a ShardServer actor (direct worker-to-worker calls,
+~1 ms), `--quick` on the same machine (load 1.4-1.6, median of 2, 2026-11-23) measures g = 1 at
+17.6 ms on LeNet (was 53 ms; 1.74× the model) and 137 ms on CIFAR-10 quick (was 184 ms; 1.30×).
+The worker and in-process calibrations agree within ~10% now that `local_client` tunes the
+workers' malloc (see bench_overhead).
 
     python -m experiments.he_check [--quick]
 

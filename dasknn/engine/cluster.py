@@ -161,6 +161,13 @@ class DaskEngine:
 
     `throughput` (worker address → GFLOP/s) sets the FLOPS-proportional shard sizes by hand
     (Caffe con Troll §2.3), overriding `calibrate()`; a worker left out counts as the median one.
+
+    `shard_calls`: how a group of k > 1 workers reaches its remote shards. 'actors' (default): a
+    `tasks.ShardServer` actor on each of its workers but the lead, called directly worker to worker
+    (~1 ms a call on a local cluster), gradients summed by a reduction tree among them; 'tasks':
+    one pinned task per shard and step, through the scheduler (~13 ms a hop), summed by
+    `tasks.aggregate`. Strategy(aggregation='ps') always uses tasks (its sum runs on the conv model
+    server's worker).
     """
 
     def __init__(
@@ -176,8 +183,12 @@ class DaskEngine:
         snapshot_every: int = 20,
         max_recoveries: int = 3,
         throughput: dict[str, float] | None = None,
+        shard_calls: str = "actors",
     ) -> None:
         strategy = strategy if strategy is not None else Strategy()
+        if shard_calls not in ("actors", "tasks"):
+            raise ValueError(f"shard_calls must be 'actors' or 'tasks', got {shard_calls!r}")
+        self.shard_calls = shard_calls
         if throughput is not None:
             bad = {w: v for w, v in throughput.items() if not (isinstance(v, int | float) and v > 0)}
             if bad:

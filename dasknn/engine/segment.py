@@ -78,14 +78,18 @@ class Segment:
         self.snapshot = Snapshot(state.copy(), version)
         self.loops: list = []
         self.conv_future = self.conv_server = self.fc_future = self.fc_server = None
+        self.shard_futures: dict[str, Any] = {}  # worker → its ShardServer's actor future
 
     # -- start -------------------------------------------------------------------------------------
     def start(
         self, conv_net: Net, fc_net: Net, config: RunConfig, specs: list[tasks.GroupSpec], template
     ) -> None:
-        """Create both servers from the snapshot on their workers and submit the group loops."""
+        """Create both servers from the snapshot on their workers (and, with the engine's
+        `shard_calls="actors"`, a ShardServer on every worker of a group but its lead) and submit
+        the group loops."""
         try:
             self._servers(conv_net, fc_net, config)
+            shards = self._shard_servers(specs, template)
             self.loops = [
                 submit_pinned(
                     self.client,
@@ -94,6 +98,7 @@ class Segment:
                     template,
                     self.conv_server,
                     self.fc_server,
+                    shards.get(spec.group),
                     worker=spec.workers[0],
                 )
                 for spec in specs
@@ -128,6 +133,19 @@ class Segment:
         if fc_history or "fc_rng" in state.extra:
             fc_state = self._await(self.fc_server.get_state(), p.fc_worker)
             self._await(self.fc_server.set_state(fc_server_state(state, fc_state, conv_keys)), p.fc_worker)
+
+    def _shard_servers(self, specs: list[tasks.GroupSpec], template) -> dict[int, tuple]:
+        """group → the ShardServer actors of its workers but the lead (none with shard tasks)."""
+        engine = self.engine
+        if getattr(engine, "shard_calls", "tasks") != "actors" or engine.strategy.aggregation == "ps":
+            return {}
+        for spec in specs:
+            for worker, device in zip(spec.workers[1:], spec.devices[1:], strict=True):
+                self.shard_futures[worker] = submit_actor(
+                    self.client, tasks.ShardServer, template, device, worker=worker
+                )
+        actors = {w: self._await(f, w) for w, f in self.shard_futures.items()}
+        return {s.group: tuple(actors[w] for w in s.workers[1:]) for s in specs if len(s.workers) > 1}
 
     def _await(self, future, worker: str):
         """A task's or an actor call's result within `timeout` s; SegmentFailed as soon as `worker`
@@ -251,10 +269,12 @@ class Segment:
 
     def release(self) -> None:
         """Let the servers' actors go (after their state has been read, or when the run ends)."""
-        futures = [f for f in (self.conv_future, self.fc_future) if f is not None]
+        futures = [self.conv_future, self.fc_future, *self.shard_futures.values()]
+        futures = [f for f in futures if f is not None]
         if futures:
             self.client.cancel(futures)
         self.conv_future = self.conv_server = self.fc_future = self.fc_server = None
+        self.shard_futures = {}
 
     def resume_point(
         self, failure: SegmentFailed

@@ -3,11 +3,16 @@
 Omnivore on Dask (ARCHITECTURE.md, "Data flow of one iteration"). A group's loop runs on its lead
 worker and, each iteration: pulls the conv weights (version v) from the conv model server; runs the
 conv forward of each shard on its worker with batched lowering (the cache stays there; the lead
-worker's own shard runs inline in the loop); sends the
-activations to the merged FC server, which returns d(activations); runs each shard's conv backward
-where its cache is; sums the k gradients (a tree of tasks, or at one place: `aggregate`); pushes
-ONE update (version v'). A group
-of one worker does all of that inside its loop with no extra task. Groups run with no barrier.
+worker's own shard runs inline in the loop); sends the activations to the merged FC server, which
+returns d(activations); runs each shard's conv backward where its cache is; sums the k gradients
+(a reduction tree, or at one place); pushes ONE update (version v'). A group of one worker does all
+of that inside its loop. Groups run with no barrier.
+
+A remote shard runs on the `ShardServer` actor of its worker (one per worker of a group but its
+lead): an actor call goes straight to that worker (~1 ms on a local cluster), where a task goes
+through the scheduler and back (~13 ms), which on LeNet made a 2-worker group slower than one
+worker. `DaskEngine(shard_calls="tasks")` keeps the task path (`conv_forward`/`conv_backward`
+tasks, `aggregate`).
 
 These functions run on workers. They reach a server directly when its actor lives in the same
 worker process, and through the actor protocol otherwise.
@@ -205,6 +210,145 @@ def _wait(futures: list, spec: GroupSpec, conv_server) -> bool:
                 ) from None
 
 
+class ShardServer:
+    """The conv shard of one (non-lead) worker of a group, served as a dask actor on that worker.
+
+    `forward(token, weights, x)` runs the shard's conv forward with batched lowering and keeps its
+    cache (and the weights it used) under `token`; `backward(token, dacts)` runs the conv backward
+    from that cache and returns the weight gradient, or with `keep=True` keeps it for a reduction
+    tree: `absorb(token, *servers)` adds the kept gradients of other ShardServers (fetched from
+    their workers with `take`) to this one's. Its methods are coroutines that compute in the
+    server's own thread: dask runs a worker's blocking actor methods on ONE thread, which the conv
+    model and FC servers on the same worker also use, and a shard's compute must not queue them.
+    """
+
+    def __init__(self, template, device: str) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.device = device
+        self.net = template.copy().to(get_xp(device))
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dasknn-shard")
+        self._caches: dict[str, Any] = {}
+        self._grads: dict[str, dict[str, np.ndarray]] = {}
+
+    async def _compute(self, fn, *args):
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _forward(self, token: str, weights, x):
+        acts, caches = _forward(self.net, weights, x, self.device)
+        self._caches[token] = (weights, caches)
+        return acts
+
+    def _backward(self, token: str, dacts, keep: bool):
+        cached = self._caches.pop(token, None)
+        if cached is None:
+            raise RuntimeError(f"no forward cache for {token} on this shard server")
+        grads = _backward(self.net, cached[0], cached[1], dacts, self.device)
+        if keep:
+            self._grads[token] = grads
+            return None
+        return grads
+
+    async def forward(self, token: str, weights, x) -> np.ndarray:
+        return await self._compute(self._forward, token, weights, x)
+
+    async def backward(self, token: str, dacts, keep: bool = False) -> dict[str, np.ndarray] | None:
+        return await self._compute(self._backward, token, dacts, keep)
+
+    async def take(self, token: str) -> dict[str, np.ndarray]:
+        return self._grads.pop(token)
+
+    async def absorb(self, token: str, *servers) -> None:
+        """One node of the reduction tree: this server's kept gradient += the others' (taken)."""
+        import asyncio
+
+        parts = await asyncio.gather(*(srv.take(token) for srv in servers))
+        self._grads[token] = await self._compute(sum_grads, self._grads[token], *parts)
+
+    async def held(self) -> int:
+        """Forward caches and kept gradients held (0 between iterations: nothing leaks)."""
+        return len(self._caches) + len(self._grads)
+
+
+def _actor_results(futures: list, spec, conv_server) -> list | None:
+    """The results of actor calls, waiting at most `spec.timeout` s; None as soon as the conv model
+    server stops (the driver stops it when a worker of the run is lost)."""
+    deadline = time.monotonic() + spec.timeout
+    out = []
+    for fut in futures:
+        while True:
+            try:
+                out.append(fut.result(timeout=STOP_CHECK_SECONDS))
+                break
+            except TimeoutError:
+                if _call(conv_server, "progress", timeout=spec.timeout)[1]:
+                    return None
+                if time.monotonic() > deadline:
+                    where = ", ".join(spec.workers[1:])
+                    raise TimeoutError(
+                        f"group {spec.group}: shard servers on {where} silent for {spec.timeout:.0f} s"
+                    ) from None
+            except OSError as err:
+                raise ConnectionError(f"group {spec.group}: a shard server cannot be reached: {err}") from err
+    return out
+
+
+def _actor_iteration(
+    spec, template, conv_server, fc_server, shard_servers, x, y, row
+) -> dict[str, Any] | None:
+    """A group of k > 1 workers with a ShardServer on each worker but the lead: the lead's shard
+    inline, each other shard by direct actor calls (no scheduler round trip), one push.
+
+    The k − 1 remote gradients are summed by a reduction tree of `branching` among the shard
+    servers (its root's sum comes to the lead, which adds its own gradient, as `aggregate` does);
+    with k = 2 the one remote gradient comes back from `backward` itself. Returns the Trace row the
+    conv model server logged, or None once a server has stopped."""
+    from dasknn.engine.placement import shard_sizes
+
+    tmo = spec.timeout
+    version, weights = _call(conv_server, "pull", timeout=tmo)
+    bounds = np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
+    token = f"{spec.run_id}-{spec.group}-{row['batch']}"
+    fwd = [
+        srv.forward(token, weights, x[bounds[i] : bounds[i + 1]]) for i, srv in enumerate(shard_servers, 1)
+    ]
+    lead = _net(spec.run_id, template, spec.devices[0])
+    acts0, caches0 = _forward(lead, weights, x[bounds[0] : bounds[1]], spec.devices[0])
+    remote_acts = _actor_results(fwd, spec, conv_server)
+    if remote_acts is None:
+        return None
+    fc = _call(
+        fc_server, "step", np.concatenate([acts0, *remote_acts]), y, spec.lr, spec.momentum, timeout=tmo
+    )
+    if fc is None:
+        return None
+    dacts = fc["dacts"]
+    tree = len(shard_servers) > 1
+    bwd = [
+        srv.backward(token, dacts[bounds[i] : bounds[i + 1]], tree) for i, srv in enumerate(shard_servers, 1)
+    ]
+    total = _backward(lead, weights, caches0, dacts[bounds[0] : bounds[1]], spec.devices[0])
+    parts = _actor_results(bwd, spec, conv_server)
+    if parts is None:
+        return None
+    if tree:
+        level, b = list(shard_servers), max(2, int(spec.branching))
+        while len(level) > 1:
+            heads = [level[i : i + b] for i in range(0, len(level), b)]
+            calls = [h[0].absorb(token, *h[1:]) for h in heads if len(h) > 1]
+            if _actor_results(calls, spec, conv_server) is None:
+                return None
+            level = [h[0] for h in heads]
+        parts = _actor_results([level[0].take(token)], spec, conv_server)
+        if parts is None:
+            return None
+    total = sum_grads(total, *parts)
+    row.update(loss=fc["loss"], accuracy=fc["accuracy"])
+    return _call(conv_server, "push", total, version, spec.lr, spec.momentum, row, timeout=tmo)
+
+
 def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row) -> dict[str, Any] | None:
     """A group of k > 1 workers: this (lead) worker's shard inline, one task per other shard, one push.
 
@@ -277,12 +421,13 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
     return pushed
 
 
-def group_loop(spec: GroupSpec, template, conv_server, fc_server) -> int:
+def group_loop(spec: GroupSpec, template, conv_server, fc_server, shard_servers=None) -> int:
     """Run one compute group until its iterations are done, its deadline passes, or the conv model
     server says stop; returns the number of iterations it pushed.
 
     The Trace rows (times absolute, seconds since the epoch) go to the conv model server's log with
-    each push. A second run of the same group's task (dask may run a task again after a worker
+    each push. `shard_servers`: the ShardServer actors of `spec.workers[1:]` (None: shard tasks).
+    A second run of the same group's task (dask may run a task again after a worker
     failure) finds the group claimed and returns at once, so a group never runs twice."""
     from distributed import get_client, secede
 
@@ -307,6 +452,8 @@ def group_loop(spec: GroupSpec, template, conv_server, fc_server) -> int:
         row = {"t_start": time.time(), "group": spec.group, "batch": b, "n_images": int(x.shape[0])}
         if len(spec.workers) == 1:
             pushed = _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row)
+        elif shard_servers:
+            pushed = _actor_iteration(spec, template, conv_server, fc_server, shard_servers, x, y, row)
         else:
             pushed = _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row)
         if pushed is None:

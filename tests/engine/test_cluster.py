@@ -152,3 +152,65 @@ def test_cluster_workers_asks_the_scheduler_not_the_clients_cache():
         with local_client(n_workers=2, processes=False) as client:
             sizes = {len(cluster_workers(client)) for _ in range(500)}
     assert sizes == {2}
+
+
+def test_shard_servers_compute_the_shard_tasks_maths_and_sum_by_absorbing(digits):
+    """ShardServer (the actor path) in-process: forward/backward as the shard tasks, a kept
+    gradient summed into another server's by `absorb`, and nothing held afterwards."""
+    import asyncio
+
+    X, y = digits
+    xb, yb = dask.compute(X[:64], y[:64])
+    conv, fc = zoo.lenet(seed=0).split_phases()
+    weights = conv.get_params()
+    servers = [tasks.ShardServer(conv, "cpu") for _ in range(3)]
+    shards = [(0, 20), (20, 44), (44, 64)]
+
+    async def iteration():
+        acts = [await s.forward("b0", weights, xb[a:b]) for s, (a, b) in zip(servers, shards, strict=True)]
+        out = FCServer(fc.copy()).step(np.concatenate(acts), yb, 0.0, 0.0)
+        for s, (a, b) in zip(servers, shards, strict=True):
+            assert await s.backward("b0", out["dacts"][a:b], True) is None  # kept for the tree
+        await servers[0].absorb("b0", servers[1], servers[2])
+        total = await servers[0].take("b0")
+        with pytest.raises(RuntimeError, match="no forward cache for b0"):
+            await servers[1].backward("b0", out["dacts"][20:44])
+        return total, [await s.held() for s in servers]
+
+    total, held = asyncio.run(iteration())
+    assert held == [0, 0, 0]
+    _, _, full = zoo.lenet(seed=0).loss_and_grads(xb, yb)
+    for k, g in total.items():
+        np.testing.assert_allclose(g, full[k], rtol=1e-4, atol=1e-7, err_msg=k)
+
+
+def _shard_threads() -> int:
+    import gc
+
+    gc.collect()
+    return sum(t.name.startswith("dasknn-shard") for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("n_workers", [3, 4])
+def test_shard_servers_and_shard_tasks_train_the_same_weights(digits, n_workers):
+    """One group of 3 (tree of 2 shard servers) or 4 workers: the actor path trains what the
+    task path and in-process training do (float32 sums in another order: close, not equal)."""
+    X, y = digits
+    params = {}
+    with local_client(n_workers=n_workers) as client:
+        for calls in ("actors", "tasks"):
+            net = zoo.lenet(seed=0)
+            engine = DaskEngine(client, shard_calls=calls)
+            result = engine.run(net, X, y, CFG, Budget(iterations=6))
+            assert len(engine.placement_.groups[0]) == n_workers
+            assert list(result.trace["iteration"]) == list(range(1, 7))
+            params[calls] = result.state.params
+        # the shard servers go with their run: no compute thread of theirs is left on a worker
+        alive = client.run(_shard_threads)
+        assert set(alive.values()) == {0}, alive
+    ref = in_process(X, y, CFG, 6)
+    for k, v in ref.params.items():
+        np.testing.assert_allclose(params["actors"][k], params["tasks"][k], rtol=1e-4, atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(params["actors"][k], v, rtol=1e-3, atol=5e-5, err_msg=k)
+    with pytest.raises(ValueError, match="shard_calls must be 'actors' or 'tasks'"):
+        DaskEngine(shard_calls="rpc")
