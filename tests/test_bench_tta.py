@@ -72,3 +72,18 @@ def test_a_tiny_run_writes_the_tables_and_the_plots(tmp_path):
     assert set(out["simulated"]["kind"]) >= {"optimizer", "sync", "async"}
     for name in ("accuracy.png", "accuracy_simulated.png", "table.md", "histories.csv", "simulated.csv"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_pytorch_reference_is_scored_at_least_once_a_pass():
+    """The PyTorch loop is scored on the estimator's schedule (each pass, or every max(2, budget/20)
+    s), so its time to accuracy has the same granularity as dasknn's runs. Optional: needs torch."""
+    pytest.importorskip("torch")
+    from dasknn.data import load
+    from experiments.bench_tta_torch import caffe_lenet_loop
+
+    X, y = load("digits", size=28, batch_size=64)
+    hist = caffe_lenet_loop(X, y, budget=60.0, target=0.95, eval_size=500, seed=0, threads=1)
+    per_pass = X.shape[0] // 64
+    assert hist["iteration"].iloc[0] == 0 and hist["accuracy"].iloc[-1] >= 0.95
+    assert (np.diff(hist["iteration"]) <= per_pass).all() and len(hist) >= 3
+    assert hist["time"].is_monotonic_increasing
