@@ -5,7 +5,8 @@ seconds): time per iteration, iterations to the target accuracy, and time to it,
 merged FC with g groups (reduction tree and parameter-server aggregation inside each group), the
 unmerged physical map, Crossbow's SMA and SparkNet's model averaging. On a LocalCluster of 2
 workers (wall seconds): the same strategies on the Dask engine (merged g = 2, one group of k = 2 with
-tree or PS aggregation, unmerged, SMA, model averaging) with the same measures.
+tree aggregation on ShardServer actors or on shard tasks, or PS aggregation (shard tasks), unmerged
+(shard tasks), SMA, model averaging) with the same measures.
 Also prints RALP's split for LeNet, CIFAR-10 quick and CaffeNet.
 
 "Accuracy" is the mean batch accuracy over the last 50 batches of the trace (the training batches
@@ -116,8 +117,9 @@ DASK_SETUPS = (
     # label, strategy, n_groups, lr, momentum (async groups: 0.9 minus the implicit 1 - 1/g, and 0.9)
     ("omnivore merged g=2", Strategy(), 2, 0.01, 0.4),
     ("omnivore merged g=2", Strategy(), 2, 0.01, 0.9),
-    ("omnivore merged g=1 k=2 (tree)", Strategy(aggregation="tree"), 1, 0.01, 0.9),
-    ("omnivore merged g=1 k=2 (ps)", Strategy(aggregation="ps"), 1, 0.01, 0.9),
+    ("omnivore merged g=1 k=2 (tree, shard servers)", Strategy(aggregation="tree"), 1, 0.01, 0.9),
+    ("omnivore merged g=1 k=2 (tree, shard tasks)", Strategy(aggregation="tree"), 1, 0.01, 0.9),
+    ("omnivore merged g=1 k=2 (ps, shard tasks)", Strategy(aggregation="ps"), 1, 0.01, 0.9),
     ("unmerged g=2", Strategy(physical_map="unmerged"), 2, 0.01, 0.4),
     ("unmerged g=2", Strategy(physical_map="unmerged"), 2, 0.01, 0.9),
     ("sma k=2", Strategy(name="sma"), 2, 0.02, 0.9),
@@ -132,7 +134,9 @@ def bench_dask(X, y, batch_size: int, iterations: int, target: float) -> pd.Data
     rows = []
     with local_client(n_workers=2, threads_per_worker=1) as client:
         for label, strategy, g, lr, momentum in DASK_SETUPS:
-            engine = DaskEngine(client, strategy=strategy)
+            # remote shards on ShardServer actors unless the label says tasks ('ps' always uses tasks)
+            shard_calls = "tasks" if "shard tasks" in label else "actors"
+            engine = DaskEngine(client, strategy=strategy, shard_calls=shard_calls)
             cfg = RunConfig(n_groups=g, lr=lr, momentum=momentum, batch_size=batch_size)
             t0 = time.perf_counter()
             trace = engine.run(zoo.lenet(seed=0), X, y, cfg, Budget(iterations=iterations)).trace
