@@ -6,7 +6,7 @@ merged FC with g groups (reduction tree and parameter-server aggregation inside 
 unmerged physical map, Crossbow's SMA and SparkNet's model averaging. On a LocalCluster of 2
 workers (wall seconds): the same strategies on the Dask engine (merged g = 2, one group of k = 2 with
 tree aggregation on ShardServer actors or on shard tasks, or PS aggregation (shard tasks), unmerged
-(shard tasks), SMA, model averaging) with the same measures.
+(g = 2: one worker a group, no shards), SMA, model averaging) with the same measures.
 Also prints RALP's split for LeNet, CIFAR-10 quick and CaffeNet.
 
 "Accuracy" is the mean batch accuracy over the last 50 batches of the trace (the training batches

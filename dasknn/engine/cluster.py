@@ -167,7 +167,7 @@ class DaskEngine:
     (~1 ms a call on a local cluster), gradients summed by a reduction tree among them; 'tasks':
     one pinned task per shard and step, through the scheduler (~13 ms a hop), summed by
     `tasks.aggregate`. Strategy(aggregation='ps') always uses tasks (its sum runs on the conv model
-    server's worker).
+    server's worker). The unmerged map follows the same rule (its shards run the whole net).
     """
 
     def __init__(

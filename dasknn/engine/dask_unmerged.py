@@ -7,6 +7,9 @@ Each iteration of a group: pull the conv weights (version v) and the FC weights 
 and backward of the whole net (each worker of a group of k > 1 on its shard, the k gradients summed
 by the strategy's aggregation); push the conv gradient (staleness v' − v − 1) and the FC gradient
 (`fc_staleness` f' − f − 1). The Trace has the merged engine's columns plus `fc_staleness`.
+A group of k > 1 workers computes its lead's shard in its loop and the others on ShardServer actors
+(`whole_step`, direct worker-to-worker calls), as the merged engine does; with
+`shard_calls="tasks"` or aggregation 'ps', every shard is a task through the scheduler.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from dasknn.backend import get_xp, to_device, to_numpy
 from dasknn.engine import tasks
 from dasknn.engine.cluster import cluster_workers
 from dasknn.engine.dask_runs import engine_client, persist_data, wait_for_loops
@@ -38,17 +40,7 @@ def whole_net_step(run_id: str, template, weights, x, y, device: str, rng_key, w
     Returns {"grads", "loss", "accuracy"}, each multiplied by `weight` (the shard's n_i / B), so the
     k shards' results sum to the full batch's (SoftmaxWithLoss averages over the shard).
     """
-    net = tasks._net(run_id, template, device)
-    net.set_params(weights)
-    xp = get_xp(device)
-    rng = np.random.default_rng(list(rng_key))
-    loss, acc, grads = net.loss_and_grads(to_device(x, xp), to_device(np.asarray(y), xp), rng=rng)
-    w = np.float32(weight)
-    return {
-        "grads": {k: to_numpy(g) * w if weight != 1.0 else to_numpy(g) for k, g in grads.items()},
-        "loss": float(loss) * weight,
-        "accuracy": float(acc) * weight,
-    }
+    return tasks._whole_net(tasks._net(run_id, template, device), weights, x, y, device, rng_key, weight)
 
 
 def _grads_of(out: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -133,10 +125,46 @@ def _sharded_iteration(client, spec, template, conv_server, fc_model, x, y, b) -
     return {"t_start": t_start, "t_end": time.time(), **pushed, "loss": loss, "accuracy": acc}
 
 
-def unmerged_loop(spec: tasks.GroupSpec, template, conv_server, fc_model) -> list[dict[str, Any]]:
+def _actor_sharded_iteration(spec, template, conv_server, fc_model, shard_servers, x, y, b):
+    """k > 1 workers with a ShardServer on each but the lead: the lead's shard inline, the others by
+    direct actor calls (`whole_step`), the k − 1 remote gradients summed by a tree among them."""
+    t_start = time.time()
+    version, fc_version, conv_w, fc_w = _pull_both(spec, conv_server, fc_model)
+    weights = {**conv_w, **fc_w}
+    bounds = np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
+    token, key = f"{spec.run_id}-{spec.group}-{b}", (spec.seed, FC_RNG_STREAM, b)
+    tree = len(shard_servers) > 1
+    calls = []
+    for i, srv in enumerate(shard_servers, 1):
+        a, z = int(bounds[i]), int(bounds[i + 1])
+        calls.append(srv.whole_step(token, weights, x[a:z], y[a:z], key, (z - a) / spec.batch_size, tree))
+    a, z = int(bounds[0]), int(bounds[1])
+    lead = whole_net_step(
+        spec.run_id, template, weights, x[a:z], y[a:z], spec.devices[0], key, z / spec.batch_size
+    )
+    outs = tasks._actor_results(calls, spec, conv_server)
+    if outs is None:
+        return None
+    parts = tasks.reduce_on_servers(shard_servers, token, spec, conv_server) if tree else [outs[0]["grads"]]
+    if parts is None:
+        return None
+    summed = tasks.sum_grads(lead["grads"], *parts)
+    loss = lead["loss"] + sum(o["loss"] for o in outs)
+    acc = lead["accuracy"] + sum(o["accuracy"] for o in outs)
+    pushed = _push_both(spec, conv_server, fc_model, summed, version, fc_version, set(fc_w))
+    if pushed is None:
+        return None
+    return {"t_start": t_start, "t_end": time.time(), **pushed, "loss": loss, "accuracy": acc}
+
+
+def unmerged_loop(
+    spec: tasks.GroupSpec, template, conv_server, fc_model, shard_servers=None
+) -> list[dict[str, Any]]:
     """One compute group of the unmerged map until its iterations, its deadline or the stop signal.
 
     Runs as a long-running task on the group's lead worker; returns its Trace rows (absolute times).
+    `shard_servers`: ShardServer actors (of the whole net) on `spec.workers[1:]`, or None: every
+    shard a task (the engine's `shard_calls="tasks"`, or aggregation 'ps').
     """
     from distributed import get_client, secede
 
@@ -161,8 +189,10 @@ def unmerged_loop(spec: tasks.GroupSpec, template, conv_server, fc_model) -> lis
             next_check = now + tasks.STOP_CHECK_SECONDS
         b = spec.first_batch + spec.group + spec.n_groups * i
         x, y = reader.get(b)
-        if template_future is None:
+        if len(spec.workers) == 1:
             row = _one_worker_iteration(spec, template, conv_server, fc_model, x, y, b)
+        elif shard_servers:
+            row = _actor_sharded_iteration(spec, template, conv_server, fc_model, shard_servers, x, y, b)
         else:
             row = _sharded_iteration(client, spec, template_future, conv_server, fc_model, x, y, b)
         if row is None:  # the driver stopped the servers
@@ -221,6 +251,14 @@ def run_unmerged(
     work.set_params(state.params)
     run_id = uuid.uuid4().hex
     template = client.scatter(work, broadcast=True, hash=False)
+    shard_futures = {}
+    if engine.shard_calls == "actors" and engine.strategy.aggregation != "ps":
+        shard_futures = {
+            w: submit_actor(client, tasks.ShardServer, template, d, worker=w)
+            for group in placement.groups
+            for w, d in ((w, placement.devices[w]) for w in group[1:])
+        }
+    shards = {w: f.result(timeout=engine.timeout) for w, f in shard_futures.items()}
     t0 = time.time()
     g = placement.n_groups
     loops = []
@@ -252,7 +290,16 @@ def run_unmerged(
             ps_worker=where,
         )
         loops.append(
-            submit_pinned(client, unmerged_loop, spec, template, conv_server, fc_model, worker=workers[0])
+            submit_pinned(
+                client,
+                unmerged_loop,
+                spec,
+                template,
+                conv_server,
+                fc_model,
+                tuple(shards[w] for w in workers[1:]) if shards else None,
+                worker=workers[0],
+            )
         )
     try:
         rows = wait_for_loops(
@@ -270,7 +317,7 @@ def run_unmerged(
         conv_server.stop()
         raise
     finally:
-        client.cancel(loops)
+        client.cancel([*loops, *shard_futures.values()])
         client.run(tasks.forget_run, run_id, on_error="ignore")
     end_state = TrainState(
         params={**conv["params"], **fc["params"]},

@@ -173,6 +173,21 @@ def _backward(net, weights, caches, dacts, device):
     return {k: to_numpy(g) for k, g in grads.items()}
 
 
+def _whole_net(net, weights, x, y, device: str, rng_key, weight: float = 1.0) -> dict[str, Any]:
+    """Forward and backward of a whole net (conv + FC) on one shard: {"grads", "loss", "accuracy"},
+    each × `weight` (the shard's n_i / B), so k shards' results sum to the full batch's."""
+    net.set_params(weights)
+    xp = get_xp(device)
+    rng = np.random.default_rng(list(rng_key))
+    loss, acc, grads = net.loss_and_grads(to_device(x, xp), to_device(np.asarray(y), xp), rng=rng)
+    w = np.float32(weight)
+    return {
+        "grads": {k: to_numpy(g) * w if weight != 1.0 else to_numpy(g) for k, g in grads.items()},
+        "loss": float(loss) * weight,
+        "accuracy": float(acc) * weight,
+    }
+
+
 def _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row) -> dict[str, Any] | None:
     """A whole iteration of a one-worker group, no task: pull, forward, FC step, backward, push.
 
@@ -257,6 +272,19 @@ class ShardServer:
     async def backward(self, token: str, dacts, keep: bool = False) -> dict[str, np.ndarray] | None:
         return await self._compute(self._backward, token, dacts, keep)
 
+    def _whole(self, token: str, weights, x, y, rng_key, weight: float, keep: bool):
+        out = _whole_net(self.net, weights, x, y, self.device, rng_key, weight)
+        if keep:
+            self._grads[token] = out.pop("grads")
+        return out
+
+    async def whole_step(
+        self, token: str, weights, x, y, rng_key, weight: float = 1.0, keep: bool = False
+    ) -> dict[str, Any]:
+        """The unmerged map's shard step: the whole net (conv + FC) on this worker's shard
+        (`template` is then the whole net); with `keep`, its gradient stays for the tree."""
+        return await self._compute(self._whole, token, weights, x, y, rng_key, weight, keep)
+
     async def take(self, token: str) -> dict[str, np.ndarray]:
         return self._grads.pop(token)
 
@@ -293,6 +321,20 @@ def _actor_results(futures: list, spec, conv_server) -> list | None:
             except OSError as err:
                 raise ConnectionError(f"group {spec.group}: a shard server cannot be reached: {err}") from err
     return out
+
+
+def reduce_on_servers(shard_servers, token: str, spec, conv_server) -> list | None:
+    """The sum of the gradients the shard servers keep under `token`, by a reduction tree of
+    `spec.branching` among them (each node `absorb`s its children's), as [sum] at the caller; None
+    once the conv model server stops."""
+    level, b = list(shard_servers), max(2, int(spec.branching))
+    while len(level) > 1:
+        heads = [level[i : i + b] for i in range(0, len(level), b)]
+        calls = [h[0].absorb(token, *h[1:]) for h in heads if len(h) > 1]
+        if _actor_results(calls, spec, conv_server) is None:
+            return None
+        level = [h[0] for h in heads]
+    return _actor_results([level[0].take(token)], spec, conv_server)
 
 
 def _actor_iteration(
@@ -334,14 +376,7 @@ def _actor_iteration(
     if parts is None:
         return None
     if tree:
-        level, b = list(shard_servers), max(2, int(spec.branching))
-        while len(level) > 1:
-            heads = [level[i : i + b] for i in range(0, len(level), b)]
-            calls = [h[0].absorb(token, *h[1:]) for h in heads if len(h) > 1]
-            if _actor_results(calls, spec, conv_server) is None:
-                return None
-            level = [h[0] for h in heads]
-        parts = _actor_results([level[0].take(token)], spec, conv_server)
+        parts = reduce_on_servers(shard_servers, token, spec, conv_server)
         if parts is None:
             return None
     total = sum_grads(total, *parts)

@@ -97,10 +97,11 @@ def test_unmerged_records_fc_staleness_in_the_merged_schema(client2, digits):
     assert result.state.iterations_done == 60 and result.state.batches_done == 60
 
 
-def test_unmerged_one_group_of_two_workers_equals_momentum_sgd(client2, digits):
+@pytest.mark.parametrize("shard_calls", ["actors", "tasks"])
+def test_unmerged_one_group_of_two_workers_equals_momentum_sgd(client2, digits, shard_calls):
     X, y = digits
     net = zoo.lenet(seed=0)
-    engine = DaskEngine(client2, strategy=Strategy(physical_map="unmerged"))
+    engine = DaskEngine(client2, strategy=Strategy(physical_map="unmerged"), shard_calls=shard_calls)
     result = engine.run(net, X, y, CFG, Budget(iterations=5))
     assert len(engine.placement_.groups[0]) == 2  # each worker runs conv + FC on its shard
     ref, _ = in_process_sgd(X, y, CFG, 5)
@@ -188,3 +189,16 @@ def test_dask_strategies_train_lenet_to_97_percent(client2, mnist, strategy, con
     accuracy = training_accuracy(net, Xn, yn)
     print(f"{strategy.name}/{strategy.physical_map}: {accuracy:.4f} after {len(result.trace)} iterations")
     assert accuracy >= 0.97
+
+
+def test_unmerged_one_group_of_three_workers_sums_by_a_tree_of_shard_servers(digits):
+    """k = 3: the two remote whole-net gradients meet in a tree among the ShardServers."""
+    X, y = digits
+    with local_client(n_workers=3) as client:
+        net = zoo.lenet(seed=0)
+        engine = DaskEngine(client, strategy=Strategy(physical_map="unmerged"))
+        result = engine.run(net, X, y, CFG, Budget(iterations=4))
+        assert len(engine.placement_.groups[0]) == 3
+    ref, _ = in_process_sgd(X, y, CFG, 4)
+    assert_same_params(net.get_params(), ref.get_params(), rtol=1e-3, atol=5e-5)
+    assert list(result.trace["iteration"]) == [1, 2, 3, 4] and (result.trace["fc_staleness"] == 0).all()
