@@ -74,6 +74,7 @@ def test_a_tiny_run_writes_the_tables_and_the_plots(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
 
 
+@pytest.mark.bench  # needs torch, which only the benchmarks use: run with -m bench
 def test_pytorch_reference_is_scored_at_least_once_a_pass():
     """The PyTorch loop is scored on the estimator's schedule (each pass, or every max(2, budget/20)
     s), so its time to accuracy has the same granularity as dasknn's runs. Optional: needs torch."""
