@@ -140,7 +140,7 @@ def _actor_sharded_iteration(spec, template, conv_server, fc_model, shard_server
         calls.append(srv.whole_step(token, weights, x[a:z], y[a:z], key, (z - a) / spec.batch_size, tree))
     a, z = int(bounds[0]), int(bounds[1])
     lead = whole_net_step(
-        spec.run_id, template, weights, x[a:z], y[a:z], spec.devices[0], key, z / spec.batch_size
+        spec.run_id, template, weights, x[a:z], y[a:z], spec.devices[0], key, (z - a) / spec.batch_size
     )
     outs = tasks._actor_results(calls, spec, conv_server)
     if outs is None:
@@ -252,12 +252,8 @@ def run_unmerged(
     run_id = uuid.uuid4().hex
     template = client.scatter(work, broadcast=True, hash=False)
     shard_futures = {}
-    if engine.shard_calls == "actors" and engine.strategy.aggregation != "ps":
-        shard_futures = {
-            w: submit_actor(client, tasks.ShardServer, template, d, worker=w)
-            for group in placement.groups
-            for w, d in ((w, placement.devices[w]) for w in group[1:])
-        }
+    if tasks.uses_shard_servers(engine):
+        shard_futures = tasks.submit_shard_servers(client, placement.groups, placement.devices, template)
     shards = {w: f.result(timeout=engine.timeout) for w, f in shard_futures.items()}
     t0 = time.time()
     g = placement.n_groups

@@ -136,14 +136,10 @@ class Segment:
 
     def _shard_servers(self, specs: list[tasks.GroupSpec], template) -> dict[int, tuple]:
         """group → the ShardServer actors of its workers but the lead (none with shard tasks)."""
-        engine = self.engine
-        if getattr(engine, "shard_calls", "tasks") != "actors" or engine.strategy.aggregation == "ps":
+        if not tasks.uses_shard_servers(self.engine):
             return {}
-        for spec in specs:
-            for worker, device in zip(spec.workers[1:], spec.devices[1:], strict=True):
-                self.shard_futures[worker] = submit_actor(
-                    self.client, tasks.ShardServer, template, device, worker=worker
-                )
+        groups = [spec.workers for spec in specs]
+        self.shard_futures = tasks.submit_shard_servers(self.client, groups, self.placement.devices, template)
         actors = {w: self._await(f, w) for w, f in self.shard_futures.items()}
         return {s.group: tuple(actors[w] for w in s.workers[1:]) for s in specs if len(s.workers) > 1}
 

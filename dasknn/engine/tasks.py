@@ -300,6 +300,22 @@ class ShardServer:
         return len(self._caches) + len(self._grads)
 
 
+def uses_shard_servers(engine) -> bool:
+    """Whether `engine`'s groups of k > 1 reach their remote shards through ShardServer actors
+    (`DaskEngine(shard_calls="actors")`, except with aggregation 'ps', which sums with tasks)."""
+    return getattr(engine, "shard_calls", "tasks") == "actors" and engine.strategy.aggregation != "ps"
+
+
+def submit_shard_servers(client, groups, devices: dict[str, str], template) -> dict[str, Any]:
+    """A ShardServer actor (of `template` on its device) on every worker of `groups` but each
+    group's lead: worker → the actor's future."""
+    return {
+        w: submit_pinned(client, ShardServer, template, devices[w], worker=w, actor=True)
+        for group in groups
+        for w in group[1:]
+    }
+
+
 def _actor_results(futures: list, spec, conv_server) -> list | None:
     """The results of actor calls, waiting at most `spec.timeout` s; None as soon as the conv model
     server stops (the driver stops it when a worker of the run is lost)."""
