@@ -196,16 +196,25 @@ def test_deployed_cluster_places_fc_on_the_fc_worker_and_trains_from_two_clients
     finally:
         client.close(timeout=STOP_TIMEOUT)
 
-    # a second, independent client on the same scheduler continues the run
+    # a second, independent client on the same scheduler continues the run, as one group of both
+    # conv workers: the lead's shard in its loop, the other's on a ShardServer actor there
     second_client = connect(scheduler_file)
     try:
         assert sorted(cluster_workers(second_client)) == sorted(workers)
         engine2 = DaskEngine(second_client, timeout=RUN_TIMEOUT, poll=0.5)
-        second = engine2.run(net, X, y, CFG, Budget(seconds=60, iterations=16), start=first.state)
+        with get_task_stream(client=second_client) as stream2:
+            second = engine2.run(
+                net, X, y, CFG.with_(n_groups=1), Budget(seconds=60, iterations=16), start=first.state
+            )
     finally:
         second_client.close(timeout=STOP_TIMEOUT)
     assert engine2.placement_.fc_worker == fc_worker
-    assert sorted(w for g in engine2.placement_.groups for w in g) == conv_workers
+    (group,) = engine2.placement_.groups
+    assert sorted(group) == conv_workers
+    ran2 = {}
+    for task in stream2.data:
+        ran2.setdefault(key_split(task["key"]), []).append(task["worker"])
+    assert ran2["group_loop"] == [group[0]] and ran2["ShardServer"] == [group[1]], ran2
     assert sorted(second.trace["iteration"]) == list(range(ITERATIONS + 1, ITERATIONS + 17))
     assert second.state.iterations_done == ITERATIONS + 16
     assert second.trace["loss"].mean() < head
