@@ -88,3 +88,13 @@ def test_pytorch_reference_is_scored_at_least_once_a_pass():
     assert hist["iteration"].iloc[0] == 0 and hist["accuracy"].iloc[-1] >= 0.95
     assert (np.diff(hist["iteration"]) <= per_pass).all() and len(hist) >= 3
     assert hist["time"].is_monotonic_increasing
+
+
+@pytest.mark.bench
+def test_search_floor_benchmark_runs_and_reports_ratios():
+    from experiments import bench_search_floor
+
+    medians = bench_search_floor.main(["--reps", "1", "--budget", "30"])
+    assert list(medians.index) == [name for name, *_ in bench_search_floor.CONFIGS]
+    assert medians.loc["fixed async g=2 η=0.03", "ratio_99_vs_fixed"] == 1.0
+    assert (medians["tta_99"] > 0).all()
