@@ -48,7 +48,7 @@ def cmd_train(args) -> int:
     matplotlib.use("Agg")
     from dasknn.backend import device_info
     from dasknn.estimator import DistributedCNN
-    from dasknn.reports import format_table, plot_accuracy
+    from dasknn.reports import decisions_table, format_table, plot_accuracy
     from dasknn.tradeoff.record import save
 
     args.dataset = args.dataset or _default_dataset()
@@ -96,8 +96,8 @@ def cmd_train(args) -> int:
     if len(est.decisions_):
         est.decisions_.to_csv(out / "decisions.csv", index=False)
         written.append("decisions.csv")
-        print("\noptimizer decisions:")
-        print(format_table(est.decisions_))
+        print("\noptimizer decisions (every column in decisions.csv):")
+        print(decisions_table(est.decisions_))
     if est.tradeoff_ is not None:
         save(est.tradeoff_, out / "experiment.nc")
         written.append("experiment.nc")
@@ -377,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, KeyError, FileNotFoundError, ImportError) as err:
         print(f"dasknn {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `dasknn train | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -104,3 +104,21 @@ def format_table(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
     """A plain-text table for terminals (no extra dependency)."""
     view = df if columns is None else df[list(columns)]
     return view.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+
+
+DECISION_VIEW = ("phase", "action", "n_groups", "lr", "momentum", "score", "iterations", "time", "chosen")
+"""The columns of the optimizer's decisions `decisions_table` shows (then the reason)."""
+
+
+def decisions_table(decisions: pd.DataFrame, reason_width: int = 90) -> str:
+    """The optimizer's decisions for a terminal: the main columns and the reason, left-aligned and
+    cut to `reason_width` characters (the full record is the DataFrame / decisions.csv)."""
+    view = decisions[[c for c in DECISION_VIEW if c in decisions]].copy()
+    if "reason" in decisions and len(decisions):
+        reasons = decisions["reason"].fillna("").astype(str)
+        long = reasons.str.len() > reason_width
+        cut = reasons.where(~long, reasons.str.slice(0, reason_width - 1) + "…")
+        width = int(cut.str.len().max())
+        # left-aligned, its header too (to_string right-aligns text)
+        view["reason".ljust(width)] = cut.str.ljust(width)
+    return format_table(view)

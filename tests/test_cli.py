@@ -83,3 +83,24 @@ def test_lr_grid_sets_the_optimizers_cold_start_rates(tmp_path):
     decisions = pd.read_csv(run / "decisions.csv")
     cold = decisions[(decisions["phase"] == "cold_start") & (decisions["action"] == "probe")]
     assert cold["lr"].iloc[0] == 0.05 and set(cold[cold["n_groups"] == 1]["lr"]) <= {0.05, 0.005}
+    # the printed decisions (whether or not the target was reached): the main columns and the
+    # reasons, one line each, none over-long
+    table = out.stdout.split("optimizer decisions (every column in decisions.csv):\n")[1]
+    lines = table.split("\n\n")[0].splitlines()
+    assert lines[0].split()[:3] == ["phase", "action", "n_groups"] and "start_hash" not in lines[0]
+    assert len(lines) == len(decisions) + 1 and "cold-start rate 1 of 2" in lines[1]
+    assert max(len(line) for line in lines) < 200
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`dasknn ... | head`: the pipe closes before dasknn writes; it exits 1 without a traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dasknn", "summary", "lenet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    proc.stdout.close()  # before the interpreter has even imported dasknn
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err.decode()
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
