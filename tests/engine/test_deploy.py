@@ -218,3 +218,40 @@ def test_deployed_cluster_places_fc_on_the_fc_worker_and_trains_from_two_clients
     assert sorted(second.trace["iteration"]) == list(range(ITERATIONS + 1, ITERATIONS + 17))
     assert second.state.iterations_done == ITERATIONS + 16
     assert second.trace["loss"].mean() < head
+
+
+def test_dasknn_train_runs_on_the_deployment_with_scheduler(deployment, tmp_path):
+    """The README's cluster form of the main job: `dasknn train --scheduler tcp://...` trains on
+    the deployed workers (not on a LocalCluster of its own) and writes its report."""
+    import pandas as pd
+
+    scheduler_file, tmp = deployment
+    address = read_scheduler_file(scheduler_file, STARTUP_TIMEOUT)["address"]
+    out_dir = tmp_path / "run"
+    before = executed(scheduler_file)
+    out = subprocess.run(
+        [sys.executable, "-m", "dasknn", "train", "--scheduler", address, "--dataset", "digits"]
+        + ["--n-groups", "1", "--lr", "0.01", "--momentum", "0.9", "--target-accuracy", "0.9"]
+        + ["--time-budget", "60", "--eval-size", "300", "--output", str(out_dir), "-q"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=240,
+    )
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}\n{logs(tmp)}"
+    report = pd.read_csv(out_dir / "report.csv")
+    assert bool(report.loc[report["threshold"] == 0.9, "reached"].iloc[0])
+    trace = pd.read_csv(out_dir / "trace.csv")
+    assert set(trace["group"]) == {0} and len(trace) > 0
+    after = executed(scheduler_file)
+    # the deployed workers ran the training's tasks (not a LocalCluster of the CLI's own)
+    assert sum(after.values()) > sum(before.values()) and sorted(after) == sorted(before), (before, after)
+
+
+def executed(scheduler_file: Path) -> dict[str, int]:
+    """worker → how many tasks it has executed, read from the deployment's workers."""
+    client = connect(scheduler_file)
+    try:
+        return client.run(lambda dask_worker: dask_worker.state.executed_count)
+    finally:
+        client.close(timeout=STOP_TIMEOUT)
