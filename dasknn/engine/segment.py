@@ -1,4 +1,5 @@
-"""One stretch of a Dask-engine run on one placement: its two servers, its group loops, their watch.
+"""One stretch of a Dask-engine run on one placement: its two servers (and the groups' shard
+servers), its group loops, their watch.
 
 A run is one segment when no worker fails. The driver watches a segment (polls the loops, checks
 that every worker of the placement is alive, drains the conv model server's log of Trace rows and
