@@ -29,7 +29,7 @@ import numpy as np
 
 from dasknn.backend import get_xp, to_device, to_numpy
 from dasknn.data.batching import BatchOrder
-from dasknn.engine.servers import submit_pinned
+from dasknn.engine.servers import submit_actor, submit_pinned
 
 _NETS: dict[tuple[str, int], Any] = {}
 _NETS_LOCK = threading.Lock()
@@ -310,7 +310,7 @@ def submit_shard_servers(client, groups, devices: dict[str, str], template) -> d
     """A ShardServer actor (of `template` on its device) on every worker of `groups` but each
     group's lead: worker → the actor's future."""
     return {
-        w: submit_pinned(client, ShardServer, template, devices[w], worker=w, actor=True)
+        w: submit_actor(client, ShardServer, template, devices[w], worker=w)
         for group in groups
         for w in group[1:]
     }
