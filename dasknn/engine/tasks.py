@@ -204,25 +204,31 @@ def _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row) -> 
     return _call(conv_server, "push", grads, version, spec.lr, spec.momentum, row, timeout=tmo)
 
 
-def _wait(futures: list, spec: GroupSpec, conv_server) -> bool:
-    """Wait for shard tasks at most `spec.timeout` s; False as soon as the conv model server stops.
+def _until_stopped(ready, spec: GroupSpec, conv_server, what: str) -> bool:
+    """Call `ready(timeout)` (raises TimeoutError while not done) every STOP_CHECK_SECONDS, at most
+    `spec.timeout` s in all; False as soon as the conv model server stops.
 
-    A shard pinned to a worker that died never runs; the driver then stops the server, and the
-    loop must notice that rather than wait for the task."""
-    from distributed import wait
-
+    A shard on a worker that died never answers; the driver then stops the server, and the loop
+    must notice that rather than wait for the shard."""
     deadline = time.monotonic() + spec.timeout
     while True:
         try:
-            wait(futures, timeout=STOP_CHECK_SECONDS)
+            ready(STOP_CHECK_SECONDS)
             return True
         except TimeoutError:
             if _call(conv_server, "progress", timeout=spec.timeout)[1]:
                 return False
             if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"group {spec.group}: shard tasks on {spec.workers} unfinished after {spec.timeout:.0f} s"
-                ) from None
+                raise TimeoutError(f"group {spec.group}: {what} silent for {spec.timeout:.0f} s") from None
+
+
+def _wait(futures: list, spec: GroupSpec, conv_server) -> bool:
+    """Wait for shard tasks (see `_until_stopped`)."""
+    from distributed import wait
+
+    return _until_stopped(
+        lambda t: wait(futures, timeout=t), spec, conv_server, f"shard tasks on {', '.join(spec.workers)}"
+    )
 
 
 class ShardServer:
@@ -303,7 +309,7 @@ class ShardServer:
 def uses_shard_servers(engine) -> bool:
     """Whether `engine`'s groups of k > 1 reach their remote shards through ShardServer actors
     (`DaskEngine(shard_calls="actors")`, except with aggregation 'ps', which sums with tasks)."""
-    return getattr(engine, "shard_calls", "tasks") == "actors" and engine.strategy.aggregation != "ps"
+    return engine.shard_calls == "actors" and engine.strategy.aggregation != "ps"
 
 
 def submit_shard_servers(client, groups, devices: dict[str, str], template) -> dict[str, Any]:
@@ -317,25 +323,18 @@ def submit_shard_servers(client, groups, devices: dict[str, str], template) -> d
 
 
 def _actor_results(futures: list, spec, conv_server) -> list | None:
-    """The results of actor calls, waiting at most `spec.timeout` s; None as soon as the conv model
-    server stops (the driver stops it when a worker of the run is lost)."""
-    deadline = time.monotonic() + spec.timeout
+    """The results of actor calls (see `_until_stopped`); None once the conv model server stops."""
+    what = f"shard servers on {', '.join(spec.workers[1:])}"
     out = []
     for fut in futures:
-        while True:
-            try:
-                out.append(fut.result(timeout=STOP_CHECK_SECONDS))
-                break
-            except TimeoutError:
-                if _call(conv_server, "progress", timeout=spec.timeout)[1]:
-                    return None
-                if time.monotonic() > deadline:
-                    where = ", ".join(spec.workers[1:])
-                    raise TimeoutError(
-                        f"group {spec.group}: shard servers on {where} silent for {spec.timeout:.0f} s"
-                    ) from None
-            except OSError as err:
-                raise ConnectionError(f"group {spec.group}: a shard server cannot be reached: {err}") from err
+        try:
+            if not _until_stopped(lambda t, f=fut: f.result(timeout=t), spec, conv_server, what):
+                return None
+            out.append(fut.result())  # done: returns at once
+        except TimeoutError:  # a subclass of OSError: the deadline, not a lost connection
+            raise
+        except OSError as err:
+            raise ConnectionError(f"group {spec.group}: a shard server cannot be reached: {err}") from err
     return out
 
 
