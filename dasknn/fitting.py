@@ -54,7 +54,7 @@ class Evaluator:
     random once, so a prefix is a random subset too)."""
 
     def __init__(self, net, X_eval, y_eval, probe_samples: int = PROBE_SAMPLES) -> None:
-        from dasknn.optimizer_search import HeldOutLoss
+        from dasknn.optimizer.search import HeldOutLoss
 
         self.net, self.X, self.y = net.copy(), np.asarray(X_eval), np.asarray(y_eval)
         self.probe_score = HeldOutLoss(net, self.X[:probe_samples], self.y[:probe_samples])

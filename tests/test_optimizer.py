@@ -15,7 +15,7 @@ from dasknn.engine.simulate import SimulatedEngine
 from dasknn.engine.trace import Budget, RunConfig, TrainState
 from dasknn.nn import zoo
 from dasknn.optimizer import OmnivoreOptimizer
-from dasknn.optimizer_search import (
+from dasknn.optimizer.search import (
     DECISION_COLUMNS,
     Probe,
     clear_winner,

@@ -15,8 +15,8 @@ from dasknn.engine.simulate import SimulatedEngine
 from dasknn.engine.trace import TrainState
 from dasknn.nn.train import evaluate
 from dasknn.optimizer import OmnivoreOptimizer
-from dasknn.optimizer_cold_start import ladder
-from dasknn.optimizer_search import HeldOutLoss, state_hash
+from dasknn.optimizer.cold_start import ladder
+from dasknn.optimizer.search import HeldOutLoss, state_hash
 from dasknn.tradeoff.hardware import HEModel
 from tests.planted import implicit_momentum_losses, small_net
 

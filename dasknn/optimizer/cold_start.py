@@ -20,11 +20,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from dasknn.optimizer_search import Probe, clear_winner, state_hash
+from dasknn.optimizer.search import Probe, clear_winner, state_hash
 
 if TYPE_CHECKING:  # pragma: no cover
     from dasknn.engine.trace import TrainState
-    from dasknn.optimizer import _Session
+    from dasknn.optimizer.session import _Session
 
 __all__ = ["cold_start_groups", "cold_start_lr", "ladder"]
 
@@ -68,7 +68,7 @@ def ladder(candidates: list[int], up_to: int) -> list[int]:
 
 def cold_start_groups(session: _Session, state: TrainState, sync: Probe, up_to: int) -> tuple[Probe, str]:
     """The cold start's g (steps 2-3 of the module docstring): (the winning probe, why)."""
-    from dasknn.optimizer_search import momentum_lr_grid
+    from dasknn.optimizer.search import momentum_lr_grid
 
     opt, log, prober = session.opt, session.log, session.prober
     best_of: dict[int, Probe] = {1: sync}

@@ -1,0 +1,11 @@
+"""The optimizers that drive any engine to a target accuracy.
+
+`grid.py`: Omnivore's Algorithm 1 with its cold start (§IV-C, appendix E), the grid search over
+(g, µ, η); `session.py`: one run of it; `cold_start.py`: the appendix E-D cold start; `search.py`:
+the shared pieces (probes, their scores, the decisions log, the HE model from probes).
+"""
+
+from dasknn.optimizer.grid import OmnivoreOptimizer
+from dasknn.optimizer.session import OptimizerResult
+
+__all__ = ["OmnivoreOptimizer", "OptimizerResult"]
