@@ -1,6 +1,6 @@
 """dasknn: Omnivore-style training of convolutional networks on a Dask cluster."""
 
-__version__ = "0.1.0"
+from dasknn.version import __version__
 
 __all__ = ["DistributedCNN", "__version__"]
 

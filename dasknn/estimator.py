@@ -85,7 +85,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         Training samples scored to track accuracy over time.
     strategy : "omnivore", "sma" or "model_averaging"
         Omnivore's asynchronous compute groups (default), Crossbow's synchronous model averaging
-        (n_groups learners), or SparkNet's model averaging every `tau` iterations (issue #7).
+        (n_groups learners), or SparkNet's model averaging every `tau` iterations.
     physical_map : "merged" or "unmerged"
         FC compute and model on one server (Omnivore), or FC compute on every conv worker with the FC
         model on a model server (the MXNet/SINGA layout, Omnivore appendix C).
@@ -184,7 +184,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
     def _strategy(self):
         """The engine's Strategy from strategy, physical_map, aggregation and split (validated there)."""
-        from dasknn.engine.trace import Strategy
+        from dasknn.engine.strategy import Strategy
 
         return Strategy(
             name=self.strategy, physical_map=self.physical_map, aggregation=self.aggregation, split=self.split
@@ -274,7 +274,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
     def _engine(self, stack: ExitStack, net: Net):
         if self.engine == "simulated":
             from dasknn.backend import sgemm_gflops
-            from dasknn.engine.simulate import SimulatedEngine
+            from dasknn.engine.simulated import SimulatedEngine
             from dasknn.tradeoff.hardware import HEModel
 
             timing = HEModel.estimate(
@@ -283,7 +283,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             return SimulatedEngine(timing, verbose=max(0, self.verbose - 1), strategy=self._strategy()), None
         from distributed import Client, default_client
 
-        from dasknn.engine.cluster import DaskEngine, local_client
+        from dasknn.engine.dask import DaskEngine, local_client
 
         if self.scheduler is not None:
             client = stack.enter_context(Client(self.scheduler, security=self.security))
@@ -499,18 +499,15 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         )
 
     def _tradeoff(self, runs, net: Net):
-        from dasknn import __version__
         from dasknn.backend import device_info
         from dasknn.tradeoff.record import record_from_traces
 
         usable = {k: t for k, t in runs.items() if len(t)}
         if not usable:
             return None
-        ds = record_from_traces(
+        return record_from_traces(
             usable, net=net.name, dataset="user data", batch_size=self.batch_size, device=device_info()
         )
-        ds.attrs["dasknn_version"] = __version__
-        return ds
 
     # -- prediction ------------------------------------------------------------------------------
     def _check_fitted(self) -> None:

@@ -1,4 +1,4 @@
-"""Validation of DistributedCNN's parameters: one gate, each error naming the parameter (issue #8).
+"""Validation of DistributedCNN's parameters: one gate, each error naming the parameter.
 
 Follows scikit-learn: `__init__` stores, `fit` calls `check_params` first, so bad options fail
 before any data is read or any cluster is started.

@@ -1,7 +1,7 @@
 """The training loops behind DistributedCNN.fit and partial_fit: fixed knobs or Omnivore's optimizer,
 the history record, divergence rollback and checkpoints.
 
-Issue #8. The fixed loop runs the engine in chunks: each at most time_budget / 20 seconds (2 s
+The fixed loop runs the engine in chunks: each at most time_budget / 20 seconds (2 s
 without a time budget) and at most one epoch of iterations, and records the training accuracy
 after each. It checkpoints (when given a directory) at the end of every chunk that completes an
 epoch and at the end of the fit. The loop's own state (elapsed time, budgets spent, the current

@@ -1,6 +1,6 @@
 """Experiments and benchmarks of dasknn; each module runs as a script (see its docstring).
 
-`EXPERIMENTS` lists the papers' results reproduced in miniature (issue #9), in the order of
+`EXPERIMENTS` lists the papers' results reproduced in miniature, in the order of
 experiments/README.md; each runs with `dasknn experiment NAME` or `python -m experiments.NAME`
 and follows the interface in `experiments/common.py`. The `bench_*` modules are benchmarks.
 """

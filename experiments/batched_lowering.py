@@ -1,6 +1,6 @@
 """Batched lowering: GEMM and conv time vs batch partition bp and BLAS threads; memory vs bp.
 
-Mirrors Omnivore Fig. 4 (L688-715, appendix L2211-2245) and Caffe con Troll Fig. 2 (§2.2, L352-400):
+Mirrors Omnivore Fig. 4 (§III-B, appendix C-B) and Caffe con Troll Fig. 2 (§2.2):
 the GEMM of CaffeNet/AlexNet's largest conv layer (conv2) for a batch of b = 256 images, run as
 b/bp GEMMs of bp lowered images each. The papers found that (a) with bp = b the GEMM speeds up
 almost linearly with cores up to 4 of 8 (16 threads slightly slower than 8: memory bandwidth),

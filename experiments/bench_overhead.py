@@ -67,8 +67,11 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from dasknn.backend import device_info  # noqa: E402
 from dasknn.data import epoch_indices, load, n_batches  # noqa: E402
-from dasknn.engine import tasks  # noqa: E402
-from dasknn.engine.cluster import DaskEngine, local_client  # noqa: E402
+from dasknn.engine.dask import (  # noqa: E402
+    DaskEngine,
+    local_client,
+    tasks,  # noqa: E402
+)
 from dasknn.engine.servers import ConvModelServer, FCServer  # noqa: E402
 from dasknn.engine.trace import Budget, RunConfig  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402

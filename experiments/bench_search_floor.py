@@ -53,7 +53,7 @@ CONFIGS = (
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     from dasknn.data import load
-    from dasknn.engine.cluster import DaskEngine, local_client
+    from dasknn.engine.dask import DaskEngine, local_client
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each run (default 3)")

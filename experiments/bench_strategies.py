@@ -1,4 +1,4 @@
-"""Benchmark the other papers' strategies against Omnivore's default (issue #7).
+"""Benchmark the other papers' strategies (FireCaffe, Omnivore app. C, Crossbow, SparkNet) against Omnivore's.
 
 On a simulated 32-worker cluster (LeNet, 1 Gbit/s, device speed from the FLOP counts; simulated
 seconds): time per iteration, iterations to the target accuracy, and time to it, for Omnivore's
@@ -27,8 +27,9 @@ from pathlib import Path
 import pandas as pd
 
 from dasknn.data import load
-from dasknn.engine.simulate import SimulatedEngine
-from dasknn.engine.trace import Budget, RunConfig, Strategy
+from dasknn.engine.simulated import SimulatedEngine
+from dasknn.engine.strategy import Strategy
+from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn import zoo
 from dasknn.tradeoff.hardware import HEModel, phase_costs, time_per_iteration
 from dasknn.tradeoff.layer_placement import placement_report, t_aggregation
@@ -130,7 +131,7 @@ DASK_SETUPS = (
 
 def bench_dask(X, y, batch_size: int, iterations: int, target: float) -> pd.DataFrame:
     """Every strategy on one LocalCluster of 2 single-thread workers: wall seconds, same budget."""
-    from dasknn.engine.cluster import DaskEngine, local_client
+    from dasknn.engine.dask import DaskEngine, local_client
 
     rows = []
     with local_client(n_workers=2, threads_per_worker=1) as client:

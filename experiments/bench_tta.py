@@ -1,6 +1,6 @@
 """Benchmark: time to 95/98/99% training accuracy, Omnivore's optimizer against tuned fixed configurations.
 
-Issue #6's acceptance, on mnist-sample / LeNet (batch 64, weight decay 5e-4), in one run:
+The optimizer's time-to-accuracy check, on mnist-sample / LeNet (batch 64, weight decay 5e-4), in one run:
 
 - on one LocalCluster shared by every Dask run: the optimizer (`DistributedCNN` with n_groups,
   learning_rate and momentum "auto", its search time counted); sync (g = 1, µ = 0.9) and fully
@@ -69,7 +69,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from dasknn.backend import device_info  # noqa: E402
 from dasknn.data import load  # noqa: E402
-from dasknn.engine.simulate import SimulatedEngine  # noqa: E402
+from dasknn.engine.simulated import SimulatedEngine  # noqa: E402
 from dasknn.estimator import DistributedCNN  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
 from dasknn.reports import plot_accuracy, time_to_accuracy  # noqa: E402
@@ -278,7 +278,7 @@ def _verdicts(table: pd.DataFrame, opt: pd.Series) -> list[str]:
 
 def dask_part(args, X, y) -> tuple[pd.DataFrame, dict, dict]:
     """Every Dask run on one LocalCluster, then the PyTorch loop: (table, histories, notes)."""
-    from dasknn.engine.cluster import DaskEngine, local_client
+    from dasknn.engine.dask import DaskEngine, local_client
 
     grid = [float(v) for v in args.lr_grid.split(",")]
     histories, rows, notes = {}, [], {}

@@ -1,11 +1,11 @@
 """Cold-start table: the best (µ*, η*) per staleness S for LeNet on MNIST and CIFAR-10 quick.
 
-Mirrors Omnivore Table III (L3830-3894, appendix E-D): the optimal momentum and learning rate during
+Mirrors Omnivore Table III (appendix E-D): the optimal momentum and learning rate during
 the cold start at staleness S ∈ {0, 31, 127} (S + 1 asynchronous groups; staleness in the conv model
 only, the FC model merged and never stale), optimal = fewest iterations until the training accuracy
 reaches 99.5%. The paper found (µ*, η*): MNIST/LeNet (0.6, 0.1), (0.0, 0.1), (0.8, 0.01);
 CIFAR-10 (0.9, 0.001), (0.7, 1e-4), (0.1, 1e-4): with more staleness µ and/or η must fall, or the
-S = 0 optimum diverges (L3795-3808).
+S = 0 optimum diverges (appendix E-D).
 
 Here, on the SimulatedEngine (S = g − 1: g ∈ {1, 32, 128} groups, gamma step times CV 6%, the FC
 server never stale, as in the paper): LeNet on the MNIST sample (5,000 images, b = 64) and CIFAR-10
@@ -45,7 +45,7 @@ import xarray as xr
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dasknn.engine.simulate import SimulatedEngine  # noqa: E402
+from dasknn.engine.simulated import SimulatedEngine  # noqa: E402
 from dasknn.engine.trace import RunConfig  # noqa: E402
 from dasknn.tradeoff.statistical import final_loss  # noqa: E402
 from experiments.common import Experiment, main_for, markdown_table, stamp  # noqa: E402

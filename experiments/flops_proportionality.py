@@ -1,6 +1,6 @@
 """FLOPS proportionality: conv-layer throughput as a share of the device's measured SGEMM speed.
 
-Mirrors Omnivore Fig. 3 (L632-680, appendix L2358-2380) and the CPU column of Fig. 11: forward +
+Mirrors Omnivore Fig. 3 (§III-A, appendix C-C) and the CPU column of Fig. 11: forward +
 backward of all five conv layers of CaffeNet/AlexNet, batch 256. The paper found Omnivore's batched
 lowering at ~50% of device peak on every device (1× CPU 56%, 2× CPU 40%, 1× GPU 54%, 2× GPU 52%,
 against SGEMM at 81%, 71%, 99%, 99% of peak, i.e. 55-69% of SGEMM) while Caffe (one image per GEMM)

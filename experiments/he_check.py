@@ -1,6 +1,6 @@
 """HE check: Omnivore's hardware efficiency model against measured Dask-engine runs on this machine.
 
-Mirrors Omnivore §IV-B, "Hardware Efficiency Model" (L757-800, appendix E-A L3212-3420), and its
+Mirrors Omnivore §IV-B, "Hardware Efficiency Model" (and appendix D-D), and its
 validation: Fig. 5(b), predicted and measured time per iteration as the devices per group change,
 which is also the HE panel of Fig. 7(a). The model predicts the time per iteration of g compute
 groups of k = N/g devices sharing one merged FC server:
@@ -8,7 +8,7 @@ groups of k = N/g devices sharing one merged FC server:
     HE(g) = max{t_fc, (t_conv(k) + t_fc) / g},   t_conv(k) = max(T_cc / k, T_nc · k),
 
 calibrated from t_conv(1) (= T_cc), t_fc and the network time T_nc of one conv model out and its
-gradient back. What the paper found (L3398-3411): the parameters are measured once with a standard
+gradient back. What the paper found (appendix D-D): the parameters are measured once with a standard
 deviation under 6% (t_conv(1), t_fc; 8% for the whole iteration on AlexNet, 1.5% on CIFAR-10), and
 "the analytic model of hardware efficiency is accurate. When the FC server is saturated (right side
 of the graph), the model is almost exact"; conv compute scaled a little below linear in k (8
@@ -68,8 +68,12 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from dasknn import __version__  # noqa: E402
 from dasknn.backend import device_info  # noqa: E402
 from dasknn.data import load  # noqa: E402
-from dasknn.engine import tasks  # noqa: E402
-from dasknn.engine.cluster import DaskEngine, cluster_workers, local_client  # noqa: E402
+from dasknn.engine.dask import (  # noqa: E402
+    DaskEngine,
+    cluster_workers,
+    local_client,
+    tasks,  # noqa: E402
+)
 from dasknn.engine.servers import ConvModelServer, FCServer  # noqa: E402
 from dasknn.engine.trace import Budget, RunConfig  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402

@@ -1,17 +1,17 @@
 """Implicit momentum of asynchrony: measured vs Theorem 1's 1 − 1/g (Omnivore §IV-C, Fig. 6).
 
-Mirrors Omnivore Fig. 6 (L949-950: "Predicted and measured momentum moduli: (Left) Predicted,
+Mirrors Omnivore Fig. 6 (§IV-C: "Predicted and measured momentum moduli: (Left) Predicted,
 Theorem 1 (Middle) Measured, CIFAR (Right) Measured, ImageNet"). The paper found that with g
 asynchronous groups and explicit momentum µ = 0 the updates behave like momentum SGD with
-momentum 1 − 1/g (Theorem 1, L901-915), that the measured momentum follows that prediction (L932-936),
-and that the best explicit momentum falls as g grows, to 0 at g = 32 on ImageNet (L3645-3647).
+momentum 1 − 1/g (Theorem 1, §IV-C), that the measured momentum follows that prediction (§IV-C),
+and that the best explicit momentum falls as g grows, to 0 at g = 32 on ImageNet (appendix E).
 
 Here the "system" is asynchronous SGD with µ = 0 on a least-squares problem: g groups each read
 the model, compute a minibatch gradient, and write it when their step time ends (discrete events,
 as the SimulatedEngine runs them). 1,000 replicas from one start estimate E V(t+1) and E ∇ℓ(W(t)),
 and a least-squares fit of E V(t+1) ≈ m·E V(t) − c·E ∇ℓ(W(t)) gives the measured momentum m (and c,
 which Theorem 1 predicts to be η/g). Two timing models: exponential step times (Theorem 1's
-assumption A2) and nearly round-robin ones (gamma, CV 6%: Omnivore measured < 6%, L3405).
+assumption A2) and nearly round-robin ones (gamma, CV 6%: Omnivore measured < 6%, §III-B and appendix D-D).
 
 What it found (5 seeds, mean ± sd): with exponential step times the measured momentum is within
 0.01 of 1 − 1/g for g = 1..32 (0.007, 0.492, 0.747, 0.872, 0.934, 0.964 against 0, 0.5, 0.75,

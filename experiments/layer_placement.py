@@ -2,8 +2,8 @@
 
 For LeNet, CIFAR-10 quick and CaffeNet; the first-FC split is Omnivore's (§II-B).
 
-Mirrors RALP's Table 2 (layer-placement.txt L781-807, "Transfer sizes of a 32-GPU training for one
-step") and its rule (§3 Step 3, L575-600): split after the layer i minimising O_i + Σ_{x≤i} P_x
+Mirrors RALP's Table 2 ("Transfer sizes of a 32-GPU training for one
+step") and its rule (§3 Step 3): split after the layer i minimising O_i + Σ_{x≤i} P_x
 (O_i: output bytes of a batch, P_x: parameter bytes), run the layers after it on the parameter
 server, so the big FC weights never cross the network. The paper found RALP's transfer independent
 of the model size: AlexNet 0.47 GB per step against Horovod's 3.23 GB (model 0.23 GB), VGG11 0.64

@@ -1,6 +1,6 @@
 """Lowering types: Type 1/2/3 forward+backward time as d/o varies, and where `auto` chooses.
 
-Mirrors Caffe con Troll Fig. 8 (Appendix A, L700-735; cost model Fig. 6): with the other sizes
+Mirrors Caffe con Troll Fig. 8 (Appendix A; cost model Fig. 6): with the other sizes
 fixed, the three lowerings of a k×k convolution over d input and o output channels move different
 bytes (∝ k²d + o for Type 1, k(d + o) for Type 2, d + k²o for Type 3), so the ratio d/o decides:
 Type 3 wins when d/o is large (few outputs), Type 1 when it is small, by up to an order of

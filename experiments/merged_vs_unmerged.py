@@ -1,6 +1,6 @@
 """Merged vs unmerged FC servers: time per iteration, iterations to ℓ_F, and their product.
 
-Mirrors Omnivore appendix F-C4 "Device Mapping" (L4331-4357, Fig. 31; also §V-A L978-984 and
+Mirrors Omnivore appendix F-C4 "Device Mapping" (Fig. 31; also §V-A and
 appendix C, Fig. 16/18): on CPU-L, merging the FC compute and FC model servers on one machine
 against the unmerged map of MXNet/SINGA (FC compute on every conv machine, FC model on a server).
 The paper found merged FC 1.18× better in hardware efficiency (less communication), 2.55× better in
@@ -41,7 +41,8 @@ import xarray as xr
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dasknn.engine.trace import RunConfig, Strategy  # noqa: E402
+from dasknn.engine.strategy import Strategy  # noqa: E402
+from dasknn.engine.trace import RunConfig  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
 from dasknn.tradeoff.hardware import CONV_EFFICIENCY, phase_costs, time_per_iteration  # noqa: E402
 from dasknn.tradeoff.statistical import final_loss, iterations_to_target, smoothed_loss  # noqa: E402

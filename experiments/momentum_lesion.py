@@ -1,6 +1,6 @@
 """Momentum lesion: at the chosen g, µ = 0.9 vs µ tuned for sync vs µ tuned for g (time to a loss).
 
-Mirrors Omnivore Fig. 13 (L1505-1525): on CPU-L at the optimal g = 4 (ImageNet-8), momentum
+Mirrors Omnivore Fig. 13 (§VI-C): on CPU-L at the optimal g = 4 (ImageNet-8), momentum
 (i) fixed at 0.9 (AlexNet's default, also the best for sync), (ii) tuned for a synchronous system,
 (iii) tuned by Omnivore's optimizer for g groups. The paper found that without tuning for the
 asynchrony Omnivore would be 1.5× slower (up to 2× in further experiments, 2.4× on TensorFlow).

@@ -1,6 +1,6 @@
 """Parameter server vs reduction tree: gradient aggregation in a compute group, predicted and measured.
 
-Mirrors FireCaffe §6 (Eq. 3 and 4, Fig. 4; firecaffe.txt L233-310): summing p workers' gradients of
+Mirrors FireCaffe §6 (Eq. 3 and 4, Fig. 4): summing p workers' gradients of
 |∇W| bytes at one parameter server takes |∇W|·p / BW (Eq. 3), in a binary reduction tree
 |∇W|·2·log2(p) / BW (Eq. 4, the sum going up and back down). The paper found the parameter server's
 time growing linearly in p and the tree's logarithmically (Fig. 4, Network-in-Network, 30 MB of
@@ -11,7 +11,7 @@ machine: the workers oversubscribe the cores, and "network" transfers are localh
 also need CPU):
 
 - the gradient sum alone: k gradient dicts (LeNet's conv gradient, 0.1 MB, and CaffeNet's,
-  9.3 MB) each on its own worker, summed by `dasknn.engine.tasks.aggregate` as the DaskEngine does:
+  9.3 MB) each on its own worker, summed by `dasknn.engine.dask.tasks.aggregate` as the DaskEngine does:
   'ps' sends all k to one worker (the conv model server's; it holds one of them), 'tree' sums
   pairwise. Median wall time until the sum exists on the cluster.
 - its prediction: one transfer of the gradient between two workers is timed (t₁, which includes
@@ -99,7 +99,7 @@ def time_transfer(client, workers: list[str], grad: dict, repeats: int) -> float
     """
     from distributed import wait
 
-    from dasknn.engine.tasks import sum_grads
+    from dasknn.engine.dask.tasks import sum_grads
 
     sources = client.scatter([grad] * (repeats + 1), workers=[workers[0]], hash=False)
     wait(sources)
@@ -118,7 +118,7 @@ def time_sum(client, workers: list[str], grad: dict, aggregation: str, repeats: 
     """Median time until `aggregate` has the sum of k = len(workers) gradients, one per worker."""
     from distributed import wait
 
-    from dasknn.engine.tasks import aggregate
+    from dasknn.engine.dask.tasks import aggregate
 
     copies = [client.scatter([grad] * (repeats + 1), workers=[w], hash=False) for w in workers]
     wait([f for c in copies for f in c])
@@ -139,8 +139,9 @@ def time_engine(client, aggregation: str, iterations: int) -> float:
     Both aggregations run the remote shards as tasks (`shard_calls="tasks"`), the transport 'ps'
     always uses, so the two differ in how the gradients are summed only."""
     from dasknn.data import load
-    from dasknn.engine.cluster import DaskEngine
-    from dasknn.engine.trace import Budget, RunConfig, Strategy
+    from dasknn.engine.dask import DaskEngine
+    from dasknn.engine.strategy import Strategy
+    from dasknn.engine.trace import Budget, RunConfig
     from dasknn.tradeoff.hardware import time_per_iteration
 
     X, y = load("digits", size=28, batch_size=64)
@@ -152,7 +153,7 @@ def time_engine(client, aggregation: str, iterations: int) -> float:
 
 def measure(ks: Sequence[int], payloads: Sequence[str], repeats: int, iterations: int) -> xr.Dataset:
     """Measured and predicted gradient-sum times per (payload, k, aggregation), and engine iterations."""
-    from dasknn.engine.cluster import cluster_workers, local_client
+    from dasknn.engine.dask import cluster_workers, local_client
 
     if not ks or min(ks) < 2 or repeats < 1 or iterations < 0 or 0 < iterations < 3:
         raise ValueError(
@@ -169,7 +170,7 @@ def measure(ks: Sequence[int], payloads: Sequence[str], repeats: int, iterations
     for ki, k in enumerate(ks):
         with local_client(n_workers=k, threads_per_worker=1) as client:
             workers = sorted(cluster_workers(client))
-            client.run(importlib.import_module, "dasknn.engine.tasks")  # all workers at once
+            client.run(importlib.import_module, "dasknn.engine.dask.tasks")  # all workers at once
             for pi, p in enumerate(payloads):
                 transfer[pi, ki] = time_transfer(client, workers, grads[p], repeats)
                 for ai, aggregation in enumerate(AGGREGATIONS):

@@ -20,8 +20,9 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from dasknn.data import load
-from dasknn.engine.simulate import SimulatedEngine
-from dasknn.engine.trace import Budget, RunConfig, Strategy, TrainState
+from dasknn.engine.simulated import SimulatedEngine
+from dasknn.engine.strategy import Strategy
+from dasknn.engine.trace import Budget, RunConfig, TrainState
 from dasknn.nn import zoo
 from dasknn.nn.layers import Convolution, Filler, InnerProduct, Pooling, ReLU
 from dasknn.nn.net import Net
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 MOMENTA = (0.0, 0.3, 0.6, 0.9)
-"""Omnivore's momentum grid (appendix E, L3716-3724)."""
+"""Omnivore's momentum grid (appendix E-D)."""
 
 BLAS_THREADS = 1
 """BLAS threads while training: small GEMMs gain nothing from more, and on a shared 2-core machine a
@@ -57,7 +58,7 @@ ACCURACY_WINDOW = 20
 """Batches in the trailing mean of the training batch accuracy (a target is reached on this mean)."""
 
 CPU_L = {"n_workers": 32, "device_gflops": 742.0, "bandwidth_bytes_per_s": 1e9 / 8, "batch_size": 256}
-"""Omnivore's CPU-L: 32 conv + 1 FC c4.4xlarge at 742 GFLOP/s, 1 Gbit/s; CaffeNet b = 256 (L1169-1195)."""
+"""Omnivore's CPU-L: 32 conv + 1 FC c4.4xlarge at 742 GFLOP/s, 1 Gbit/s; CaffeNet b = 256 (§VI-A, Fig. 9)."""
 
 
 def lenet_small(input_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10, seed: int = 0) -> Net:
@@ -205,7 +206,7 @@ def next_grid(
 ) -> list[tuple[float, float]]:
     """(momentum, lr) pairs of the next staleness: µ × {η*_last, η*_last/10}, no µ > µ*_last at η*_last.
 
-    Omnivore appendix E-D (L3716-3724, the cold start's search from one S to the next).
+    Omnivore appendix E-D (the cold start's search from one S to the next).
     """
     pairs = [(float(m), float(lr_last)) for m in momenta if m <= momentum_last + 1e-12]
     return pairs + [(float(m), float(lr_last) / 10) for m in momenta]

@@ -1,6 +1,6 @@
 """SMA with small batches vs synchronous SGD with the aggregate batch: epochs to a target accuracy.
 
-Mirrors Crossbow Fig. 9 (L324-347) and Fig. 12 (L362-364): k learners, each with a small batch b
+Mirrors Crossbow Fig. 9 (§5.2) and Fig. 12 (§5.3): k learners, each with a small batch b
 and its own replica, synchronised every iteration by SMA, against synchronous SGD (TensorFlow's
 S-SGD) whose batch is the aggregate k·b. Crossbow found SMA needs fewer epochs at small b (Fig. 12:
 30 epochs with 1 learner vs 14 with 4 on ResNet-32) and reaches the target accuracy up to 72% sooner
@@ -41,8 +41,9 @@ import xarray as xr
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dasknn.engine.simulate import SimulatedEngine  # noqa: E402
-from dasknn.engine.trace import RunConfig, Strategy  # noqa: E402
+from dasknn.engine.simulated import SimulatedEngine  # noqa: E402
+from dasknn.engine.strategy import Strategy  # noqa: E402
+from dasknn.engine.trace import RunConfig  # noqa: E402
 from dasknn.tradeoff.statistical import final_loss  # noqa: E402
 from experiments.common import Experiment, main_for, markdown_table, stamp  # noqa: E402
 from experiments.sgd_grid import dataset, make_net, positive_ints, train  # noqa: E402

@@ -1,6 +1,6 @@
 """The HE/SE tradeoff over compute groups: time per iteration, iterations to ℓ_F, and their product.
 
-Mirrors Omnivore Fig. 7 (L1044-1073, appendix L3746-3780): on CPU-L (32 conv machines + 1 FC,
+Mirrors Omnivore Fig. 7 (§V-B, appendix E-D): on CPU-L (32 conv machines + 1 FC,
 AlexNet/ImageNet), g ∈ {1, 2, 4, 8, 16, 32}, each g with its own grid-searched (η, µ), from the same
 checkpoint. The paper found g = 32 (fully asynchronous) 3.7× faster than sync to the final loss ℓ_F:
 6.7× faster iterations (a), 1.8× more of them (b); the optimizer (Algorithm 1) picked g = 4,
@@ -57,7 +57,7 @@ from threadpoolctl import threadpool_limits
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dasknn.engine.simulate import SimulatedEngine  # noqa: E402
+from dasknn.engine.simulated import SimulatedEngine  # noqa: E402
 from dasknn.engine.trace import Budget, RunConfig  # noqa: E402
 from dasknn.optimizer import OmnivoreOptimizer  # noqa: E402
 from dasknn.tradeoff.record import record_from_traces  # noqa: E402
@@ -160,7 +160,7 @@ def optimizer_pick(net: str, X, y, batch_size: int, max_iterations: int, probe: 
 
 def dask_cluster(net: str, X, y, batch_size: int, momenta, iterations: int, lr: float) -> xr.Dataset:
     """g ∈ {1, 2} on a 2-worker LocalCluster (wall seconds), µ grid at the given η."""
-    from dasknn.engine.cluster import DaskEngine, local_client
+    from dasknn.engine.dask import DaskEngine, local_client
 
     traces = {}
     with local_client(n_workers=2, threads_per_worker=1) as client:

@@ -1,21 +1,21 @@
 """What-if: Omnivore's CPU-L cluster (32 conv + 1 FC c4.4xlarge, 1 Gbit/s) through the HE model.
 
 Mirrors Omnivore Fig. 5(b) and Fig. 20 (time per iteration against compute groups on 32 c4.4xlarge
-machines, AlexNet) and checks the statement of §V / appendix F (L3652-3654) that "the FC server
+machines, AlexNet) and checks the statement of §V / appendix E that "the FC server
 saturates at g = 4 (determined analytically or through measurements during the cold start phase)".
-The machines we do not have are predicted from counts, as the paper allows (appendix L3387-3399):
+The machines we do not have are predicted from counts, as the paper allows (appendix D-D):
 
-- 33 c4.4xlarge: 32 conv machines and 1 merged-FC machine (Fig. 9, L1169-1181; L1366-1367);
-- c4.4xlarge peak 742 GFLOP/s = 8 cores × 2.9 GHz × 32 single-precision FLOP/cycle (L2367-2371),
-  reached at 50% on conv layers (Fig. 3, L631-633: "∼ 50% of the device peak"), FC likewise;
-- network 1 Gbit/s = 125 MB/s (Fig. 9, L1195); CaffeNet batch 256 (L1317-1318);
+- 33 c4.4xlarge: 32 conv machines and 1 merged-FC machine (§VI-A, Fig. 9; §VI-B);
+- c4.4xlarge peak 742 GFLOP/s = 8 cores × 2.9 GHz × 32 single-precision FLOP/cycle (appendix C-C),
+  reached at 50% on conv layers (§III-A, Fig. 3: "∼ 50% of the device peak"), FC likewise;
+- network 1 Gbit/s = 125 MB/s (§VI-A, Fig. 9); CaffeNet batch 256 (§VI-B);
 - FLOPs and bytes from `zoo.caffenet()`: single tower (groups = 1) gives conv 1.66 TFLOP and FC
-  90 GFLOP per batch (fwd + bwd), the paper's "conv is 1.6 TFLOPs and FC is 80 GFLOPs" (L463-464);
+  90 GFLOP per batch (fwd + bwd), the paper's "conv is 1.6 TFLOPs and FC is 80 GFLOPs" (§II-C);
   the two-tower BVLC CaffeNet (groups = 2) has 1.03 TFLOP conv and a 9 MB (not 15 MB) conv model.
 
 T_cc = conv FLOPs / (742 GFLOP/s · 0.5); T_nc = 2 · conv model bytes / 125 MB/s; t_fc = FC FLOPs /
 (742 GFLOP/s · 0.5) + 2 · pool5 activations / 125 MB/s. The SimulatedEngine then runs the same
-timing model with 6% variability (Omnivore measured < 6%, L3405) as a check of the formula.
+timing model with 6% variability (Omnivore measured < 6%, §III-B and appendix D-D) as a check of the formula.
 
 What it found: single tower, T_cc = 4.46 s, T_nc = 0.24 s, t_fc = 0.39 s; HE(1) = 8.07 s, HE(2) =
 2.12 s, HE(4) = 0.58 s, HE(g ≥ 5) = t_fc = 0.39 s. For both nets the strict test t_conv(k) + t_fc <
@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dasknn import __version__  # noqa: E402
-from dasknn.engine.simulate import SimulatedEngine  # noqa: E402
+from dasknn.engine.simulated import SimulatedEngine  # noqa: E402
 from dasknn.engine.trace import Budget, RunConfig  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
 from dasknn.nn.layers import Convolution, InnerProduct  # noqa: E402
@@ -187,7 +187,7 @@ def predict() -> xr.Dataset:
     )
     ds.attrs = {
         "experiment": "whatif_cpu_l",
-        "mirrors": "Omnivore Fig. 5(b), Fig. 20; FC saturates at g = 4 (L3653)",
+        "mirrors": "Omnivore Fig. 5(b), Fig. 20; FC saturates at g = 4 (appendix E)",
         "device_gflops": C4_GFLOPS,
         "efficiency": EFFICIENCY,
         "bandwidth_bytes_per_s": BANDWIDTH,
@@ -286,7 +286,7 @@ def main() -> xr.Dataset:
     text = table(ds)
     (RESULTS / "table.md").write_text(f"# CPU-L what-if (HE model)\n\n{text}\n")
     print(text)
-    print(f"paper (L3653): FC saturates at g = {PAPER_SATURATION_G}")
+    print(f"paper (appendix E): FC saturates at g = {PAPER_SATURATION_G}")
     print(f"wrote {RESULTS}/whatif_cpu_l.nc, whatif_cpu_l.png, table.md")
     return ds
 

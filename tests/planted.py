@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from dasknn.engine.simulate import SimulatedEngine
+from dasknn.engine.simulated import SimulatedEngine
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState
 from dasknn.nn.layers import Convolution, InnerProduct, Pooling, ReLU
 from dasknn.nn.net import Net

@@ -15,7 +15,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 from dasknn.engine import checkpoint
-from dasknn.engine.simulate import SimulatedEngine
+from dasknn.engine.simulated import SimulatedEngine
 from dasknn.engine.trace import Budget, RunConfig, TrainState
 from dasknn.nn import zoo
 

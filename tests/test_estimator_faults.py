@@ -6,8 +6,8 @@ import types
 
 from dasknn import DistributedCNN
 from dasknn.data import load
-from dasknn.engine.cluster import cluster_workers, local_client
-from dasknn.engine.placement import plan
+from dasknn.engine.dask import cluster_workers, local_client
+from dasknn.engine.dask.placement import plan
 from tests.engine.test_faults import Killer
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from dasknn.data import load
-from dasknn.engine.simulate import SimulatedEngine
+from dasknn.engine.simulated import SimulatedEngine
 from dasknn.engine.trace import Budget, RunConfig, TrainState
 from dasknn.nn import zoo
 from dasknn.optimizer import OmnivoreOptimizer

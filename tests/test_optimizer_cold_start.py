@@ -11,7 +11,7 @@ from sklearn.datasets import load_digits
 
 from dasknn import DistributedCNN
 from dasknn.data import load
-from dasknn.engine.simulate import SimulatedEngine
+from dasknn.engine.simulated import SimulatedEngine
 from dasknn.engine.trace import TrainState
 from dasknn.nn.train import evaluate
 from dasknn.optimizer import OmnivoreOptimizer

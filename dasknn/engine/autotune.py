@@ -6,6 +6,7 @@ add a learner while t improves on the previous count by more than a threshold τ
 continues from the previous probe's state (Crossbow adds a learner between two iterations and
 starts its replica at the average model z, which is how every run of the replica strategies
 starts). The engine's clock gives t: measured on the DaskEngine, simulated on the SimulatedEngine.
+The tuner only calls `engine.run`, so it sits with the contract and serves both engines.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pandas as pd
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
 from dasknn.nn.net import Net
 
-__all__ = ["LearnerTuning", "round_throughput", "run_auto_learners", "run_replica_strategy", "tune_learners"]
+__all__ = ["MEASUREMENT_COLUMNS", "LearnerTuning", "round_throughput", "run_auto_learners", "tune_learners"]
 
 MEASUREMENT_COLUMNS = ("step", "learners", "rounds", "round_seconds", "throughput", "change", "decision")
 
@@ -215,14 +216,3 @@ def run_auto_learners(
         learner_tuning=tuning.measurements.to_dict("records"),
     )
     return RunResult(trace=trace, state=state)
-
-
-def run_replica_strategy(
-    engine, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None = None
-) -> RunResult:
-    """DaskEngine.run for 'sma' and 'model_averaging': n_groups learners, or tuned ones ('auto')."""
-    if engine.strategy.learners == "auto":
-        return run_auto_learners(engine, net, X, y, config, budget, start)
-    from dasknn.engine.dask_replicas import run_replicas
-
-    return run_replicas(engine, net, X, y, config, budget, start)

@@ -1,6 +1,6 @@
 """Checkpoints of a training run: a TrainState plus JSON metadata and tables, written atomically.
 
-Issue #8. ARCHITECTURE "engine/ ... checkpoint.py": the optimizer and the estimator talk to
+ARCHITECTURE "engine/ ... checkpoint.py": the optimizer and the estimator talk to
 engines through `run(...)` and checkpoints. A checkpoint is one directory
 
     <checkpoint_dir>/ckpt-<iterations_done, 12 digits>[.<n>]/   (.n: saved again at that iteration)
@@ -58,7 +58,7 @@ __all__ = [
 FORMAT, VERSION = "dasknn-checkpoint", 1
 PREFIX, TMP_PREFIX = "ckpt-", ".tmp-ckpt-"
 WEIGHT_LIMIT = 1e6
-"""Largest |weight| `healthy` accepts: beyond it the weights are exploding (issue #8)."""
+"""Largest |weight| `healthy` accepts: beyond it the weights are exploding."""
 
 
 class CheckpointError(ValueError):

@@ -19,17 +19,6 @@ from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
 
 
-def submit_pinned(client, fn, *args: Any, worker: str, **options: Any):
-    """`fn(*args)` as a task that runs on `worker` only (its data, cache or state live there) and is
-    never shared with an equal call (pure=False); returns its future."""
-    return client.submit(fn, *args, workers=[worker], allow_other_workers=False, pure=False, **options)
-
-
-def submit_actor(client, cls, *args: Any, worker: str):
-    """A dask actor of `cls(*args)` pinned to `worker` (never moved elsewhere); returns its future."""
-    return submit_pinned(client, cls, *args, worker=worker, actor=True)
-
-
 class ConvModelServer:
     """Conv-phase weights, their momentum buffers and a version counter.
 

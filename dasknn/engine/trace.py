@@ -59,64 +59,6 @@ class RunConfig:
         return replace(self, **changes)
 
 
-STRATEGIES = ("omnivore", "sma", "model_averaging")
-PHYSICAL_MAPS = ("merged", "unmerged")
-AGGREGATIONS = ("tree", "ps")
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """How an engine lays out and synchronises training; the default is Omnivore's (issue #7).
-
-    name: 'omnivore' (g asynchronous compute groups, Omnivore §III-B), 'sma' (Crossbow's synchronous
-    model averaging, §3.2: n_groups learners, each with its own replica) or 'model_averaging'
-    (SparkNet: replicas averaged every `tau` iterations).
-    physical_map: 'merged' (FC compute and FC model on one server, never stale) or 'unmerged'
-    (Omnivore appendix C, the MXNet/SINGA layout: FC compute on every conv worker, FC model on a
-    model server, so FC is stale too).
-    aggregation: how the k gradients of a group are summed: 'tree' (FireCaffe's reduction tree,
-    branching factor `branching`) or 'ps' (all k at one place, the conv model server's worker).
-    split: the first FC-server layer: None (the first InnerProduct, Omnivore §II-B), 'auto' (RALP's
-    rule, layer-placement §3) or a layer name.
-    alpha: SMA's correction factor (None: 1/k, Crossbow §3.2).
-    learners: None (n_groups learners) or 'auto' (SMA / model averaging only: Crossbow §3.4's
-    auto-tuner picks the number of learners from measured throughput, `engine.autotune`).
-    """
-
-    name: str = "omnivore"
-    physical_map: str = "merged"
-    aggregation: str = "tree"
-    branching: int = 2
-    split: str | None = None
-    alpha: float | None = None
-    tau: int = 1
-    learners: str | None = None
-
-    def __post_init__(self) -> None:
-        for key, allowed in (
-            ("name", STRATEGIES),
-            ("physical_map", PHYSICAL_MAPS),
-            ("aggregation", AGGREGATIONS),
-        ):
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"strategy {key} must be one of {allowed}, got {getattr(self, key)!r}")
-        if int(self.branching) < 2:
-            raise ValueError(f"branching must be >= 2, got {self.branching}")
-        if int(self.tau) < 1:
-            raise ValueError(f"tau must be >= 1, got {self.tau}")
-        if self.alpha is not None and not (math.isfinite(self.alpha) and 0 < self.alpha <= 1):
-            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
-        if self.learners not in (None, "auto"):
-            raise ValueError(f"learners must be None or 'auto', got {self.learners!r}")
-        if self.learners == "auto" and not self.synchronous:
-            raise ValueError("learners='auto' tunes the learners of 'sma' or 'model_averaging' only")
-
-    @property
-    def synchronous(self) -> bool:
-        """True for the replica strategies (SMA, model averaging): no FC server, no asynchrony."""
-        return self.name != "omnivore"
-
-
 @dataclass(frozen=True)
 class Budget:
     """When a run stops: after `seconds` (wall or simulated) or `iterations` (all groups together)."""
@@ -173,21 +115,6 @@ class RunResult:
 
     trace: pd.DataFrame
     state: TrainState
-
-
-def on_run_clock(rows: list[dict[str, Any]], t0: float, config: RunConfig, n_samples: int) -> None:
-    """Put a Dask run's rows on its own clock (seconds from `t0`), with its lr, momentum and epoch."""
-    from dasknn.data.batching import n_batches
-
-    nb = n_batches(n_samples, config.batch_size)
-    for row in rows:
-        row.update(
-            t_start=row["t_start"] - t0,
-            t_end=row["t_end"] - t0,
-            lr=config.lr,
-            momentum=config.momentum,
-            epoch=row["batch"] / nb,
-        )
 
 
 def make_trace(rows: list[dict[str, Any]], engine: str, **attrs: Any) -> pd.DataFrame:

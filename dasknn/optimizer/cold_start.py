@@ -1,4 +1,4 @@
-"""Omnivore's cold start (appendix E-D, L3668-3700, L3769-3811): η* at g = 1, then g tuned too.
+"""Omnivore's cold start (appendix E-D): η* at g = 1, then g tuned too.
 
 1. S = 0 (g = 1), µ = 0.9: probe η in `lr_grid` order from the same state, stopping at the first
    rate worse than the previous one (or diverging) → η*_sync.

@@ -1,7 +1,7 @@
 """Omnivore's optimizer: a cold start, then epochs of a grid search over (g, µ, η) and training.
 
-Omnivore Algorithm 1 (L1000-1075), appendix E (L3636-3811) and its cold start (§IV-C L940-946,
-appendix E-D L3668-3700). Engine-agnostic: it talks to an engine only through
+Omnivore §V-B (Algorithm 1), appendix E and its cold start (§IV-C,
+appendix E-D). Engine-agnostic: it talks to an engine only through
 `run(net, X, y, config, budget, start) -> RunResult`, so it drives the SimulatedEngine and the
 DaskEngine alike. Times and budgets are in the engine's clock ("simulated s" on the simulator).
 
@@ -196,7 +196,7 @@ class OmnivoreOptimizer:
         run, probes included; `max_epochs` counts train epochs, the synchronous cold-start epoch
         included; `should_stop(state, trace_so_far)` is checked after each train run.
         `on_epoch(state, session, trace, decisions)` is called after each train epoch (a checkpoint
-        hook, issue #8): `session` is the JSON-able rest of the optimizer's state (phase, the
+        hook): `session` is the JSON-able rest of the optimizer's state (phase, the
         config it goes on with, clock, budgets spent, history, g candidates, HE model). `resume`:
         such a `session`, with `start` its state and `resume["trace"]`, `resume["decisions"]` the
         records so far: the optimizer goes on from that epoch's end as the original run would.

@@ -1,6 +1,6 @@
 """The pieces of Omnivore's optimizer search: probes, their scores, the grid, the HE model from probes.
 
-Omnivore Algorithm 1 (L1000-1075) and appendix E (L3636-3811). A probe is one short engine run of a
+Omnivore §V-B (Algorithm 1) and appendix E. A probe is one short engine run of a
 configuration from a checkpoint; its score is the smoothed loss at its end (the trailing mean of
 the last 10 logged losses, `tradeoff.statistical.final_loss`, as in the reference implementation),
 or, with a `HeldOutLoss` scorer, the loss of its end weights on fixed samples: every probe is then
@@ -186,7 +186,7 @@ def momentum_lr_grid(
 ) -> list[tuple[float, float]]:
     """(momentum, lr) pairs: µ ∈ grid × η ∈ {η*_last, η*_last/10}, no µ > µ*_last at η*_last.
 
-    Omnivore appendix E (L3716-3724): the pruning rule, "as the run progresses, the optimal total
+    Omnivore appendix E-D: the pruning rule, "as the run progresses, the optimal total
     momentum decreases".
     """
     pairs = [(float(m), float(lr_last)) for m in momentum_grid if m <= momentum_last + 1e-12]
@@ -194,7 +194,7 @@ def momentum_lr_grid(
 
 
 def clear_winner(probes: Sequence[Probe], threshold: float, window: int) -> tuple[Probe, list[Probe]]:
-    """The lowest-score probe and those it does not clearly beat (Omnivore appendix E, L3695-3700).
+    """The lowest-score probe and those it does not clearly beat (Omnivore appendix E-D).
 
     The winner is clear when its mean loss over the last `window` iterations (its held-out loss
     when scored) is at least `threshold` (5%) below every other finite probe's; the others are
@@ -226,7 +226,7 @@ def group_candidates(n_workers: int | None, max_groups: int) -> list[int]:
 def he_model_from_probe(
     trace: pd.DataFrame, net, batch_size: int, n_workers: int | None
 ) -> tuple[HEModel, str]:
-    """The HE model from a g = 1 probe: time per iteration = t_conv(N) + t_fc (Omnivore §IV-B, L3160).
+    """The HE model from a g = 1 probe: time per iteration = t_conv(N) + t_fc (Omnivore §IV-B, appendix D-D).
 
     t_fc is the engine's own (a `t_fc` trace column's mean, else `attrs["t_fc"]`), else split off by
     the FLOP fractions of `phase_costs` (conv on N devices, FC on one, same speed). One measurement
@@ -323,7 +323,7 @@ class SearchLog:
         state = None if result is None else result.state
         losses = trace["loss"].to_numpy(dtype=float)
         diverged = state is None or bool(trace.attrs.get("diverged")) or not np.isfinite(losses).all()
-        diverged = diverged or not healthy(state)  # exploding weights (issue #8)
+        diverged = diverged or not healthy(state)  # exploding weights
         span = float(trace["t_end"].max() - trace["t_start"].min()) if len(trace) else 0.0
         seconds = span if trace.attrs.get("time_unit") == "simulated s" else max(span, wall)
         if result is not None and not len(trace) and budget.seconds is not None:
@@ -400,7 +400,7 @@ class SearchLog:
 
 @dataclass
 class Prober:
-    """Runs probes from a checkpoint and picks the winner (Omnivore appendix E, L3690-3700)."""
+    """Runs probes from a checkpoint and picks the winner (Omnivore appendix E-D)."""
 
     log: SearchLog
     length: Callable[[int], tuple[int | None, float | None]]

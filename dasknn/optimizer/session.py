@@ -121,7 +121,7 @@ class _Session:
             state, self.log.trace(), self.log.decisions(), config, self.history, self.he_model
         )
 
-    # -- checkpoints (issue #8) ------------------------------------------------------------------
+    # -- checkpoints ------------------------------------------------------------------------------
     def epoch_done(self, state: TrainState, config: RunConfig, search_seconds: float, phase: str) -> None:
         """Hand the state after a train epoch and the session's own state to `on_epoch`."""
         if self.on_epoch is None:
@@ -183,7 +183,7 @@ class _Session:
         return best, g
 
     def initial_groups(self, best: Probe) -> int:
-        """The smallest g saturating the FC server per the HE model (Omnivore §V-B, L1036-1040)."""
+        """The smallest g saturating the FC server per the HE model (Omnivore §V-B)."""
         opt = self.opt
         placement = getattr(opt.engine, "placement_", None)
         if self.n_workers is None and placement is not None:

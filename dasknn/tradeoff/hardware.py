@@ -1,6 +1,6 @@
 """Hardware efficiency: Omnivore's time-per-iteration model and FireCaffe's communication models.
 
-Omnivore §IV-B (L771-800) and appendix E-A (L3212-3399): N conv devices form g compute groups of
+Omnivore §IV-B and appendix D-D (Hardware Efficiency Model): N conv devices form g compute groups of
 k = N/g devices sharing one merged FC server that serves one batch at a time, so
 
     t_conv(k) = max(T_cc / k, T_nc · k)          (compute shrinks with k, network grows with k)
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 CONV_EFFICIENCY = 0.5
-"""Fraction of device peak that conv layers reach with batched lowering (Omnivore Fig. 3, L631-633)."""
+"""Fraction of device peak that conv layers reach with batched lowering (Omnivore §III-A, Fig. 3)."""
 
 FWD_BWD_FACTOR = 3
 """FLOPs of forward + backward over forward alone: backward costs about twice the forward."""
@@ -88,7 +88,7 @@ class HEModel:
     ) -> HEModel:
         """The model from calibration: measured t_conv(1) and t_fc, conv model bytes, network speed.
 
-        Omnivore appendix L3387-3399: T_cc = t_conv(1) (one device is compute-bound), and
+        Omnivore appendix D-D: T_cc = t_conv(1) (one device is compute-bound), and
         T_nc = 2 · conv_model_bytes / bandwidth: the conv model server sends the model to each
         worker of a group and receives a gradient of the same size from each, so with k workers
         that traffic is k times T_nc.
@@ -112,7 +112,7 @@ class HEModel:
         fc_gflops: float | None = None,
         efficiency: float = CONV_EFFICIENCY,
     ) -> HEModel:
-        """The model from FLOP and byte counts at device and network speeds (Omnivore L3387-3399).
+        """The model from FLOP and byte counts at device and network speeds (Omnivore appendix D-D).
 
         T_cc = conv FLOPs (forward ×3) / (device_gflops · efficiency); t_fc = FC FLOPs / (fc_gflops ·
         efficiency) plus the split activations to the FC server and their gradients back at
@@ -144,7 +144,7 @@ class HEModel:
         return self.n_workers // g
 
     def t_conv(self, k: int) -> float:
-        """Conv-phase time of a group of k devices: max(T_cc / k, T_nc · k) (appendix L3384)."""
+        """Conv-phase time of a group of k devices: max(T_cc / k, T_nc · k) (Omnivore appendix D-D)."""
         if int(k) < 1:
             raise ValueError(f"group size k must be >= 1, got {k}")
         return max(self.T_cc / k, self.T_nc * k)
@@ -154,7 +154,7 @@ class HEModel:
         return max(self.t_fc, (self.t_conv(self.group_size(g)) + self.t_fc) / int(g))
 
     def saturates(self, g: int) -> bool:
-        """True when g groups saturate the FC server: t_conv(k) + t_fc < g · t_fc (appendix L3283-3293)."""
+        """True when g groups saturate the FC server: t_conv(k) + t_fc < g · t_fc (Omnivore appendix D-D)."""
         return self.t_conv(self.group_size(g)) + self.t_fc < int(g) * self.t_fc
 
     def smallest_saturating_g(self, gs: Iterable[int] | None = None) -> int | None:

@@ -10,7 +10,7 @@ layer i minimising
 
 Omnivore §II-B splits at the first fully connected layer instead; `placement_report` compares both
 with keeping every layer on the workers (plain data parallelism, only parameters cross). The rule
-itself (`layer_costs`, `ralp_split`) sits in `dasknn.engine.strategies`, where the engines resolve
+itself (`layer_costs`, `ralp_split`) sits in `dasknn.engine.strategy`, where the engines resolve
 `split="auto"`; it is re-exported here.
 
 Gradient aggregation inside a compute group (FireCaffe §6): a parameter server receives all p
@@ -24,7 +24,7 @@ import math
 
 import pandas as pd
 
-from dasknn.engine.strategies import layer_costs, ralp_split
+from dasknn.engine.strategy import layer_costs, ralp_split
 from dasknn.tradeoff.hardware import t_parameter_server, t_reduction_tree
 
 __all__ = [

@@ -1,11 +1,11 @@
 """Experiment records: Traces of many runs as one `xarray.Dataset`, with Omnivore's penalties.
 
-ARCHITECTURE "Records"; penalties as Omnivore appendix E (L3124-3157, L4169-4229), relative to the
+ARCHITECTURE "Records"; penalties as Omnivore appendix D-D and F-C, relative to the
 synchronous strategy g = 1 (S = 0): P_HE = HE(S)/HE(0) with HE = time per iteration, P_SE =
 SE(S)/SE(0) with SE = iterations to the target loss ℓ_F, and P_total = P_HE · P_SE.
 
 Each strategy (a group count g) is represented by its best (lr, momentum), the one with the lowest
-final smoothed loss, as the paper grid-searches and reports the best per g (L1047-1050). ℓ_F, per
+final smoothed loss, as the paper grid-searches and reports the best per g (§V-B). ℓ_F, per
 seed, is the lowest final loss that every strategy reached: the highest of their final losses.
 """
 
@@ -20,7 +20,6 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-import dasknn
 from dasknn.engine.trace import RunConfig
 from dasknn.tradeoff.hardware import time_per_iteration
 from dasknn.tradeoff.statistical import (
@@ -31,6 +30,7 @@ from dasknn.tradeoff.statistical import (
     smoothed_loss,
     target_loss,
 )
+from dasknn.version import __version__
 
 __all__ = ["NETCDF_ENGINE", "load", "penalties", "record_from_traces", "save"]
 
@@ -147,7 +147,7 @@ def record_from_traces(
         "device": device,
         "engine": str(engine),
         "time_unit": str(time_unit),
-        "dasknn_version": dasknn.__version__,
+        "dasknn_version": __version__,
         "smoothing_window": int(window),
         "target_loss_rule": TARGET_LOSS_RULE,
     }

@@ -1,6 +1,6 @@
 """Statistical efficiency: iterations to a target loss, and the momentum that asynchrony adds.
 
-Omnivore §IV-C (L860-950): SE = iterations to reach a target loss. Theorem 1: with g asynchronous
+Omnivore §IV-C: SE = iterations to reach a target loss. Theorem 1: with g asynchronous
 groups and explicit momentum 0, E V(t+1) = (1 − 1/g) E V(t) − (η/g) E ∇ℓ(W(t)), i.e. asynchrony is
 implicit momentum 1 − 1/g. `measure_implicit_momentum` checks that by real asynchronous SGD on a
 least-squares problem and a least-squares fit of the expected update sequence.
@@ -70,7 +70,7 @@ def iterations_to_target(trace_or_losses, target: float, window: int = SMOOTHING
 
 
 def target_loss(final_losses: Iterable[float]) -> float:
-    """ℓ_F: the lowest final loss that every run reached = the highest finite final loss (appendix L4169)."""
+    """ℓ_F: the lowest final loss that every run reached = the highest finite final loss (appendix F-C)."""
     finals = np.asarray(list(final_losses), dtype=float)
     finals = finals[np.isfinite(finals)]
     return float(finals.max()) if len(finals) else float("nan")

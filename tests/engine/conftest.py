@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dasknn.data import load
-from dasknn.engine.cluster import local_client
+from dasknn.engine.dask import local_client
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dasknn.engine import tasks
+from dasknn.engine.dask import tasks
 from experiments import bench_overhead, he_check
 
 

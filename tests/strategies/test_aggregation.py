@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from dasknn.engine import tasks
-from dasknn.engine.cluster import DaskEngine, cluster_workers, local_client
-from dasknn.engine.trace import Budget, RunConfig, Strategy
+from dasknn.engine.dask import DaskEngine, cluster_workers, local_client, tasks
+from dasknn.engine.strategy import Strategy
+from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn import zoo
 from dasknn.tradeoff.hardware import t_parameter_server, t_reduction_tree
 from dasknn.tradeoff.layer_placement import t_aggregation, tree_depth

@@ -10,9 +10,10 @@ import pytest
 
 from dasknn.data.batching import iterate_batches
 from dasknn.engine.autotune import MEASUREMENT_COLUMNS, tune_learners
-from dasknn.engine.cluster import DaskEngine, cluster_workers, local_client
-from dasknn.engine.simulate import SimulatedEngine
-from dasknn.engine.trace import TRACE_COLUMNS, Budget, RunConfig, Strategy
+from dasknn.engine.dask import DaskEngine, cluster_workers, local_client
+from dasknn.engine.simulated import SimulatedEngine
+from dasknn.engine.strategy import Strategy
+from dasknn.engine.trace import TRACE_COLUMNS, Budget, RunConfig
 from dasknn.nn import zoo
 from dasknn.nn.solver import SGD
 from dasknn.nn.train import train_step

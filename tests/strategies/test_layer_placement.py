@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dasknn.engine.simulate import SimulatedEngine
-from dasknn.engine.strategies import layer_costs, ralp_split, split_layer
-from dasknn.engine.trace import Budget, RunConfig, Strategy
+from dasknn.engine.simulated import SimulatedEngine
+from dasknn.engine.strategy import Strategy, layer_costs, ralp_split, split_layer
+from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn import zoo
 from dasknn.tradeoff.layer_placement import placement_report
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dasknn.engine.simulate import SimulatedEngine
-from dasknn.engine.strategies import ReplicaSimulation
-from dasknn.engine.trace import Budget, RunConfig, Strategy, TrainState
+from dasknn.engine.simulated import SimulatedEngine
+from dasknn.engine.simulated.strategies import ReplicaSimulation
+from dasknn.engine.strategy import Strategy
+from dasknn.engine.trace import Budget, RunConfig, TrainState
 from dasknn.nn import zoo
 from dasknn.tradeoff.hardware import time_per_iteration
 

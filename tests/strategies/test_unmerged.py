@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dasknn.engine.simulate import SimulatedEngine
-from dasknn.engine.trace import Budget, RunConfig, Strategy
+from dasknn.engine.simulated import SimulatedEngine
+from dasknn.engine.strategy import Strategy
+from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn import zoo
 
 from .conftest import training_accuracy

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dasknn.engine.simulate import SimulatedEngine
+from dasknn.engine.simulated import SimulatedEngine
 from dasknn.engine.trace import Budget, RunConfig, make_trace
 from dasknn.nn.layers import Convolution, InnerProduct, ReLU
 from dasknn.nn.net import Net

@@ -24,7 +24,7 @@ import pytest
 from dask.utils import key_split
 
 from dasknn.data import load
-from dasknn.engine.cluster import DaskEngine, cluster_workers
+from dasknn.engine.dask import DaskEngine, cluster_workers
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn import zoo
 

@@ -1,4 +1,4 @@
-"""Fault tolerance of the Dask engine: server snapshots, and what a recovery records (issue #8).
+"""Fault tolerance of the Dask engine: server snapshots, and what a recovery records.
 
 The driver keeps the latest snapshot of both servers (conv weights, momentum and version; FC
 weights, momentum and dropout rng) as a `TrainState`. When a worker holding a server dies, the run
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dasknn.engine.placement import Placement
+from dasknn.engine.dask.placement import Placement
 from dasknn.engine.trace import TrainState
 
 #: what an error looks like when the worker behind a task, an actor or a connection went away

@@ -1,9 +1,9 @@
-"""Driver-side helpers shared by the Dask runs of the other papers' strategies (issue #7).
+"""Driver-side helpers every Dask run shares: the cluster's workers, the persisted data, the waits.
 
-The unmerged physical map (`dask_unmerged`) and the replica strategies (`dask_replicas`) run on the
-same cluster as Omnivore's merged engine (`cluster.DaskEngine`) and keep its habits: X and y are
-persisted on the workers and read there by key, every wait is bounded, and the driver checks that
-the workers of the run are alive while the long-running loop tasks work.
+The merged engine (`driver.DaskEngine`), the unmerged physical map (`unmerged`) and the replica
+strategies (`replicas`) keep the same habits: X and y are persisted on the workers and read there
+by key, every wait is bounded, the driver checks that the workers of the run are alive while the
+long-running loop tasks work, and the Trace rows are put on the run's own clock.
 """
 
 from __future__ import annotations
@@ -13,8 +13,79 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dasknn.engine.cluster import WorkerLostError, _as_dask, _chunk_futures, cluster_workers
+import dask.array as da
+import numpy as np
+
+from dasknn.data.batching import n_batches
+from dasknn.engine.dask.recovery import WorkerLostError
 from dasknn.engine.trace import Budget, RunConfig
+
+__all__ = [
+    "Data",
+    "as_dask",
+    "check_alive",
+    "chunk_futures",
+    "cluster_workers",
+    "engine_client",
+    "loop_result",
+    "on_run_clock",
+    "persist_data",
+    "wait_for_loops",
+]
+
+
+def as_dask(X, y, batch_size: int):
+    """X and y as dask arrays chunked alike along samples (numpy inputs are wrapped)."""
+    if not isinstance(X, da.Array):
+        X = da.from_array(np.asarray(X), chunks=(max(batch_size, 1024),) + tuple(np.shape(X)[1:]))
+    if not isinstance(y, da.Array):
+        y = da.from_array(np.asarray(y), chunks=(X.chunks[0],))
+    elif y.chunks[0] != X.chunks[0]:
+        y = y.rechunk({0: X.chunks[0]})
+    if len(X.chunks) > 1 and any(len(c) > 1 for c in X.chunks[1:]):
+        X = X.rechunk({i: -1 for i in range(1, X.ndim)})
+    return X, y
+
+
+def chunk_futures(arr) -> list:
+    """The futures of a persisted array's blocks along samples, in order (one block per sample chunk)."""
+    from distributed import futures_of
+
+    by_key = {f.key: f for f in futures_of(arr)}
+    out = []
+    for key in arr.__dask_keys__():
+        while isinstance(key, list):
+            key = key[0]
+        out.append(by_key[key])
+    return out
+
+
+def cluster_workers(client) -> dict[str, dict[str, Any]]:
+    """address → scheduler info (resources, nthreads) of every worker of the client's cluster.
+
+    Asks the scheduler directly. `client.scheduler_info()` returns the client's shared cache, which
+    a periodic callback on the client's event loop rewrites with no per-worker entries
+    (n_workers=0): read just after such a rewrite, or after a failed fetch it swallows, it shows
+    an empty cluster, and a run would take its live workers for lost.
+    """
+    try:
+        info = client.sync(client.scheduler.identity, n_workers=-1)
+    except TypeError:  # distributed < 2025: identity() takes no n_workers and lists every worker
+        info = client.sync(client.scheduler.identity)
+    return dict(info["workers"])
+
+
+def on_run_clock(rows: list[dict[str, Any]], t0: float, config: RunConfig, n_samples: int) -> None:
+    """Put a Dask run's rows on its own clock (seconds from `t0`), with its lr, momentum and epoch."""
+    nb = n_batches(n_samples, config.batch_size)
+    for row in rows:
+        row.update(
+            t_start=row["t_start"] - t0,
+            t_end=row["t_end"] - t0,
+            lr=config.lr,
+            momentum=config.momentum,
+            epoch=row["batch"] / nb,
+        )
 
 
 @dataclass(frozen=True)
@@ -41,7 +112,7 @@ def persist_data(engine, client, X, y, config: RunConfig) -> Data:
     """X and y persisted on the workers (numpy inputs wrapped), checked to hold one batch."""
     from distributed import wait
 
-    X, y = _as_dask(X, y, config.batch_size)
+    X, y = as_dask(X, y, config.batch_size)
     if X.shape[0] < config.batch_size:
         raise ValueError(f"{X.shape[0]} samples are fewer than one batch of {config.batch_size}")
     X, y = client.persist([X, y])
@@ -49,8 +120,8 @@ def persist_data(engine, client, X, y, config: RunConfig) -> Data:
     return Data(
         X=X,
         y=y,
-        x_keys=tuple(f.key for f in _chunk_futures(X)),
-        y_keys=tuple(f.key for f in _chunk_futures(y)),
+        x_keys=tuple(f.key for f in chunk_futures(X)),
+        y_keys=tuple(f.key for f in chunk_futures(y)),
         chunks=tuple(int(c) for c in X.chunks[0]),
     )
 

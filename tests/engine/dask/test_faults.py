@@ -20,9 +20,9 @@ import dask
 import numpy as np
 import pytest
 
-from dasknn.engine.cluster import DaskEngine, WorkerLostError, cluster_workers, local_client
-from dasknn.engine.placement import Placement, plan, replan
-from dasknn.engine.recovery import is_worker_loss
+from dasknn.engine.dask import DaskEngine, WorkerLostError, cluster_workers, local_client
+from dasknn.engine.dask.placement import Placement, plan, replan
+from dasknn.engine.dask.recovery import is_worker_loss
 from dasknn.engine.servers import ConvModelServer
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn import zoo

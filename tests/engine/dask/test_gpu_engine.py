@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dasknn.backend import cupy_available
-from dasknn.engine.cluster import DaskEngine, local_client
+from dasknn.engine.dask import DaskEngine, local_client
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn import zoo
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dasknn.backend import cupy_available, get_xp
-from dasknn.engine.placement import plan, shard_sizes
+from dasknn.engine.dask.placement import plan, shard_sizes
 
 
 def workers(*resources):

@@ -3,8 +3,8 @@
 Omnivore §III-B / appendix C: the merged FC server sits on one machine (resource `FC` if a worker
 offers it, else a GPU worker, else the first); the conv model server sits on a conv machine; the N
 conv workers form g groups of k = N // g workers. Inside a group each worker gets a share of the
-batch in proportion to its throughput (Caffe con Troll §2.3: FLOPS-proportional), first from the
-FLOPS calibration, then from the measured rate.
+batch in proportion to its throughput (Caffe con Troll §2.3: FLOPS-proportional): the SGEMM
+GFLOP/s of `DaskEngine.calibrate()` or given by hand; equal shares without either.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import asyncio
 import dask
 import pytest
 
-from dasknn.engine.cluster import DaskEngine, cluster_workers, local_client
+from dasknn.engine.dask import DaskEngine, cluster_workers, local_client
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn import zoo
 from dasknn.nn.train import evaluate

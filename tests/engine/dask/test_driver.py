@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from dasknn.data.batching import iterate_batches
-from dasknn.engine import tasks
-from dasknn.engine.cluster import DaskEngine, WorkerLostError, cluster_workers, local_client
+from dasknn.engine.dask import DaskEngine, WorkerLostError, cluster_workers, local_client, tasks
 from dasknn.engine.servers import FCServer
 from dasknn.engine.trace import TRACE_COLUMNS, Budget, RunConfig
 from dasknn.nn import zoo

@@ -1,4 +1,4 @@
-"""The unmerged physical map on a Dask cluster (Omnivore appendix C, Fig. 18; issue #7).
+"""The unmerged physical map on a Dask cluster (Omnivore appendix C, Fig. 18).
 
 The MXNet/SINGA layout: there is no FC compute server. Every compute group runs the whole net, conv
 AND FC phase, on its own workers; the FC model sits on a model server actor next to the conv model
@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from dasknn.engine import tasks
-from dasknn.engine.cluster import cluster_workers
-from dasknn.engine.dask_runs import engine_client, persist_data, wait_for_loops
-from dasknn.engine.placement import Placement, plan, shard_sizes
-from dasknn.engine.servers import ConvModelServer, submit_actor, submit_pinned
-from dasknn.engine.strategies import split_layer
-from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
+from dasknn.engine.dask import tasks
+from dasknn.engine.dask.actors import submit_actor, submit_pinned
+from dasknn.engine.dask.placement import Placement, plan, shard_sizes
+from dasknn.engine.dask.runs import cluster_workers, engine_client, on_run_clock, persist_data, wait_for_loops
+from dasknn.engine.servers import ConvModelServer
+from dasknn.engine.strategy import split_layer
+from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
 from dasknn.nn.net import Net
 
 __all__ = ["run_unmerged", "unmerged_loop", "whole_net_step"]

@@ -1,4 +1,4 @@
-"""The simulated engine: g compute groups in one process, real SGD maths, a modeled clock.
+"""The simulator's event loop: g compute groups in one process, real SGD maths, a modeled clock.
 
 ARCHITECTURE "The simulator"; Omnivore §III-B (compute groups, merged FC) and §IV-B (HE model).
 Each group iteration: read the conv weights (version v); conv forward; join the merged FC server's
@@ -11,7 +11,8 @@ queue (`forward_fraction`, default 1/3: forward ≈ 1/3 of forward + backward FL
 part after it. With k > 1 the batch is cut into k shards; each shard's forward and backward run
 separately and the k gradients are summed, which equals the full-batch gradient up to float
 rounding. In-flight iterations are kept in `TrainState.extra["simulator"]`, so continuing from a
-run's state is exactly one longer run.
+run's state is exactly one longer run. `simulated.strategies` builds the other papers' layouts on
+this loop.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import copy
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import dask
 import dask.array as da
@@ -31,28 +31,13 @@ from tqdm import tqdm
 from dasknn.data.batching import BatchOrder
 from dasknn.data.chunks import sample_chunks
 from dasknn.engine.servers import ConvModelServer, FCServer
-from dasknn.engine.trace import Budget, RunConfig, RunResult, Strategy, TrainState, make_trace
+from dasknn.engine.trace import Budget, RunConfig, TrainState
 from dasknn.nn.net import Net
 
-__all__ = [
-    "VARIABILITY",
-    "ConvFCTiming",
-    "SimulatedEngine",
-    "conv_backward_shards",
-    "conv_forward_shards",
-    "shard_slices",
-]
+if TYPE_CHECKING:
+    from dasknn.engine.simulated.engine import SimulatedEngine
 
-VARIABILITY = ("deterministic", "gamma", "exponential")
-
-
-class ConvFCTiming(Protocol):
-    """What the simulator needs of a hardware model: `tradeoff.hardware.HEModel` is one."""
-
-    n_workers: int
-    t_fc: float
-
-    def t_conv(self, k: int) -> float: ...
+__all__ = ["Batches", "Simulation", "conv_backward_shards", "conv_forward_shards", "shard_slices"]
 
 
 def shard_slices(batch_size: int, k: int) -> list[slice]:
@@ -79,8 +64,11 @@ def conv_backward_shards(conv_net: Net, dacts, caches: list, slices: list[slice]
     return total
 
 
-class _Batches:
-    """Batch b of the stream: epoch b // per_epoch, slice b % per_epoch of `epoch_indices`."""
+class Batches:
+    """The run's batches, X and y computed to numpy once.
+
+    Batch b of the stream is slice b % per_epoch of epoch b // per_epoch's `epoch_indices`.
+    """
 
     def __init__(self, X, y, batch_size: int, seed: int) -> None:
         chunks = X.chunks[0] if isinstance(X, da.Array) else None
@@ -99,122 +87,7 @@ class _Batches:
         return self.X[idx], self.y[idx]
 
 
-class SimulatedEngine:
-    """Runs g compute groups by discrete events with real SGD; the Engine protocol of trace.py.
-
-    Timing from `timing` (an `HEModel`: t_conv(k), t_fc, n_workers) or from explicit `t_conv`
-    (seconds, or a function of k) and `t_fc`; `n_workers` defaults to the model's, else to
-    n_groups (k = 1). `variability`: 'deterministic', 'gamma' (each duration drawn with
-    coefficient of variation `cv`; Omnivore measured < 6%, appendix L3405) or 'exponential'
-    (Theorem 1's assumption A2). `verbose=0` silences the progress bar of long runs.
-
-    Batches follow `epoch_indices` on X's chunks (numpy X: the chunks `from_numpy` would give) in
-    the order groups start iterations; X and y are computed to numpy once per run. The returned
-    state's `batches_done` counts batches taken, in-flight ones included; conv-server versions
-    continue across runs. A run continues the in-flight iterations of its start state when
-    n_groups, group size, batch size and seed are unchanged (with the durations they were drawn
-    with); otherwise every group starts afresh from the state's weights (the in-flight batches are
-    skipped). A non-finite loss ends the run early with the trace attr `diverged` = True.
-
-    `strategy` (trace.Strategy; default Omnivore's) selects the other papers' layouts (issue #7,
-    `dasknn.engine.strategies`): `split` moves the FC server's first layer (RALP's 'auto'),
-    physical_map 'unmerged' runs FC on every group (`t_fc_worker` simulated seconds, default t_fc),
-    and 'sma' / 'model_averaging' train n_groups synchronised replicas (each iteration also takes
-    `t_sync` simulated seconds when the replicas synchronise). `aggregation` does not change the
-    simulated maths (a sum is a sum); model its time through t_conv.
-    """
-
-    def __init__(
-        self,
-        timing: ConvFCTiming | None = None,
-        *,
-        t_conv: float | Callable[[int], float] | None = None,
-        t_fc: float | None = None,
-        n_workers: int | None = None,
-        variability: str = "deterministic",
-        cv: float = 0.06,
-        forward_fraction: float = 1 / 3,
-        verbose: int = 1,
-        strategy: Strategy | None = None,
-        t_fc_worker: float | None = None,
-        t_sync: float = 0.0,
-    ) -> None:
-        if timing is None and (t_conv is None or t_fc is None):
-            raise ValueError("SimulatedEngine needs a timing model (e.g. an HEModel) or both t_conv and t_fc")
-        if variability not in VARIABILITY:
-            raise ValueError(f"variability must be one of {VARIABILITY}, got {variability!r}")
-        if not (math.isfinite(cv) and cv >= 0):
-            raise ValueError(f"cv must be a finite number >= 0, got {cv}")
-        if not 0 <= forward_fraction <= 1:
-            raise ValueError(f"forward_fraction must be in [0, 1], got {forward_fraction}")
-        self.timing = timing
-        self.t_conv = t_conv
-        self.t_fc = float(t_fc if t_fc is not None else timing.t_fc)
-        self.n_workers = n_workers if n_workers is not None else getattr(timing, "n_workers", None)
-        self.variability, self.cv = variability, float(cv)
-        self.forward_fraction = float(forward_fraction)
-        self.verbose = verbose
-        self.strategy = strategy if strategy is not None else Strategy()
-        self.t_fc_worker = self.t_fc if t_fc_worker is None else float(t_fc_worker)
-        self.t_sync = float(t_sync)
-        if not (math.isfinite(self.t_sync) and self.t_sync >= 0 and self.t_fc_worker >= 0):
-            raise ValueError(f"t_sync and t_fc_worker must be >= 0, got {t_sync}, {t_fc_worker}")
-
-    def conv_time(self, k: int) -> float:
-        """Mean conv-phase time of a group of k workers (simulated seconds)."""
-        if self.t_conv is None:
-            return float(self.timing.t_conv(k))
-        return float(self.t_conv(k) if callable(self.t_conv) else self.t_conv)
-
-    def run(
-        self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None = None
-    ) -> RunResult:
-        """Train `net` from `start` (or its weights) for `budget` simulated seconds or iterations."""
-        if self.strategy.learners == "auto":  # Crossbow's auto-tuner picks n_groups first
-            from dasknn.engine.autotune import run_auto_learners
-
-            return run_auto_learners(self, net, X, y, config, budget, start)
-        g = int(config.n_groups)
-        n_workers = g if self.n_workers is None else int(self.n_workers)
-        if g > n_workers:
-            raise ValueError(f"n_groups={g} needs at least {g} workers; the timing model has {n_workers}")
-        state = TrainState.from_net(net) if start is None else start
-        sim = self._simulation(net, X, y, config, n_workers // g, state)
-        rows = sim.advance(budget)
-        new_state = sim.train_state()
-        net.set_params(new_state.params)
-        attrs = {
-            "n_groups": g,
-            "batch_size": config.batch_size,
-            "n_workers": n_workers,
-            "group_size": sim.k,
-            "t_conv": sim.t_conv_mean,
-            "t_fc": self.t_fc,
-            "variability": self.variability,
-            "cv": self.cv,
-            "forward_fraction": self.forward_fraction,
-            "diverged": sim.diverged,
-            "strategy": self.strategy.name,
-            "physical_map": self.strategy.physical_map,
-            "split": getattr(sim, "split", None),
-        }
-        return RunResult(trace=make_trace(rows, "simulated", **attrs), state=new_state)
-
-    def _simulation(self, net: Net, X, y, config: RunConfig, k: int, state: TrainState):
-        """The event loop of this engine's strategy (Omnivore's, or one of `engine.strategies`)."""
-        if self.strategy == Strategy():
-            return _Simulation(self, net, X, y, config, k=k, state=state)
-        from dasknn.engine import strategies  # it builds on this module's event loop
-
-        if self.strategy.synchronous:
-            return strategies.ReplicaSimulation(self, net, X, y, config, k=k, state=state)
-        split = strategies.split_layer(net, self.strategy, config.batch_size)
-        if self.strategy.physical_map == "unmerged":
-            return strategies.UnmergedSimulation(self, net, X, y, config, k=k, state=state, split=split)
-        return _Simulation(self, net, X, y, config, k=k, state=state, split=split)
-
-
-class _Simulation:
+class Simulation:
     """One run's event loop: servers, per-group conv nets, the FC queue, the clock."""
 
     def __init__(
@@ -231,7 +104,7 @@ class _Simulation:
         self.engine, self.config, self.k = engine, config, k
         self.slices = shard_slices(config.batch_size, k)
         self.t_conv_mean = engine.conv_time(k)
-        self.data = _Batches(X, y, config.batch_size, config.seed)
+        self.data = Batches(X, y, config.batch_size, config.seed)
         work = net.copy()
         work.set_params(state.params)
         conv, fc = work.split_phases(at=split)

@@ -4,7 +4,7 @@ servers), its group loops, their watch.
 A run is one segment when no worker fails. The driver watches a segment (polls the loops, checks
 that every worker of the placement is alive, drains the conv model server's log of Trace rows and
 snapshots both servers every `snapshot_every` updates); when a worker is lost it stops the segment
-and starts the next one on the surviving workers (issue #8, cluster.py).
+and starts the next one on the surviving workers (`driver.DaskEngine.run`, `recovery`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from dasknn.engine import tasks
-from dasknn.engine.placement import Placement
-from dasknn.engine.recovery import (
+from dasknn.engine.dask import tasks
+from dasknn.engine.dask.actors import submit_actor, submit_pinned
+from dasknn.engine.dask.placement import Placement
+from dasknn.engine.dask.recovery import (
     Snapshot,
     WorkerLostError,
     conv_server_state,
@@ -25,7 +26,8 @@ from dasknn.engine.recovery import (
     lost_workers,
     state_of,
 )
-from dasknn.engine.servers import ConvModelServer, FCServer, submit_actor, submit_pinned
+from dasknn.engine.dask.runs import cluster_workers
+from dasknn.engine.servers import ConvModelServer, FCServer
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.nn.net import Net
 
@@ -37,8 +39,6 @@ def await_data(engine, client, X, y) -> bool:
     """Wait (at most `engine.timeout` s) until the persisted data is in memory again (the chunks of
     a lost worker are recomputed); False as soon as no worker is left."""
     from distributed import wait
-
-    from dasknn.engine.cluster import cluster_workers
 
     deadline = time.monotonic() + engine.timeout
     while cluster_workers(client):
@@ -162,8 +162,6 @@ class Segment:
     # -- watch -------------------------------------------------------------------------------------
     def lost(self) -> dict[str, list[str]]:
         """The workers of the placement that left the cluster, with their roles."""
-        from dasknn.engine.cluster import cluster_workers
-
         return lost_workers(self.placement, cluster_workers(self.client))
 
     def _failed(self, err: BaseException) -> NoReturn:
@@ -246,8 +244,6 @@ class Segment:
     def stop(self) -> None:
         """Stop the servers that are still reachable (groups then return) and cancel the loops.
         Every wait is bounded; a server on a lost worker is skipped."""
-        from dasknn.engine.cluster import cluster_workers
-
         try:
             alive = set(cluster_workers(self.client))
         except Exception:

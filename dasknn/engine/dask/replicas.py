@@ -1,4 +1,4 @@
-"""Crossbow's SMA and SparkNet's model averaging on a Dask cluster (issue #7).
+"""Crossbow's SMA and SparkNet's model averaging on a Dask cluster (Crossbow §3.2, SparkNet).
 
 k learners (`RunConfig.n_groups`), each a long-running task that holds its own model replica on its
 worker (several learners per worker when k exceeds the workers: Crossbow §3.3); a central average
@@ -10,8 +10,8 @@ model z lives in an `AverageModel` actor. SMA (Crossbow §3.2, Alg. 1) synchroni
 
 Model averaging (SparkNet) runs SGD with momentum on every replica and sets z = mean_j w_j, w_j ← z
 every τ iterations. The maths, batch order (learner j of round r takes batch
-`batches_done + r·k + j`), Trace rows and end state are those of `strategies.ReplicaSimulation`, so
-both engines train the same weights; here the clock is measured.
+`batches_done + r·k + j`), Trace rows and end state are those of the simulator's
+`ReplicaSimulation`, so both engines train the same weights; here the clock is measured.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from dasknn.backend import array_module, get_xp, to_device
-from dasknn.engine import tasks
-from dasknn.engine.cluster import cluster_workers
-from dasknn.engine.dask_runs import engine_client, persist_data, wait_for_loops
-from dasknn.engine.placement import Placement, device_of
-from dasknn.engine.servers import submit_actor, submit_pinned
-from dasknn.engine.trace import Budget, RunConfig, RunResult, Strategy, TrainState, make_trace, on_run_clock
+from dasknn.engine.dask import tasks
+from dasknn.engine.dask.actors import submit_actor, submit_pinned
+from dasknn.engine.dask.placement import Placement, device_of
+from dasknn.engine.dask.runs import cluster_workers, engine_client, on_run_clock, persist_data, wait_for_loops
+from dasknn.engine.strategy import Strategy
+from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
 from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
 

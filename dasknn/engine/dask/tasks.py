@@ -29,7 +29,8 @@ import numpy as np
 
 from dasknn.backend import get_xp, to_device, to_numpy
 from dasknn.data.batching import BatchOrder
-from dasknn.engine.servers import submit_actor, submit_pinned
+from dasknn.engine.dask.actors import submit_actor, submit_pinned
+from dasknn.engine.dask.placement import shard_sizes
 
 _NETS: dict[tuple[str, int], Any] = {}
 _NETS_LOCK = threading.Lock()
@@ -362,8 +363,6 @@ def _actor_iteration(
     servers (its root's sum comes to the lead, which adds its own gradient, as `aggregate` does);
     with k = 2 the one remote gradient comes back from `backward` itself. Returns the Trace row the
     conv model server logged, or None once a server has stopped."""
-    from dasknn.engine.placement import shard_sizes
-
     tmo = spec.timeout
     version, weights = _call(conv_server, "pull", timeout=tmo)
     bounds = np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
@@ -408,8 +407,6 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
     iteration costs two task hops per remote shard. Returns the Trace row the conv model server
     logged, or None once a server has stopped."""
     from distributed import Future
-
-    from dasknn.engine.placement import shard_sizes
 
     tmo = spec.timeout
     version, weights = _call(conv_server, "pull", timeout=tmo)
@@ -549,7 +546,7 @@ def aggregate(
     ps_worker: str | None = None,
     local: dict[str, np.ndarray] | None = None,
 ) -> tuple[Any, dict[str, np.ndarray] | None]:
-    """The sum of k gradients, as FireCaffe §6 compares (issue #7), as (future, local): the sum is
+    """The sum of k gradients, as FireCaffe §6 compares, as (future, local): the sum is
     the future's value plus `local` (either may be None).
 
     `grads`: futures of gradients on workers; `local`: the calling (lead) worker's own gradient, or

@@ -10,7 +10,7 @@ import pytest
 
 from dasknn.data import load
 from dasknn.data.batching import iterate_batches
-from dasknn.engine.simulate import SimulatedEngine, conv_backward_shards, conv_forward_shards, shard_slices
+from dasknn.engine.simulated import SimulatedEngine, conv_backward_shards, conv_forward_shards, shard_slices
 from dasknn.engine.trace import TRACE_COLUMNS, Budget, RunConfig, TrainState
 from dasknn.nn import zoo
 from dasknn.nn.layers import Convolution, Dropout, InnerProduct, ReLU

@@ -1,11 +1,15 @@
 """DaskEngine: Omnivore's compute groups on a real dask cluster (Omnivore §III-B on Dask).
 
-The conv model server and the merged FC server are dask actors pinned to workers; each compute
-group's iterations are a chain of tasks (an iteration's first task depends on the group's previous
-iteration), so a group runs without waiting for the client and g groups run with no barrier
-between them. Arrays move worker to worker; the client only submits tasks and collects the small
-Trace rows. The driver keeps a few iterations per group in flight, checks that every worker of
-the plan is alive, and never waits without a bound.
+The driver persists X and y on the workers, plans the placement (the FC server's worker, the conv
+model server's, each group's workers and their FLOPS-proportional shares), and starts a `Segment`:
+the conv model server and the merged FC server as actors pinned to their workers, a `ShardServer`
+actor on every worker of a group but its lead, and one long-running loop task per compute group on
+its lead worker (`tasks.group_loop`). Each loop pulls, computes its shards (the remote ones by
+direct actor calls, worker to worker), goes through the FC server and pushes ONE update per
+iteration, so g groups run with no barrier and nothing per iteration passes through the client.
+The driver only polls: it drains the conv model server's log of Trace rows, snapshots both
+servers, checks that every worker of the placement is alive, and on a lost worker goes on from
+the last snapshot on the survivors (`recovery`). Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -17,58 +21,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import dask.array as da
 import numpy as np
 
-from dasknn.engine import tasks
-from dasknn.engine.placement import Placement, plan, replan
-from dasknn.engine.recovery import Recovery, lost_error, resume_batches
-from dasknn.engine.recovery import WorkerLostError as WorkerLostError  # the public name stays here
-from dasknn.engine.segment import Segment, SegmentFailed, await_data
-from dasknn.engine.strategies import split_layer
-from dasknn.engine.trace import Budget, RunConfig, RunResult, Strategy, TrainState, make_trace, on_run_clock
+from dasknn.engine.autotune import run_auto_learners
+from dasknn.engine.dask import tasks
+from dasknn.engine.dask.placement import Placement, plan, replan
+from dasknn.engine.dask.recovery import Recovery, lost_error, resume_batches
+from dasknn.engine.dask.replicas import run_replicas
+from dasknn.engine.dask.runs import as_dask, chunk_futures, cluster_workers, on_run_clock
+from dasknn.engine.dask.segment import Segment, SegmentFailed, await_data
+from dasknn.engine.dask.unmerged import run_unmerged
+from dasknn.engine.strategy import Strategy, split_layer
+from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
 from dasknn.nn.net import Net
-
-
-def _as_dask(X, y, batch_size: int):
-    """X and y as dask arrays chunked alike along samples (numpy inputs are wrapped)."""
-    if not isinstance(X, da.Array):
-        X = da.from_array(np.asarray(X), chunks=(max(batch_size, 1024),) + tuple(np.shape(X)[1:]))
-    if not isinstance(y, da.Array):
-        y = da.from_array(np.asarray(y), chunks=(X.chunks[0],))
-    elif y.chunks[0] != X.chunks[0]:
-        y = y.rechunk({0: X.chunks[0]})
-    if len(X.chunks) > 1 and any(len(c) > 1 for c in X.chunks[1:]):
-        X = X.rechunk({i: -1 for i in range(1, X.ndim)})
-    return X, y
-
-
-def _chunk_futures(arr) -> list:
-    """The futures of a persisted array's blocks along samples, in order (one block per sample chunk)."""
-    from distributed import futures_of
-
-    by_key = {f.key: f for f in futures_of(arr)}
-    out = []
-    for key in arr.__dask_keys__():
-        while isinstance(key, list):
-            key = key[0]
-        out.append(by_key[key])
-    return out
-
-
-def cluster_workers(client) -> dict[str, dict[str, Any]]:
-    """address → scheduler info (resources, nthreads) of every worker of the client's cluster.
-
-    Asks the scheduler directly. `client.scheduler_info()` returns the client's shared cache, which
-    a periodic callback on the client's event loop rewrites with no per-worker entries
-    (n_workers=0): read just after such a rewrite, or after a failed fetch it swallows, it shows
-    an empty cluster, and a run would take its live workers for lost.
-    """
-    try:
-        info = client.sync(client.scheduler.identity, n_workers=-1)
-    except TypeError:  # distributed < 2025: identity() takes no n_workers and lists every worker
-        info = client.sync(client.scheduler.identity)
-    return dict(info["workers"])
 
 
 @contextmanager
@@ -142,22 +107,22 @@ def local_client(
 
 
 class DaskEngine:
-    """Runs g compute groups on a dask cluster; `run(...)` follows the Engine contract (trace.py).
+    """Runs g compute groups on a dask cluster; `run(...)` follows the Engine contract (`engine.trace`).
 
     `blas_threads` limits BLAS threads per worker process (None: leave the workers as they are);
     `timeout` bounds every wait on a server or a task (seconds); `window` is how many iterations
     each group keeps submitted ahead; `verbose` > 0 shows a progress bar; `poll` is how often (s)
     the driver checks the groups and the workers.
 
-    Fault tolerance (issue #8): every `snapshot_every` conv updates (checked each `poll`) the driver
+    Fault tolerance: every `snapshot_every` conv updates (checked each `poll`) the driver
     snapshots both servers. When a worker of the placement dies, the run continues on the surviving
-    workers (recovery.py): up to `max_recoveries` times, then (or with no worker left) it raises
+    workers (`recovery`): up to `max_recoveries` times, then (or with no worker left) it raises
     WorkerLostError; `max_recoveries=0` raises at the first loss.
 
-    `strategy` (trace.Strategy, issue #7): on this engine, `aggregation` ('tree' with `branching`, or
+    `strategy` (`engine.strategy.Strategy`): on this engine, `aggregation` ('tree' with `branching`, or
     'ps': summed on the conv model server's worker, FireCaffe §6) and `split` (None, 'auto' for
-    RALP's rule, or a layer name). SMA and model averaging run in `dask_replicas` (learners='auto':
-    `autotune`), the unmerged map in `dask_unmerged`; neither has the fault tolerance above.
+    RALP's rule, or a layer name). SMA and model averaging run in `replicas` (learners='auto':
+    `engine.autotune` first), the unmerged map in `unmerged`; neither has the fault tolerance above.
 
     `throughput` (worker address → GFLOP/s) sets the FLOPS-proportional shard sizes by hand
     (Caffe con Troll §2.3), overriding `calibrate()`; a worker left out counts as the median one.
@@ -229,7 +194,7 @@ class DaskEngine:
         y_keys: tuple,
     ) -> list[tasks.GroupSpec]:
         g = placement.n_groups
-        x_keys = tuple(f.key for f in _chunk_futures(X))
+        x_keys = tuple(f.key for f in chunk_futures(X))
         specs = []
         for i, workers in enumerate(placement.groups):
             share = None if iterations is None else iterations // g + (1 if i < iterations % g else 0)
@@ -268,18 +233,16 @@ class DaskEngine:
         Survives lost workers as the class docstring says; `trace.attrs["recoveries"]` lists each
         recovery (recovery.Recovery) and the `recovered` column marks rows trained after one.
         """
-        if self.strategy.synchronous:  # issue #7: SMA / model averaging
-            from dasknn.engine.autotune import run_replica_strategy
-
-            return run_replica_strategy(self, net, X, y, config, budget, start)
-        if self.strategy.physical_map == "unmerged":  # issue #7: Omnivore appendix C
-            from dasknn.engine.dask_unmerged import run_unmerged
-
+        if self.strategy.synchronous:  # SMA (Crossbow §3.2) or model averaging (SparkNet)
+            if self.strategy.learners == "auto":  # Crossbow §3.4: tune the learners, then train
+                return run_auto_learners(self, net, X, y, config, budget, start)
+            return run_replicas(self, net, X, y, config, budget, start)
+        if self.strategy.physical_map == "unmerged":  # Omnivore appendix C
             return run_unmerged(self, net, X, y, config, budget, start)
         from distributed import wait
 
         client = self._client()
-        X, y = _as_dask(X, y, config.batch_size)
+        X, y = as_dask(X, y, config.batch_size)
         if X.shape[0] < config.batch_size:
             raise ValueError(f"{X.shape[0]} samples are fewer than one batch of {config.batch_size}")
         X, y = client.persist([X, y])
@@ -294,7 +257,7 @@ class DaskEngine:
             raise ValueError(f"net {net.name!r} has no FC phase (no InnerProduct layer) for the FC server")
         run_id = uuid.uuid4().hex
         template = client.scatter(conv_net.copy(), broadcast=True, hash=False)
-        y_keys = tuple(f.key for f in _chunk_futures(y))
+        y_keys = tuple(f.key for f in chunk_futures(y))
         t0 = time.time()
         deadline = None if budget.seconds is None else t0 + budget.seconds
         bar = self._progress(budget)

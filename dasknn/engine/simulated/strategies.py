@@ -1,8 +1,6 @@
-"""The other papers' strategies as engine options (issue #7): RALP's split, the unmerged FC layout,
-Crossbow's SMA and SparkNet's model averaging, for the SimulatedEngine.
+"""The other papers' strategies in the simulator: the unmerged FC layout, Crossbow's SMA and
+SparkNet's model averaging, each an event loop built on Omnivore's (`events.Simulation`).
 
-- `ralp_split`: layer placement's rule (layer-placement §3): split after the layer i minimising
-  O_i + Σ_{x≤i} P_x. `split_layer` turns a `Strategy.split` into the first FC-server layer.
 - `UnmergedSimulation`: Omnivore appendix C's unmerged physical map (the MXNet/SINGA layout): every
   compute group runs the FC phase itself on FC weights pulled from an FC model server, and pushes
   its FC gradient there like the conv gradient, so the FC model is as stale as the conv model.
@@ -10,8 +8,8 @@ Crossbow's SMA and SparkNet's model averaging, for the SimulatedEngine.
   synchronised every iteration by SMA (Crossbow §3.2, Alg. 1) or averaged every τ iterations
   (SparkNet's model averaging).
 
-The layer rule lives here, in the engine layer, because the engines resolve `split="auto"` and may
-not import `dasknn.tradeoff`; `dasknn.tradeoff.layer_placement` builds its byte reports on it.
+RALP's split (layer-placement §3) is a strategy choice both engines resolve:
+`dasknn.engine.strategy.split_layer`.
 """
 
 from __future__ import annotations
@@ -20,64 +18,19 @@ import math
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from dasknn.engine.servers import ConvModelServer
-from dasknn.engine.simulate import _Batches, _Simulation
-from dasknn.engine.trace import Budget, RunConfig, Strategy, TrainState
+from dasknn.engine.simulated.events import Batches, Simulation
+from dasknn.engine.strategy import Strategy
+from dasknn.engine.trace import Budget, RunConfig, TrainState
 from dasknn.nn.loss import accuracy, softmax_with_loss
 from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
 
-__all__ = ["ReplicaSimulation", "UnmergedSimulation", "layer_costs", "ralp_split", "split_layer"]
+__all__ = ["ReplicaSimulation", "UnmergedSimulation"]
 
 
-def layer_costs(net: Net, batch_size: int) -> pd.DataFrame:
-    """Per layer i: P_i (parameter bytes), O_i (output bytes of one batch) and RALP's cost_i.
-
-    Layer-placement §3 Step 2: cost_i = O_i + Σ_{x≤i} P_x, the bytes a worker sends one way per
-    iteration when the net is split after layer i. Index: layer name, in net order.
-    """
-    b = int(batch_size)
-    if b < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    s = net.summary()
-    out = pd.DataFrame(
-        {
-            "type": s["type"],
-            "omnivore_phase": s["phase"],
-            "P": s["param_bytes"].astype(float),
-            "O": s["activation_bytes"].astype(float) * b,
-        },
-        index=s.index,
-    )
-    out["P_cumulative"] = out["P"].cumsum()
-    out["cost"] = out["O"] + out["P_cumulative"]
-    return out
-
-
-def ralp_split(net: Net, batch_size: int) -> str:
-    """The first server-side layer under RALP's rule: the layer after argmin_i (O_i + Σ_{x≤i} P_x).
-
-    Layer-placement §3. Candidates keep at least one layer on each side (the engines need a conv
-    phase and an FC server); ties go to the earliest layer, which puts the most work on the server.
-    Returns a layer name, ready for `Net.split_phases(at=...)`.
-    """
-    costs = layer_costs(net, batch_size)
-    if len(costs) < 2:
-        raise ValueError(f"net {net.name!r} has {len(costs)} layer(s); a split needs two")
-    i = int(costs["cost"].iloc[:-1].to_numpy().argmin())
-    return str(costs.index[i + 1])
-
-
-def split_layer(net: Net, strategy: Strategy, batch_size: int) -> str | None:
-    """The layer where the FC phase starts: None (first InnerProduct), RALP's ('auto'), or as named."""
-    if strategy.split == "auto":
-        return ralp_split(net, batch_size)
-    return strategy.split
-
-
-class UnmergedSimulation(_Simulation):
+class UnmergedSimulation(Simulation):
     """Omnivore's event loop with the unmerged physical map (Omnivore appendix C, Fig. 18).
 
     Each group pulls the conv AND the FC weights at its start, runs the FC phase on its own workers
@@ -164,8 +117,8 @@ class ReplicaSimulation:
 
     Alg. 1 corrects replicas toward the z of the previous iteration, which with one learner lags SGD
     by a step; correcting toward z' makes SMA with k = 1 (α = 1) exactly SGD with momentum µ (Caffe's
-    V ← µV − γ∇; W ← W + V), the reduction issue #7 asks for. `model_averaging` (SparkNet): every
-    replica runs SGD with its own momentum, and every τ iterations z = mean_j w_j, w_j ← z.
+    V ← µV − γ∇; W ← W + V), which the tests check. `model_averaging` (SparkNet): every replica
+    runs SGD with its own momentum, and every τ iterations z = mean_j w_j, w_j ← z.
 
     Learner j of iteration r takes batch `batches_done + r·k + j`. An iteration takes, in simulated
     seconds, the slowest learner's t_conv(N // k) + t_fc_worker, plus `t_sync` when it synchronises.
@@ -179,7 +132,7 @@ class ReplicaSimulation:
         self.strategy: Strategy = engine.strategy
         self.n_learners = int(config.n_groups)
         self.t_conv_mean = engine.conv_time(k)
-        self.data = _Batches(X, y, config.batch_size, config.seed)
+        self.data = Batches(X, y, config.batch_size, config.seed)
         self.net = net.copy()
         self.net.set_params(state.params)
         self.z = {key: np.array(v, copy=True) for key, v in state.params.items()}
@@ -258,7 +211,7 @@ class ReplicaSimulation:
         return rows
 
     def _sample(self, mean: float) -> float:
-        return _Simulation._sample(self, mean)
+        return Simulation._sample(self, mean)
 
     def _row(self, j: int, loss: float, acc: float, t_end: float) -> dict[str, Any]:
         batch = self.cursor + j
