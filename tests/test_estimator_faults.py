@@ -8,7 +8,7 @@ from dasknn import DistributedCNN
 from dasknn.data import load
 from dasknn.engine.dask import cluster_workers, local_client
 from dasknn.engine.dask.placement import plan
-from tests.engine.test_faults import Killer
+from tests.engine.dask.test_faults import Killer
 
 
 def test_fit_survives_losing_the_fc_machine_and_records_the_recovery():

@@ -12,7 +12,7 @@ from dasknn.engine.dask import DaskEngine, local_client
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn import zoo
 
-from .test_cluster import in_process
+from .test_driver import in_process
 
 pytestmark = pytest.mark.gpu
 
