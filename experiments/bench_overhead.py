@@ -48,14 +48,12 @@ The default run takes ~3-4 minutes on 2 cores; `--quick` ~1 minute.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -67,19 +65,16 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from dasknn.backend import device_info  # noqa: E402
 from dasknn.data import epoch_indices, load, n_batches  # noqa: E402
-from dasknn.engine.dask import (  # noqa: E402
-    DaskEngine,
-    local_client,
-    tasks,  # noqa: E402
-)
+from dasknn.engine.dask import DaskEngine, local_client, tasks  # noqa: E402
 from dasknn.engine.servers import ConvModelServer, FCServer  # noqa: E402
 from dasknn.engine.trace import Budget, RunConfig  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
 from dasknn.nn.solver import SGD  # noqa: E402
 from dasknn.nn.train import train_step  # noqa: E402
 from dasknn.tradeoff import time_per_iteration  # noqa: E402
+from experiments.common import RESULTS_ROOT, parser, repetitions, timestamp, write_tables  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "bench_overhead"
+RESULTS = RESULTS_ROOT / "bench_overhead"
 MMAP_THRESHOLD = 32 * 2**20
 """glibc's largest mmap threshold on 64-bit (HEAP_MAX_SIZE / 2): allocations below it reuse the heap."""
 TRIM_THRESHOLD = 64 * 2**20
@@ -319,12 +314,10 @@ def show(summary: pd.DataFrame, phases: pd.DataFrame) -> None:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer iterations and 2 repetitions (~1 min)")
-    parser.add_argument("--reps", type=int, help="repetitions per number (default 5, quick 2)")
-    parser.add_argument("--blas-threads", type=int, default=1, help="BLAS threads on both sides (default 1)")
-    args = parser.parse_args(argv)
-    reps = args.reps or (2 if args.quick else 5)
+    cli = parser(__doc__, quick="fewer iterations and 2 repetitions (~1 min)", reps=(5, 2))
+    cli.add_argument("--blas-threads", type=int, default=1, help="BLAS threads on both sides (default 1)")
+    args = cli.parse_args(argv)
+    reps = repetitions(args)
     info = device_info()
     load_avg = os.getloadavg()
     print(f"machine: {info}")
@@ -353,12 +346,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     print(f"local_client's workers are 'malloc tuned'. Shared machine: load {load_end:.2f} at the end.")
     print(f"total time {time.perf_counter() - t0:.0f} s")
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"bench_overhead_{datetime.now():%Y%m%d_%H%M%S}"
-    summary.to_csv(f"{stem}.csv", index=False)
-    raw_df.to_csv(f"{stem}_raw.csv", index=False)
-    phase_df.to_csv(f"{stem}_phases.csv", index=False)
-    print(f"wrote {stem}.csv, {stem.name}_raw.csv, {stem.name}_phases.csv")
+    tables = {"": summary, "_raw": raw_df, "_phases": phase_df}
+    write_tables(RESULTS, tables, stem=f"bench_overhead_{timestamp()}")
     return summary
 
 

@@ -25,7 +25,6 @@ Writes experiments/results/bench_search_floor/search_floor.csv.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -35,8 +34,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.bench_tta import WallClockEngine, fit_run, tta_row  # noqa: E402
+from experiments.common import RESULTS_ROOT, parser, write_tables  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "bench_search_floor"
+RESULTS = RESULTS_ROOT / "bench_search_floor"
 CONFIGS = (
     # name, optimizer options, n_groups, learning_rate, momentum
     ("default", {"lr_grid": (0.1, 0.03, 0.01, 0.003)}, "auto", "auto", "auto"),
@@ -55,10 +55,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     from dasknn.data import load
     from dasknn.engine.dask import DaskEngine, local_client
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3, help="repetitions of each run (default 3)")
-    parser.add_argument("--budget", type=float, default=60.0, help="seconds per run (default 60)")
-    args = parser.parse_args(argv)
+    cli = parser(__doc__)
+    cli.add_argument("--reps", type=int, default=3, help="repetitions of each run (default 3)")
+    cli.add_argument("--budget", type=float, default=60.0, help="seconds per run (default 60)")
+    args = cli.parse_args(argv)
     X, y = load("mnist-sample", batch_size=64)
     rows = []
     with local_client(n_workers=2) as client:
@@ -78,9 +78,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     fixed = medians.loc[CONFIGS[-1][0]]
     medians["ratio_99_vs_fixed"] = medians["tta_99"] / fixed["tta_99"]
     print(medians.round(2).to_string())
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    table.to_csv(RESULTS / "search_floor.csv", index=False)
-    print(f"wrote {RESULTS / 'search_floor.csv'}")
+    write_tables(RESULTS, {"search_floor": table})
     return medians
 
 

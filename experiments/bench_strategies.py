@@ -19,10 +19,8 @@ Writes experiments/results/bench_strategies/{simulated,dask,placement}.csv.
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
-from pathlib import Path
 
 import pandas as pd
 
@@ -33,8 +31,9 @@ from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn import zoo
 from dasknn.tradeoff.hardware import HEModel, phase_costs, time_per_iteration
 from dasknn.tradeoff.layer_placement import placement_report, t_aggregation
+from experiments.common import RESULTS_ROOT, parser, write_tables
 
-RESULTS = Path(__file__).resolve().parent / "results" / "bench_strategies"
+RESULTS = RESULTS_ROOT / "bench_strategies"
 BANDWIDTH = 125e6  # 1 Gbit/s, bytes per second
 DEVICE_GFLOPS = 100.0  # one CPU socket's peak, the scale of Omnivore's c4.4xlarge workers
 N_WORKERS = 32
@@ -49,6 +48,32 @@ def iterations_to(trace: pd.DataFrame, target: float) -> tuple[float, float]:
         return math.nan, math.nan
     i = int(hit.index[0])
     return float(i + 1), float(trace["t_end"].iloc[i])
+
+
+def run_row(
+    engine, label: str, cfg: RunConfig, X, y, iterations: int, target: float, simulated: bool
+) -> dict:
+    """One strategy's run on LeNet: time per iteration, iterations and time to `target`, final accuracy.
+
+    Simulated runs report simulated seconds (`_sim_s`) and the bench's own wall time beside them;
+    Dask runs report wall seconds, their first two completions per group skipped as warm-up.
+    """
+    t0 = time.perf_counter()
+    trace = engine.run(zoo.lenet(seed=0), X, y, cfg, Budget(iterations=iterations)).trace
+    its, tta = iterations_to(trace, target)
+    unit = "sim_s" if simulated else "s"
+    per_iter = time_per_iteration(trace) if simulated else time_per_iteration(trace, warmup=2)
+    return {
+        "strategy": label,
+        "n_groups": cfg.n_groups,
+        "lr": cfg.lr,
+        "momentum": cfg.momentum,
+        f"time_per_iter_{unit}": per_iter,
+        f"iters_to_{target:.0%}": its,
+        f"time_to_{target:.0%}_{unit}": tta,
+        "final_acc": float(trace["accuracy"].tail(WINDOW).mean()),
+        "bench_wall_s" if simulated else "run_wall_s": time.perf_counter() - t0,
+    }
 
 
 def simulated_setups(batch_size: int) -> list[tuple[str, Strategy, int, dict]]:
@@ -94,22 +119,7 @@ def bench_simulated(X, y, batch_size: int, iterations: int, target: float) -> pd
         engine = SimulatedEngine(timing, n_workers=N_WORKERS, verbose=0, strategy=strategy, **opts)
         lr = 0.02 if strategy.synchronous else 0.01
         cfg = RunConfig(n_groups=g, lr=lr, momentum=momentum, batch_size=batch_size)
-        t0 = time.perf_counter()
-        trace = engine.run(zoo.lenet(seed=0), X, y, cfg, Budget(iterations=iterations)).trace
-        its, tta = iterations_to(trace, target)
-        rows.append(
-            {
-                "strategy": label,
-                "n_groups": g,
-                "lr": lr,
-                "momentum": momentum,
-                "time_per_iter_sim_s": time_per_iteration(trace),
-                f"iters_to_{target:.0%}": its,
-                f"time_to_{target:.0%}_sim_s": tta,
-                "final_acc": float(trace["accuracy"].tail(WINDOW).mean()),
-                "bench_wall_s": time.perf_counter() - t0,
-            }
-        )
+        rows.append(run_row(engine, label, cfg, X, y, iterations, target, simulated=True))
         print(pd.DataFrame(rows[-1:]).to_string(index=False, header=len(rows) == 1), flush=True)
     return pd.DataFrame(rows)
 
@@ -138,22 +148,7 @@ def bench_dask(X, y, batch_size: int, iterations: int, target: float) -> pd.Data
         for label, strategy, g, lr, momentum, shard_calls in DASK_SETUPS:
             engine = DaskEngine(client, strategy=strategy, shard_calls=shard_calls)
             cfg = RunConfig(n_groups=g, lr=lr, momentum=momentum, batch_size=batch_size)
-            t0 = time.perf_counter()
-            trace = engine.run(zoo.lenet(seed=0), X, y, cfg, Budget(iterations=iterations)).trace
-            its, tta = iterations_to(trace, target)
-            rows.append(
-                {
-                    "strategy": label,
-                    "n_groups": g,
-                    "lr": lr,
-                    "momentum": momentum,
-                    "time_per_iter_s": time_per_iteration(trace, warmup=2),
-                    f"iters_to_{target:.0%}": its,
-                    f"time_to_{target:.0%}_s": tta,
-                    "final_acc": float(trace["accuracy"].tail(WINDOW).mean()),
-                    "run_wall_s": time.perf_counter() - t0,
-                }
-            )
+            rows.append(run_row(engine, label, cfg, X, y, iterations, target, simulated=False))
             print(pd.DataFrame(rows[-1:]).to_string(index=False, header=len(rows) == 1), flush=True)
     return pd.DataFrame(rows)
 
@@ -176,13 +171,10 @@ def bench_placement() -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="digits, 95%% target, short runs (~2 min)")
-    args = parser.parse_args(argv)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args = parser(__doc__, quick="digits, 95%% target, short runs (~2 min)").parse_args(argv)
     placement = bench_placement()
     print(placement[["net", "batch_size", "placement", "first_server_layer", "bytes_per_worker"]].to_string())
-    placement.to_csv(RESULTS / "placement.csv", index=False)
+    write_tables(RESULTS, {"placement": placement})
     if args.quick:
         X, y = load("digits", size=28, batch_size=32)
         batch_size, iterations, target, dask_iters = 32, 240, 0.95, 120
@@ -191,11 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         batch_size, iterations, target, dask_iters = 64, 600, 0.98, 600
     print(f"\nsimulated {N_WORKERS}-worker cluster (simulated seconds), target {target:.0%}:")
     sim = bench_simulated(X, y, batch_size, iterations, target)
-    sim.to_csv(RESULTS / "simulated.csv", index=False)
+    write_tables(RESULTS, {"simulated": sim})
     print("\nDask engine, LocalCluster of 2 workers (wall seconds):")
     dask_rows = bench_dask(X, y, batch_size, dask_iters, target)
-    dask_rows.to_csv(RESULTS / "dask.csv", index=False)
-    print(f"\nwrote {RESULTS}")
+    write_tables(RESULTS, {"dask": dask_rows})
     return 0
 
 

@@ -75,9 +75,11 @@ from dasknn.nn import zoo  # noqa: E402
 from dasknn.reports import plot_accuracy, time_to_accuracy  # noqa: E402
 from dasknn.tradeoff.hardware import HEModel  # noqa: E402
 from experiments.bench_tta_torch import caffe_lenet_loop  # noqa: E402
+from experiments.common import RESULTS_ROOT, markdown_table  # noqa: E402
+from experiments.common import parser as common_parser  # noqa: E402
 from experiments.whatif_cpu_l import C4_GFLOPS, EFFICIENCY  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "bench_tta"
+RESULTS = RESULTS_ROOT / "bench_tta"
 THRESHOLDS = (0.95, 0.98, 0.99)
 TARGET = 0.99
 BATCH = 64
@@ -400,14 +402,11 @@ def markdown(table: pd.DataFrame) -> str:
     for c in view.columns[5:]:
         digits = 2 if c.startswith("ratio") else 1
         view[c] = [f"{v:.{digits}f}" if np.isfinite(v) else "—" for v in view[c]]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in view.itertuples(index=False)]
-    return "\n".join(lines)
+    return markdown_table(view)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the ~3-minute version")
+    parser = common_parser(__doc__, quick="the ~3-minute version")
     parser.add_argument("--n-workers", type=int, default=2, help="LocalCluster workers (default 2)")
     parser.add_argument("--budget", type=float, help="seconds per Dask/PyTorch run (default 60, quick 20)")
     parser.add_argument("--lr-grid", help="η grid of the fixed runs (default 0.1,0.03,0.01,0.003)")

@@ -10,6 +10,11 @@ An experiment module `experiments/NAME.py` defines
 
 `dasknn experiment NAME` runs the same `main`. Results go to `experiments/results/NAME/` (or `--out`):
 `NAME.nc` (the Dataset, netCDF-4), `NAME.png` (the plot) and `table.md` (the table under a title).
+
+The benchmarks (`bench_*.py`) and the two HE-model scripts share the rest: `parser` (the command
+line from the docstring, with `--quick` and repetitions where they have them), `write_tables` (CSV
+results), `save_figure` (the plot style: Agg backend, one figure, tight layout, 110 dpi) and
+`machine_line` (the machine and its load, printed with every measurement).
 """
 
 from __future__ import annotations
@@ -36,6 +41,21 @@ from dasknn.tradeoff.record import save  # noqa: E402
 RESULTS_ROOT = Path(__file__).resolve().parent / "results"
 
 
+FIGSIZE = (6.4, 4.4)
+DPI = 110
+
+#: command-line options several experiments share (`main_for`'s `options`)
+NET_OPTION = (("--net",), {"default": "lenet_small", "help": "lenet_small (default) or lenet"})
+GROUPS_OPTION = (
+    ("--groups",),
+    {"type": int, "default": None, "help": "compute groups g (default: the tradeoff experiment's choice)"},
+)
+ITERATIONS_OPTION = (
+    ("--iterations",),
+    {"type": int, "default": None, "help": "updates per run (default 300)"},
+)
+
+
 @dataclass
 class Experiment:
     """One experiment's outcome: its Dataset, a markdown table, and how to plot it."""
@@ -44,6 +64,7 @@ class Experiment:
     table: str
     plot: Callable[[xr.Dataset, Any], None]
     notes: list[str] = field(default_factory=list)
+    figsize: tuple[float, float] = FIGSIZE
 
 
 def results_dir(name: str, out: str | Path | None = None) -> Path:
@@ -84,23 +105,31 @@ def stamp(ds: xr.Dataset, name: str, mirrors: str, tiny: bool, **attrs: Any) -> 
     return ds
 
 
-def write(name: str, result: Experiment, out: str | Path | None = None, title: str = "") -> dict[str, Path]:
-    """Write NAME.nc, NAME.png and table.md; returns their paths."""
+def save_figure(
+    draw: Callable[[Any], None], path: str | Path, figsize: tuple[float, float] = FIGSIZE
+) -> Path:
+    """`draw(fig)` on a new matplotlib figure (Agg backend), laid out tight and saved as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig = plt.figure(figsize=figsize)
+    try:
+        draw(fig)
+        fig.tight_layout()
+        fig.savefig(path, dpi=DPI)
+    finally:
+        plt.close(fig)
+    return Path(path)
+
+
+def write(name: str, result: Experiment, out: str | Path | None = None, title: str = "") -> dict[str, Path]:
+    """Write NAME.nc, NAME.png and table.md; returns their paths."""
     folder = results_dir(name, out)
     paths = {"nc": folder / f"{name}.nc", "png": folder / f"{name}.png", "md": folder / "table.md"}
     save(result.dataset, paths["nc"])
-    fig = plt.figure(figsize=(6.4, 4.4))
-    try:
-        result.plot(result.dataset, fig)
-        fig.tight_layout()
-        fig.savefig(paths["png"], dpi=110)
-    finally:
-        plt.close(fig)
+    save_figure(lambda fig: result.plot(result.dataset, fig), paths["png"], result.figsize)
     notes = "\n".join(f"- {n}" for n in result.notes)
     setting = result.dataset.attrs.get("setting", "default")
     device = result.dataset.attrs.get("device", "")
@@ -119,19 +148,12 @@ def main_for(
     title = (doc or name).strip().splitlines()[0]
 
     def main(argv: list[str] | None = None) -> int:
-        parser = argparse.ArgumentParser(
-            prog=f"dasknn experiment {name}",
-            description=title,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-            epilog=doc,
-        )
-        parser.add_argument("--tiny", action="store_true", help="the smallest setting (seconds; for tests)")
-        parser.add_argument(
-            "--out", default=None, help=f"results folder (default experiments/results/{name})"
-        )
+        cli = parser(doc, prog=f"dasknn experiment {name}")
+        cli.add_argument("--tiny", action="store_true", help="the smallest setting (seconds; for tests)")
+        cli.add_argument("--out", default=None, help=f"results folder (default experiments/results/{name})")
         for flags, kwargs in options:
-            parser.add_argument(*flags, **kwargs)
-        args = vars(parser.parse_args(argv))
+            cli.add_argument(*flags, **kwargs)
+        args = vars(cli.parse_args(argv))
         tiny, out = args.pop("tiny"), args.pop("out")
         t0 = time.perf_counter()
         result = run(tiny=tiny, **args)
@@ -143,3 +165,60 @@ def main_for(
         return 0
 
     return main
+
+
+def parser(
+    doc: str | None, prog: str | None = None, quick: str | None = None, reps: tuple[int, int] | None = None
+) -> argparse.ArgumentParser:
+    """The command line of an experiment or benchmark: the docstring's first line as description and
+    the whole docstring as epilog; `quick` adds `--quick` (its help), `reps` (default, quick) `--reps`."""
+    cli = argparse.ArgumentParser(
+        prog=prog,
+        description=(doc or "").strip().splitlines()[0] if doc else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=doc,
+    )
+    if quick is not None:
+        cli.add_argument("--quick", action="store_true", help=quick)
+    if reps is not None:
+        cli.add_argument(
+            "--reps", type=int, help=f"repetitions per number (default {reps[0]}, quick {reps[1]})"
+        )
+        cli.set_defaults(reps_default=reps)
+    return cli
+
+
+def repetitions(args: argparse.Namespace) -> int:
+    """`--reps` as given, else the default of the setting (`--quick` or not) that `parser` was given."""
+    default, quick = args.reps_default
+    return args.reps or (quick if getattr(args, "quick", False) else default)
+
+
+def machine_line() -> str:
+    """The machine (`device_info`) and its 1-minute load average: every measurement prints it."""
+    import os
+
+    from dasknn.backend import device_info
+
+    info = device_info()
+    load = os.getloadavg()[0]
+    return f"machine: {info}; load average (1 min): {load:.2f} on {info['cores']} cores"
+
+
+def write_tables(folder: str | Path, tables: dict[str, pd.DataFrame], stem: str = "") -> list[Path]:
+    """Each table as `folder/{stem}{key}.csv` (no index); prints and returns the paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for key, table in tables.items():
+        paths.append(folder / f"{stem}{key}.csv")
+        table.to_csv(paths[-1], index=False)
+    print(f"wrote {', '.join(str(p) for p in paths)}")
+    return paths
+
+
+def timestamp() -> str:
+    """The time now as YYYYmmdd_HHMMSS, for result files that keep earlier runs beside them."""
+    from datetime import datetime
+
+    return f"{datetime.now():%Y%m%d_%H%M%S}"

@@ -52,7 +52,6 @@ median. Default run ~2-3 minutes, `--quick` ~1 minute.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -68,18 +67,14 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from dasknn import __version__  # noqa: E402
 from dasknn.backend import device_info  # noqa: E402
 from dasknn.data import load  # noqa: E402
-from dasknn.engine.dask import (  # noqa: E402
-    DaskEngine,
-    cluster_workers,
-    local_client,
-    tasks,  # noqa: E402
-)
+from dasknn.engine.dask import DaskEngine, cluster_workers, local_client, tasks  # noqa: E402
 from dasknn.engine.servers import ConvModelServer, FCServer  # noqa: E402
 from dasknn.engine.trace import Budget, RunConfig  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
-from dasknn.tradeoff import HEModel, phase_costs, save, time_per_iteration  # noqa: E402
+from dasknn.tradeoff import HEModel, phase_costs, time_per_iteration  # noqa: E402
+from experiments.common import Experiment, parser, repetitions, write  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "he_check"
+NAME = "he_check"
 N_WORKERS = 2
 GROUPS = (1, 2)
 BLAS_THREADS = 1
@@ -371,14 +366,9 @@ def table(ds: xr.Dataset) -> str:
     return "\n".join(lines)
 
 
-def plot(ds: xr.Dataset, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(ds: xr.Dataset, fig) -> None:
     nets = list(ds["net"].values)
-    fig, axes = plt.subplots(1, len(nets), figsize=(4.5 * len(nets), 3.6))
+    axes = fig.subplots(1, len(nets))
     for ax, net in zip(np.atleast_1d(axes), nets, strict=True):
         s = ds.sel(net=net)
         g = ds["groups"].values
@@ -392,25 +382,18 @@ def plot(ds: xr.Dataset, path: Path) -> None:
         ax.set_ylabel("time per iteration (ms)")
         ax.set_title(f"{net}, b = {int(s['batch_size'])}, N = {ds.attrs['n_workers']} workers")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> xr.Dataset:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer iterations and 2 repetitions (~1 min)")
-    parser.add_argument("--reps", type=int, help="runs per g (default 3, quick 2)")
-    args = parser.parse_args(argv)
+    cli = parser(__doc__, quick="fewer iterations and 2 repetitions (~1 min)", reps=(3, 2))
+    args = cli.parse_args(argv)
     t0 = time.perf_counter()
-    ds = run(args.quick, args.reps or (2 if args.quick else 3))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    save(ds, RESULTS / "he_check.nc")
-    plot(ds, RESULTS / "he_check.png")
+    ds = run(args.quick, repetitions(args))
     text = table(ds)
-    (RESULTS / "table.md").write_text(f"# HE model vs measured Dask-engine runs\n\n{text}\n")
+    result = Experiment(ds, text, plot, figsize=(4.5 * ds.sizes["net"], 3.6))
+    paths = write(NAME, result, title="HE model vs measured Dask-engine runs")
     print(text)
-    print(f"total {time.perf_counter() - t0:.0f} s; wrote {RESULTS}/he_check.nc, he_check.png, table.md")
+    print(f"total {time.perf_counter() - t0:.0f} s; wrote {', '.join(str(p) for p in paths.values())}")
     return ds
 
 

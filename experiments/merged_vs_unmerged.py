@@ -46,7 +46,15 @@ from dasknn.engine.trace import RunConfig  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
 from dasknn.tradeoff.hardware import CONV_EFFICIENCY, phase_costs, time_per_iteration  # noqa: E402
 from dasknn.tradeoff.statistical import final_loss, iterations_to_target, smoothed_loss  # noqa: E402
-from experiments.common import Experiment, main_for, markdown_table, stamp  # noqa: E402
+from experiments.common import (  # noqa: E402
+    GROUPS_OPTION,
+    ITERATIONS_OPTION,
+    NET_OPTION,
+    Experiment,
+    main_for,
+    markdown_table,
+    stamp,
+)
 from experiments.momentum_lesion import default_groups  # noqa: E402
 from experiments.sgd_grid import (  # noqa: E402
     CPU_L,
@@ -236,9 +244,9 @@ main = main_for(
     run,
     __doc__,
     [
-        (("--groups",), {"type": int, "default": None, "help": "compute groups g (default: experiment 5's)"}),
-        (("--iterations",), {"type": int, "default": None, "help": "updates per run (default 300)"}),
-        (("--net",), {"default": "lenet_small", "help": "lenet_small (default) or lenet"}),
+        GROUPS_OPTION,
+        ITERATIONS_OPTION,
+        NET_OPTION,
     ],
 )
 

@@ -42,7 +42,16 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from dasknn.engine.trace import RunConfig  # noqa: E402
 from dasknn.tradeoff.record import load  # noqa: E402
 from dasknn.tradeoff.statistical import final_loss, iterations_to_target, smoothed_loss  # noqa: E402
-from experiments.common import RESULTS_ROOT, Experiment, main_for, markdown_table, stamp  # noqa: E402
+from experiments.common import (  # noqa: E402
+    GROUPS_OPTION,
+    ITERATIONS_OPTION,
+    NET_OPTION,
+    RESULTS_ROOT,
+    Experiment,
+    main_for,
+    markdown_table,
+    stamp,
+)
 from experiments.sgd_grid import (  # noqa: E402
     MOMENTA,
     best_by_final_loss,
@@ -284,9 +293,9 @@ main = main_for(
     run,
     __doc__,
     [
-        (("--groups",), {"type": int, "default": None, "help": "compute groups g (default: experiment 5's)"}),
-        (("--iterations",), {"type": int, "default": None, "help": "updates per run (default 300)"}),
-        (("--net",), {"default": "lenet_small", "help": "lenet_small (default) or lenet"}),
+        GROUPS_OPTION,
+        ITERATIONS_OPTION,
+        NET_OPTION,
     ],
 )
 

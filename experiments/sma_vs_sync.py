@@ -45,7 +45,7 @@ from dasknn.engine.simulated import SimulatedEngine  # noqa: E402
 from dasknn.engine.strategy import Strategy  # noqa: E402
 from dasknn.engine.trace import RunConfig  # noqa: E402
 from dasknn.tradeoff.statistical import final_loss  # noqa: E402
-from experiments.common import Experiment, main_for, markdown_table, stamp  # noqa: E402
+from experiments.common import NET_OPTION, Experiment, main_for, markdown_table, stamp  # noqa: E402
 from experiments.sgd_grid import dataset, make_net, positive_ints, train  # noqa: E402
 
 NAME = "sma_vs_sync"
@@ -228,7 +228,7 @@ main = main_for(
     [
         (("--epochs",), {"type": float, "default": None, "help": "epochs per run (default 4)"}),
         (("--target",), {"type": float, "default": None, "help": "training accuracy target (default 0.95)"}),
-        (("--net",), {"default": "lenet_small", "help": "lenet_small (default) or lenet"}),
+        NET_OPTION,
     ],
 )
 

@@ -61,7 +61,14 @@ from dasknn.engine.simulated import SimulatedEngine  # noqa: E402
 from dasknn.engine.trace import Budget, RunConfig  # noqa: E402
 from dasknn.optimizer import OmnivoreOptimizer  # noqa: E402
 from dasknn.tradeoff.record import record_from_traces  # noqa: E402
-from experiments.common import Experiment, main_for, markdown_table, stamp  # noqa: E402
+from experiments.common import (  # noqa: E402
+    ITERATIONS_OPTION,
+    NET_OPTION,
+    Experiment,
+    main_for,
+    markdown_table,
+    stamp,
+)
 from experiments.sgd_grid import (  # noqa: E402
     BLAS_THREADS,
     MOMENTA,
@@ -268,8 +275,8 @@ main = main_for(
     run,
     __doc__,
     [
-        (("--net",), {"default": "lenet_small", "help": "lenet_small (default) or lenet"}),
-        (("--iterations",), {"type": int, "default": None, "help": "updates per run (default 300)"}),
+        NET_OPTION,
+        ITERATIONS_OPTION,
         (("--no-dask",), {"dest": "dask", "action": "store_false", "help": "skip the LocalCluster part"}),
     ],
 )

@@ -50,9 +50,10 @@ from dasknn.engine.trace import Budget, RunConfig  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
 from dasknn.nn.layers import Convolution, InnerProduct  # noqa: E402
 from dasknn.nn.net import Net  # noqa: E402
-from dasknn.tradeoff import HEModel, save, time_per_iteration  # noqa: E402
+from dasknn.tradeoff import HEModel, time_per_iteration  # noqa: E402
+from experiments.common import Experiment, parser, write  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "whatif_cpu_l"
+NAME = "whatif_cpu_l"
 N_CONV = 32
 C4_GFLOPS = 742.0
 EFFICIENCY = 0.5
@@ -250,14 +251,10 @@ def table(ds: xr.Dataset) -> str:
     return "\n".join(lines)
 
 
-def plot(ds: xr.Dataset, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(ds: xr.Dataset, fig) -> None:
     import matplotlib.ticker
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    ax = fig.subplots()
     for net, color in zip(NETS, ("C0", "C1"), strict=True):
         s = ds.sel(net=net)
         ax.plot(GROUPS, s["time_per_iter"], "-", color=color, label=f"HE(g), {net}")
@@ -273,21 +270,16 @@ def plot(ds: xr.Dataset, path: Path) -> None:
     ax.set_ylabel("time per iteration (s)")
     ax.set_title("CPU-L what-if: HE model, CaffeNet b = 256")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
-def main() -> xr.Dataset:
+def main(argv: list[str] | None = None) -> xr.Dataset:
+    parser(__doc__).parse_args(argv)
     ds = predict()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    save(ds, RESULTS / "whatif_cpu_l.nc")
-    plot(ds, RESULTS / "whatif_cpu_l.png")
     text = table(ds)
-    (RESULTS / "table.md").write_text(f"# CPU-L what-if (HE model)\n\n{text}\n")
+    paths = write(NAME, Experiment(ds, text, plot), title="CPU-L what-if (HE model)")
     print(text)
     print(f"paper (appendix E): FC saturates at g = {PAPER_SATURATION_G}")
-    print(f"wrote {RESULTS}/whatif_cpu_l.nc, whatif_cpu_l.png, table.md")
+    print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return ds
 
 

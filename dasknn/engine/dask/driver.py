@@ -28,7 +28,7 @@ from dasknn.engine.dask import tasks
 from dasknn.engine.dask.placement import Placement, plan, replan
 from dasknn.engine.dask.recovery import Recovery, lost_error, resume_batches
 from dasknn.engine.dask.replicas import run_replicas
-from dasknn.engine.dask.runs import as_dask, chunk_futures, cluster_workers, on_run_clock
+from dasknn.engine.dask.runs import cluster_workers, engine_client, group_specs, on_run_clock, persist_data
 from dasknn.engine.dask.segment import Segment, SegmentFailed, await_data
 from dasknn.engine.dask.unmerged import run_unmerged
 from dasknn.engine.strategy import Strategy, split_layer
@@ -174,57 +174,6 @@ class DaskEngine:
         self.max_recoveries = int(max_recoveries)
         self.placement_: Placement | None = None
 
-    def _client(self):
-        if self.client is not None:
-            return self.client
-        from distributed import default_client
-
-        return default_client()
-
-    def _specs(
-        self,
-        X,
-        placement: Placement,
-        config: RunConfig,
-        iterations: int | None,
-        first_batch: int,
-        deadline: float | None,
-        run_id: str,
-        template_key: str,
-        y_keys: tuple,
-    ) -> list[tasks.GroupSpec]:
-        g = placement.n_groups
-        x_keys = tuple(f.key for f in chunk_futures(X))
-        specs = []
-        for i, workers in enumerate(placement.groups):
-            share = None if iterations is None else iterations // g + (1 if i < iterations % g else 0)
-            specs.append(
-                tasks.GroupSpec(
-                    run_id=run_id,
-                    group=i,
-                    n_groups=g,
-                    workers=tuple(workers),
-                    shares=tuple(placement.shares[w] for w in workers),
-                    devices=tuple(placement.devices[w] for w in workers),
-                    template_key=template_key,
-                    x_keys=x_keys,
-                    y_keys=y_keys,
-                    chunks=tuple(int(c) for c in X.chunks[0]),
-                    batch_size=config.batch_size,
-                    seed=config.seed,
-                    first_batch=first_batch,
-                    iterations=share,
-                    deadline=deadline,
-                    lr=config.lr,
-                    momentum=config.momentum,
-                    timeout=self.timeout,
-                    aggregation=self.strategy.aggregation,
-                    branching=int(self.strategy.branching),
-                    ps_worker=placement.conv_server_worker,
-                )
-            )
-        return specs
-
     def run(
         self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None = None
     ) -> RunResult:
@@ -239,14 +188,9 @@ class DaskEngine:
             return run_replicas(self, net, X, y, config, budget, start)
         if self.strategy.physical_map == "unmerged":  # Omnivore appendix C
             return run_unmerged(self, net, X, y, config, budget, start)
-        from distributed import wait
-
-        client = self._client()
-        X, y = as_dask(X, y, config.batch_size)
-        if X.shape[0] < config.batch_size:
-            raise ValueError(f"{X.shape[0]} samples are fewer than one batch of {config.batch_size}")
-        X, y = client.persist([X, y])
-        wait([X, y], timeout=self.timeout)
+        client = engine_client(self)
+        data = persist_data(self, client, X, y, config)
+        X, y = data.X, data.y
         placement = plan(cluster_workers(client), config.n_groups, self._throughput(client))
         first_placement = str(placement.roles())
         if self.blas_threads:
@@ -257,7 +201,6 @@ class DaskEngine:
             raise ValueError(f"net {net.name!r} has no FC phase (no InnerProduct layer) for the FC server")
         run_id = uuid.uuid4().hex
         template = client.scatter(conv_net.copy(), broadcast=True, hash=False)
-        y_keys = tuple(f.key for f in chunk_futures(y))
         t0 = time.time()
         deadline = None if budget.seconds is None else t0 + budget.seconds
         bar = self._progress(budget)
@@ -274,9 +217,9 @@ class DaskEngine:
                 seg = Segment(self, client, placement, seg_state, version, state.iterations_done)
                 self.placement_ = placement
                 try:
-                    specs = self._specs(
-                        X, placement, config.with_(n_groups=placement.n_groups), left,
-                        seg_state.batches_done, deadline, run_id, template.key, y_keys,
+                    specs = group_specs(
+                        self, placement, data, config.with_(n_groups=placement.n_groups), left,
+                        seg_state.batches_done, deadline, run_id, template.key,
                     )  # fmt: skip
                     seg.start(conv_net, fc_net, config, specs, template)
                     if recoveries:
@@ -359,7 +302,7 @@ class DaskEngine:
         """Measure every worker's SGEMM GFLOP/s (its device's) for FLOPS-proportional shares."""
         from dasknn.backend import sgemm_gflops
 
-        client = self._client()
+        client = engine_client(self)
         workers = cluster_workers(client)
         out = {}
         for addr, info in workers.items():

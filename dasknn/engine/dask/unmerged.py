@@ -23,7 +23,14 @@ import numpy as np
 from dasknn.engine.dask import tasks
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
 from dasknn.engine.dask.placement import Placement, plan, shard_sizes
-from dasknn.engine.dask.runs import cluster_workers, engine_client, on_run_clock, persist_data, wait_for_loops
+from dasknn.engine.dask.runs import (
+    cluster_workers,
+    engine_client,
+    group_specs,
+    on_run_clock,
+    persist_data,
+    wait_for_loops,
+)
 from dasknn.engine.servers import ConvModelServer
 from dasknn.engine.strategy import split_layer
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
@@ -256,35 +263,13 @@ def run_unmerged(
         shard_futures = tasks.submit_shard_servers(client, placement.groups, placement.devices, template)
     shards = {w: f.result(timeout=engine.timeout) for w, f in shard_futures.items()}
     t0 = time.time()
-    g = placement.n_groups
+    deadline = None if budget.seconds is None else t0 + budget.seconds
+    specs = group_specs(
+        engine, placement, data, config, budget.iterations, state.batches_done, deadline, run_id, template.key
+    )
     loops = []
-    for i, workers in enumerate(placement.groups):
-        iterations = None
-        if budget.iterations is not None:
-            iterations = budget.iterations // g + (1 if i < budget.iterations % g else 0)
-        spec = tasks.GroupSpec(
-            run_id=run_id,
-            group=i,
-            n_groups=g,
-            workers=tuple(workers),
-            shares=tuple(placement.shares[w] for w in workers),
-            devices=tuple(placement.devices[w] for w in workers),
-            template_key=template.key,
-            x_keys=data.x_keys,
-            y_keys=data.y_keys,
-            chunks=data.chunks,
-            batch_size=config.batch_size,
-            seed=config.seed,
-            first_batch=state.batches_done,
-            iterations=iterations,
-            deadline=None if budget.seconds is None else t0 + budget.seconds,
-            lr=config.lr,
-            momentum=config.momentum,
-            timeout=engine.timeout,
-            aggregation=engine.strategy.aggregation,
-            branching=int(engine.strategy.branching),
-            ps_worker=where,
-        )
+    for spec in specs:
+        workers = spec.workers
         loops.append(
             submit_pinned(
                 client,
