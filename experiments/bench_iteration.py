@@ -12,7 +12,6 @@ Writes experiments/results/bench_iteration/bench_iteration.csv.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -27,8 +26,9 @@ from dasknn.backend import device_info  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
 from dasknn.nn.solver import SGD  # noqa: E402
 from dasknn.nn.train import train_step  # noqa: E402
+from experiments.common import RESULTS_ROOT, machine_line, parser, write_tables  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "bench_iteration"
+RESULTS = RESULTS_ROOT / "bench_iteration"
 NETS = {"lenet": ((1, 28, 28), 64), "cifar10_quick": ((3, 32, 32), 128)}
 
 
@@ -110,21 +110,20 @@ def bench(name: str, repeats: int, threads: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=None, help="BLAS/torch threads (default: all cores)")
-    args = parser.parse_args(argv)
+    cli = parser(__doc__)
+    cli.add_argument("--repeats", type=int, default=30)
+    cli.add_argument("--threads", type=int, default=None, help="BLAS/torch threads (default: all cores)")
+    args = cli.parse_args(argv)
     try:
         import torch  # noqa: F401
     except ImportError:
         sys.exit("this benchmark compares against PyTorch: pip install 'dasknn[bench]' (or torch==2.13.0)")
     threads = args.threads or device_info()["cores"]
     table = pd.DataFrame([bench(name, args.repeats, threads) for name in NETS])
-    print(f"machine: {device_info()}")
+    print(machine_line())
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print("target: LeNet ratio <= 1.3 (goal < 1.0)")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    table.to_csv(RESULTS / "bench_iteration.csv", index=False)
+    write_tables(RESULTS, {"bench_iteration": table})
     return table
 
 

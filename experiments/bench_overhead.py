@@ -72,7 +72,14 @@ from dasknn.nn import zoo  # noqa: E402
 from dasknn.nn.solver import SGD  # noqa: E402
 from dasknn.nn.train import train_step  # noqa: E402
 from dasknn.tradeoff import time_per_iteration  # noqa: E402
-from experiments.common import RESULTS_ROOT, parser, repetitions, timestamp, write_tables  # noqa: E402
+from experiments.common import (  # noqa: E402
+    RESULTS_ROOT,
+    machine_line,
+    parser,
+    repetitions,
+    timestamp,
+    write_tables,
+)
 
 RESULTS = RESULTS_ROOT / "bench_overhead"
 MMAP_THRESHOLD = 32 * 2**20
@@ -320,8 +327,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     reps = repetitions(args)
     info = device_info()
     load_avg = os.getloadavg()
-    print(f"machine: {info}")
-    print(f"load average at start: {load_avg[0]:.2f} (1 min) on {info['cores']} cores, shared")
+    print(machine_line() + " (shared)")
     print(f"BLAS threads: {args.blas_threads} in this process and on the worker (threadpoolctl)")
 
     t0 = time.perf_counter()

@@ -75,7 +75,7 @@ from dasknn.nn import zoo  # noqa: E402
 from dasknn.reports import plot_accuracy, time_to_accuracy  # noqa: E402
 from dasknn.tradeoff.hardware import HEModel  # noqa: E402
 from experiments.bench_tta_torch import caffe_lenet_loop  # noqa: E402
-from experiments.common import RESULTS_ROOT, markdown_table  # noqa: E402
+from experiments.common import RESULTS_ROOT, machine_line, markdown_table  # noqa: E402
 from experiments.common import parser as common_parser  # noqa: E402
 from experiments.whatif_cpu_l import C4_GFLOPS, EFFICIENCY  # noqa: E402
 
@@ -484,7 +484,7 @@ def write_simulated(args, sim: pd.DataFrame, histories: dict, describe: str, loa
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     X, y = load("mnist-sample", batch_size=BATCH)
-    print(f"machine: {device_info()}; load average: {os.getloadavg()[0]:.2f}", flush=True)
+    print(machine_line(), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     out: dict = {}
     if not args.no_dask:
