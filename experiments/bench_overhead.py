@@ -72,16 +72,9 @@ from dasknn.nn import zoo  # noqa: E402
 from dasknn.nn.solver import SGD  # noqa: E402
 from dasknn.nn.train import train_step  # noqa: E402
 from dasknn.tradeoff import time_per_iteration  # noqa: E402
-from experiments.common import (  # noqa: E402
-    RESULTS_ROOT,
-    machine_line,
-    parser,
-    repetitions,
-    timestamp,
-    write_tables,
-)
+from experiments import common  # noqa: E402
 
-RESULTS = RESULTS_ROOT / "bench_overhead"
+RESULTS = common.RESULTS_ROOT / "bench_overhead"
 MMAP_THRESHOLD = 32 * 2**20
 """glibc's largest mmap threshold on 64-bit (HEAP_MAX_SIZE / 2): allocations below it reuse the heap."""
 TRIM_THRESHOLD = 64 * 2**20
@@ -321,13 +314,13 @@ def show(summary: pd.DataFrame, phases: pd.DataFrame) -> None:
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    cli = parser(__doc__, quick="fewer iterations and 2 repetitions (~1 min)", reps=(5, 2))
+    cli = common.parser(__doc__, quick="fewer iterations and 2 repetitions (~1 min)", reps=(5, 2))
     cli.add_argument("--blas-threads", type=int, default=1, help="BLAS threads on both sides (default 1)")
     args = cli.parse_args(argv)
-    reps = repetitions(args)
+    reps = common.repetitions(args)
     info = device_info()
     load_avg = os.getloadavg()
-    print(machine_line() + " (shared)")
+    print(common.machine_line() + " (shared)")
     print(f"BLAS threads: {args.blas_threads} in this process and on the worker (threadpoolctl)")
 
     t0 = time.perf_counter()
@@ -353,7 +346,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     print(f"total time {time.perf_counter() - t0:.0f} s")
 
     tables = {"": summary, "_raw": raw_df, "_phases": phase_df}
-    write_tables(RESULTS, tables, stem=f"bench_overhead_{timestamp()}")
+    common.write_tables(RESULTS, tables, stem=f"bench_overhead_{common.timestamp()}")
     return summary
 
 
