@@ -117,6 +117,21 @@ class RunResult:
     state: TrainState
 
 
+def on_run_clock(rows: list[dict[str, Any]], t0: float, config: RunConfig, n_samples: int) -> None:
+    """Put a Dask run's rows on its own clock (seconds from `t0`), with its lr, momentum and epoch."""
+    from dasknn.data.batching import n_batches
+
+    nb = n_batches(n_samples, config.batch_size)
+    for row in rows:
+        row.update(
+            t_start=row["t_start"] - t0,
+            t_end=row["t_end"] - t0,
+            lr=config.lr,
+            momentum=config.momentum,
+            epoch=row["batch"] / nb,
+        )
+
+
 def make_trace(rows: list[dict[str, Any]], engine: str, **attrs: Any) -> pd.DataFrame:
     """A Trace DataFrame with the standard columns (in order) and attrs naming the engine.
 

@@ -28,11 +28,11 @@ from dasknn.engine.dask import tasks
 from dasknn.engine.dask.placement import Placement, plan, replan
 from dasknn.engine.dask.recovery import Recovery, lost_error, resume_batches
 from dasknn.engine.dask.replicas import run_replicas
-from dasknn.engine.dask.runs import cluster_workers, engine_client, group_specs, on_run_clock, persist_data
+from dasknn.engine.dask.runs import cluster_workers, engine_client, persist_data
 from dasknn.engine.dask.segment import Segment, SegmentFailed, await_data
 from dasknn.engine.dask.unmerged import run_unmerged
 from dasknn.engine.strategy import Strategy, split_layer
-from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
+from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
 
 
@@ -217,7 +217,7 @@ class DaskEngine:
                 seg = Segment(self, client, placement, seg_state, version, state.iterations_done)
                 self.placement_ = placement
                 try:
-                    specs = group_specs(
+                    specs = tasks.group_specs(
                         self, placement, data, config.with_(n_groups=placement.n_groups), left,
                         seg_state.batches_done, deadline, run_id, template.key,
                     )  # fmt: skip

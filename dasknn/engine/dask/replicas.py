@@ -29,9 +29,9 @@ from dasknn.backend import array_module, get_xp, to_device
 from dasknn.engine.dask import tasks
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
 from dasknn.engine.dask.placement import Placement, device_of
-from dasknn.engine.dask.runs import cluster_workers, engine_client, on_run_clock, persist_data, wait_for_loops
+from dasknn.engine.dask.runs import cluster_workers, engine_client, persist_data, wait_for_loops
 from dasknn.engine.strategy import Strategy
-from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
+from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
 

@@ -3,7 +3,7 @@
 The merged engine (`driver.DaskEngine`), the unmerged physical map (`unmerged`) and the replica
 strategies (`replicas`) keep the same habits: X and y are persisted on the workers and read there
 by key, every wait is bounded, the driver checks that the workers of the run are alive while the
-long-running loop tasks work, and the Trace rows are put on the run's own clock.
+long-running loop tasks work.
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from dasknn.data.batching import n_batches
-from dasknn.engine.dask import tasks
-from dasknn.engine.dask.placement import Placement
 from dasknn.engine.dask.recovery import WorkerLostError
 from dasknn.engine.trace import Budget, RunConfig
 
@@ -29,9 +26,7 @@ __all__ = [
     "chunk_futures",
     "cluster_workers",
     "engine_client",
-    "group_specs",
     "loop_result",
-    "on_run_clock",
     "persist_data",
     "wait_for_loops",
 ]
@@ -78,19 +73,6 @@ def cluster_workers(client) -> dict[str, dict[str, Any]]:
     return dict(info["workers"])
 
 
-def on_run_clock(rows: list[dict[str, Any]], t0: float, config: RunConfig, n_samples: int) -> None:
-    """Put a Dask run's rows on its own clock (seconds from `t0`), with its lr, momentum and epoch."""
-    nb = n_batches(n_samples, config.batch_size)
-    for row in rows:
-        row.update(
-            t_start=row["t_start"] - t0,
-            t_end=row["t_end"] - t0,
-            lr=config.lr,
-            momentum=config.momentum,
-            epoch=row["batch"] / nb,
-        )
-
-
 @dataclass(frozen=True)
 class Data:
     """The persisted training data as the worker loops read it: chunk keys and chunk sizes."""
@@ -127,51 +109,6 @@ def persist_data(engine, client, X, y, config: RunConfig) -> Data:
         y_keys=tuple(f.key for f in chunk_futures(y)),
         chunks=tuple(int(c) for c in X.chunks[0]),
     )
-
-
-def group_specs(
-    engine,
-    placement: Placement,
-    data: Data,
-    config: RunConfig,
-    iterations: int | None,
-    first_batch: int,
-    deadline: float | None,
-    run_id: str,
-    template_key: str,
-) -> list[tasks.GroupSpec]:
-    """One loop's spec per compute group of `placement`: its workers, their shares and devices, the
-    data's keys, its part of `iterations` (the first groups take the remainder) and the knobs."""
-    g = placement.n_groups
-    specs = []
-    for i, workers in enumerate(placement.groups):
-        share = None if iterations is None else iterations // g + (1 if i < iterations % g else 0)
-        specs.append(
-            tasks.GroupSpec(
-                run_id=run_id,
-                group=i,
-                n_groups=g,
-                workers=tuple(workers),
-                shares=tuple(placement.shares[w] for w in workers),
-                devices=tuple(placement.devices[w] for w in workers),
-                template_key=template_key,
-                x_keys=data.x_keys,
-                y_keys=data.y_keys,
-                chunks=data.chunks,
-                batch_size=config.batch_size,
-                seed=config.seed,
-                first_batch=first_batch,
-                iterations=share,
-                deadline=deadline,
-                lr=config.lr,
-                momentum=config.momentum,
-                timeout=engine.timeout,
-                aggregation=engine.strategy.aggregation,
-                branching=int(engine.strategy.branching),
-                ps_worker=placement.conv_server_worker,
-            )
-        )
-    return specs
 
 
 def check_alive(client, roles: Mapping[str, Sequence[str]], done: int) -> None:

@@ -23,14 +23,18 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dasknn.backend import get_xp, to_device, to_numpy
 from dasknn.data.batching import BatchOrder
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
-from dasknn.engine.dask.placement import shard_sizes
+from dasknn.engine.dask.placement import Placement, shard_sizes
+
+if TYPE_CHECKING:
+    from dasknn.engine.dask.runs import Data
+    from dasknn.engine.trace import RunConfig
 
 _NETS: dict[tuple[str, int], Any] = {}
 _NETS_LOCK = threading.Lock()
@@ -63,6 +67,51 @@ class GroupSpec:
     aggregation: str = "tree"
     branching: int = 2
     ps_worker: str | None = None
+
+
+def group_specs(
+    engine,
+    placement: Placement,
+    data: Data,
+    config: RunConfig,
+    iterations: int | None,
+    first_batch: int,
+    deadline: float | None,
+    run_id: str,
+    template_key: str,
+) -> list[GroupSpec]:
+    """One loop's spec per compute group of `placement`: its workers, their shares and devices, the
+    data's keys, its part of `iterations` (the first groups take the remainder) and the knobs."""
+    g = placement.n_groups
+    specs = []
+    for i, workers in enumerate(placement.groups):
+        share = None if iterations is None else iterations // g + (1 if i < iterations % g else 0)
+        specs.append(
+            GroupSpec(
+                run_id=run_id,
+                group=i,
+                n_groups=g,
+                workers=tuple(workers),
+                shares=tuple(placement.shares[w] for w in workers),
+                devices=tuple(placement.devices[w] for w in workers),
+                template_key=template_key,
+                x_keys=data.x_keys,
+                y_keys=data.y_keys,
+                chunks=data.chunks,
+                batch_size=config.batch_size,
+                seed=config.seed,
+                first_batch=first_batch,
+                iterations=share,
+                deadline=deadline,
+                lr=config.lr,
+                momentum=config.momentum,
+                timeout=engine.timeout,
+                aggregation=engine.strategy.aggregation,
+                branching=int(engine.strategy.branching),
+                ps_worker=placement.conv_server_worker,
+            )
+        )
+    return specs
 
 
 def _this_worker():

@@ -23,17 +23,10 @@ import numpy as np
 from dasknn.engine.dask import tasks
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
 from dasknn.engine.dask.placement import Placement, plan, shard_sizes
-from dasknn.engine.dask.runs import (
-    cluster_workers,
-    engine_client,
-    group_specs,
-    on_run_clock,
-    persist_data,
-    wait_for_loops,
-)
+from dasknn.engine.dask.runs import cluster_workers, engine_client, persist_data, wait_for_loops
 from dasknn.engine.servers import ConvModelServer
 from dasknn.engine.strategy import split_layer
-from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
+from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
 
 __all__ = ["run_unmerged", "unmerged_loop", "whole_net_step"]
@@ -264,7 +257,7 @@ def run_unmerged(
     shards = {w: f.result(timeout=engine.timeout) for w, f in shard_futures.items()}
     t0 = time.time()
     deadline = None if budget.seconds is None else t0 + budget.seconds
-    specs = group_specs(
+    specs = tasks.group_specs(
         engine, placement, data, config, budget.iterations, state.batches_done, deadline, run_id, template.key
     )
     loops = []
