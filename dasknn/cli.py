@@ -78,6 +78,7 @@ def cmd_train(args) -> int:
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
         optimizer_options=None if args.lr_grid is None else {"lr_grid": args.lr_grid},
+        optimizer=args.optimizer,
     )
     if args.verbose:
         knobs = f"n_groups={args.n_groups}, lr={args.lr}, momentum={args.momentum}"
@@ -285,6 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_rates,
         default=None,
         help="the optimizer's cold-start rates, highest first, e.g. 0.1,0.03,0.01 (default: 0.1 ... 1e-5)",
+    )
+    t.add_argument(
+        "--optimizer",
+        choices=["grid", "online"],
+        default="grid",
+        help="how 'auto' knobs are chosen: Omnivore's grid search from checkpoints (grid), or online "
+        "from measured goodput, momentum and gradient noise, nothing thrown away (online)",
     )
     t.add_argument(
         "--momentum",

@@ -51,6 +51,7 @@ RESUME_PARAMS = (
     "aggregation",
     "split",
     "random_state",
+    "optimizer",
 )
 """Parameters a resumed fit must share with the checkpointed one."""
 
@@ -111,10 +112,17 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         budgets; on engine="simulated" the result equals the uninterrupted fit). Without a
         checkpoint there, a fresh fit.
     optimizer_options : dict or None
-        Extra options of `dasknn.optimizer.OmnivoreOptimizer` when a knob is "auto", e.g.
-        `{"lr_grid": (0.1, 0.03, 0.01, 0.003)}` for the cold start's rates, `probe_iterations`,
-        `epoch_factor`, `cold_start_groups`; checked before any work starts. The knobs themselves
-        (n_groups, learning_rate, momentum) and verbose come from this estimator's parameters.
+        Extra options of the optimizer when a knob is "auto": with optimizer="grid" of
+        `dasknn.optimizer.OmnivoreOptimizer`, e.g. `{"lr_grid": (0.1, 0.03, 0.01, 0.003)}` for the
+        cold start's rates, `probe_iterations`, `epoch_factor`, `cold_start_groups`; with "online"
+        of `dasknn.optimizer.OnlineOptimizer`, e.g. `initial_lr`, `target_momentum`,
+        `exploration_fraction`. Checked before any work starts. The knobs themselves (n_groups,
+        learning_rate, momentum) and verbose come from this estimator's parameters.
+    optimizer : "grid" or "online"
+        How "auto" knobs are chosen: Omnivore's Algorithm 1, a cold start then grid searches from
+        checkpoints ("grid"), or the online optimizer that trains from the first iteration at the g
+        saturating the FC server and retunes g, η, µ from measured goodput, momentum and gradient
+        noise, keeping every trial that did not diverge ("online", `dasknn.optimizer.online`).
 
     `partial_fit(X, y, classes)` trains one epoch of X (`max_epochs` epochs when set, within
     `time_budget` when set) from the current state, with the fixed knobs, or the ones the last fit
@@ -151,6 +159,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         checkpoint_dir: Any = None,
         resume: bool = False,
         optimizer_options: dict | None = None,
+        optimizer: str = "grid",
     ) -> None:
         self.net = net
         self.batch_size = batch_size
@@ -177,6 +186,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.checkpoint_dir = checkpoint_dir
         self.resume = resume
         self.optimizer_options = optimizer_options
+        self.optimizer = optimizer
 
     # -- validation ------------------------------------------------------------------------------
     def _check_params(self, partial: bool = False) -> None:
@@ -483,7 +493,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.n_iter_ = int(self.state_.iterations_done)
         thresholds = sorted({*DEFAULT_THRESHOLDS, *([self.target_accuracy] if self.target_accuracy else [])})
         self.report_ = time_to_accuracy(pd.DataFrame(self.history_), thresholds, run=net.name)
-        self.tradeoff_ = self._tradeoff(runs, net)
+        self.tradeoff_ = self._tradeoff(runs, net, self.decisions_)
 
     def _fixed_config(self, partial: bool) -> RunConfig:
         """The knobs of a fixed-knob run: as given; a partial_fit's continue the last fit's config_."""
@@ -498,16 +508,17 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             seed=self.random_state,
         )
 
-    def _tradeoff(self, runs, net: Net):
+    def _tradeoff(self, runs, net: Net, decisions: pd.DataFrame):
         from dasknn.backend import device_info
-        from dasknn.tradeoff.record import record_from_traces
+        from dasknn.tradeoff.record import record_from_traces, with_decisions
 
         usable = {k: t for k, t in runs.items() if len(t)}
         if not usable:
             return None
-        return record_from_traces(
+        ds = record_from_traces(
             usable, net=net.name, dataset="user data", batch_size=self.batch_size, device=device_info()
         )
+        return with_decisions(ds, decisions) if self.optimizer == "online" else ds
 
     # -- prediction ------------------------------------------------------------------------------
     def _check_fitted(self) -> None:

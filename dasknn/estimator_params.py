@@ -15,6 +15,7 @@ import numpy as np
 from dasknn.nn.net import Net
 
 ENGINES = ("dask", "simulated")
+OPTIMIZERS = ("grid", "online")
 
 
 def _auto_or(value, name: str, check) -> None:
@@ -49,8 +50,15 @@ class _NoEngine:
 OWN_OPTIONS = ("n_groups", "learning_rate", "momentum", "verbose")
 
 
-def _check_optimizer_options(options) -> None:
-    """None or a dict of OmnivoreOptimizer options, each known and valid, none of the estimator's own."""
+def optimizer_class(name: str):
+    """The optimizer class of DistributedCNN's `optimizer` parameter."""
+    from dasknn.optimizer import OmnivoreOptimizer, OnlineOptimizer
+
+    return OnlineOptimizer if name == "online" else OmnivoreOptimizer
+
+
+def _check_optimizer_options(options, optimizer: str = "grid") -> None:
+    """None or a dict of the optimizer's options, each known and valid, none of the estimator's own."""
     if options is None:
         return
     if not isinstance(options, dict):
@@ -60,10 +68,8 @@ def _check_optimizer_options(options) -> None:
         raise ValueError(
             f"optimizer_options may not set {own}: use the estimator's parameters of those names"
         )
-    from dasknn.optimizer import OmnivoreOptimizer
-
     try:
-        OmnivoreOptimizer(_NoEngine(), **options)
+        optimizer_class(optimizer)(_NoEngine(), **options)
     except (TypeError, ValueError) as err:
         raise ValueError(f"optimizer_options: {err}") from None
 
@@ -105,7 +111,9 @@ def check_params(est, partial: bool = False) -> None:
     for name in ("warm_start", "resume"):
         if not isinstance(getattr(est, name), (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {getattr(est, name)!r}")
-    _check_optimizer_options(est.optimizer_options)
+    if est.optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {est.optimizer!r}")
+    _check_optimizer_options(est.optimizer_options, est.optimizer)
     if est.resume and est.checkpoint_dir is None:
         raise ValueError("resume=True needs checkpoint_dir (where the checkpoints are)")
     if est.security is not None:

@@ -309,20 +309,24 @@ class Trainer:
         `loop`: a checkpoint's optimizer session (`restore` first) to go on from. The optimizer rolls
         back diverged train runs itself (last good state, lr / 10; `optimizer._Session.train`).
         """
-        from dasknn.optimizer import OmnivoreOptimizer
+        from dasknn.estimator_params import optimizer_class
 
         est = self.est
         options: dict[str, Any] = {**(est.optimizer_options or {}), "verbose": est.verbose}
         # training is evaluated (and stops at the target) at least once per pass over the data, as
         # the fixed loop's chunks are: the two report time to accuracy at the same granularity
-        options.setdefault("stop_check_iterations", self.nb)
+        if est.optimizer == "online":
+            options.setdefault("segment_iterations", min(self.nb, 200))
+            options.setdefault("target_accuracy", est.target_accuracy)
+        else:
+            options.setdefault("stop_check_iterations", self.nb)
         for knob in ("n_groups", "learning_rate", "momentum"):
             if getattr(est, knob) != "auto":
                 options[knob] = getattr(est, knob)
         probe_score = getattr(self.evaluate, "probe_score", None)
         if probe_score is not None:  # probes judged on the same samples, not on their batches' losses
             options["probe_score"] = probe_score
-        optimizer = OmnivoreOptimizer(self.engine, **options)
+        optimizer = optimizer_class(est.optimizer)(self.engine, **options)
         final: dict[str, Any] = {"session": loop}
         if loop is not None and loop.get("finished"):  # the checkpointed fit had ended
             self.net.set_params(start.params)

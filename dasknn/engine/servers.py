@@ -134,12 +134,40 @@ class ConvModelServer:
             self.version = int(state["version"])
 
 
+NOISE_EVERY = 4
+"""The FC server measures the squared gradient norms of the gradient noise scale every NOISE_EVERY-th
+batch (one more FC backward on half of the batch each time)."""
+
+
+def grad_norms(net: Net, dlogits, caches, grads: dict[str, Any]) -> tuple[float, float]:
+    """(|G_B|², mean of |G_B/2|² over the two halves) of one batch's FC-phase gradient.
+
+    The two-batch-size estimator of the gradient noise scale (McCandlish et al. 2018, appendix A)
+    needs only these squared norms. The loss is a mean over the B samples, so the backward of
+    `dlogits` with one half zeroed is that half's sum over B; rescaled, each half is an estimate of
+    the gradient from B/2 samples.
+    """
+    n = dlogits.shape[0]
+    half = n // 2
+    if half < 1:
+        return float("nan"), float("nan")
+    first = dlogits.copy()
+    first[half:] = 0
+    _, g_first = net.backward(first, caches)
+    big = sum(float((g * g).sum()) for g in grads.values())
+    a = sum(float(((g * (n / half)) ** 2).sum()) for g in g_first.values())
+    b = sum(float((((grads[k] - g) * (n / (n - half))) ** 2).sum()) for k, g in g_first.items())
+    return big, (a + b) / 2
+
+
 class FCServer:
     """The merged FC server: FC compute and FC model on one machine (Omnivore §III-B).
 
     `step(acts, labels, lr, momentum)` runs, for one batch, FC forward, SoftmaxWithLoss, accuracy,
     FC backward and the FC update, and returns the gradient w.r.t. the activations. Calls are
-    serialised (one batch at a time), so the FC model is never stale.
+    serialised (one batch at a time), so the FC model is never stale. Every NOISE_EVERY-th batch it
+    also returns the squared gradient norms of the whole batch and of its halves (`grad_sq`,
+    `grad_sq_half`, `grad_norms`): what the gradient noise scale is estimated from.
     """
 
     def __init__(self, fc_net: Net, weight_decay: float = 0.0, seed: int = 0) -> None:
@@ -165,9 +193,19 @@ class FCServer:
             loss, dlogits = softmax_with_loss(logits, labels)
             dacts, grads = self.net.backward(dlogits, caches, need_dx=True)
             acc = accuracy(logits, labels)
+            norms = (float("nan"), float("nan"))
+            if self.version % NOISE_EVERY == 0:
+                norms = grad_norms(self.net, dlogits, caches, grads)
             self.solver.step(self.net.params, grads, lr=lr, momentum=momentum)
             self.version += 1
-            return {"dacts": dacts, "loss": loss, "accuracy": acc, "version": self.version}
+            return {
+                "dacts": dacts,
+                "loss": loss,
+                "accuracy": acc,
+                "version": self.version,
+                "grad_sq": norms[0],
+                "grad_sq_half": norms[1],
+            }
 
     def predict_proba(self, acts) -> np.ndarray:
         """Class probabilities for conv-phase activations (test mode, no update)."""

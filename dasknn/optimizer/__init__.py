@@ -2,10 +2,13 @@
 
 `grid.py`: Omnivore's Algorithm 1 with its cold start (§IV-C, appendix E), the grid search over
 (g, µ, η); `session.py`: one run of it; `cold_start.py`: the appendix E-D cold start; `search.py`:
-the shared pieces (probes, their scores, the decisions log, the HE model from probes).
+the shared pieces (probes, their scores, the decisions log, the HE model from probes);
+`online.py`: the online optimizer, with its measurements (`measure.py`) and pure decisions
+(`decide.py`) apart (Pollux/AdaptDL, YellowFin, AdaScale).
 """
 
 from dasknn.optimizer.grid import OmnivoreOptimizer
+from dasknn.optimizer.online import OnlineOptimizer
 from dasknn.optimizer.session import OptimizerResult
 
-__all__ = ["OmnivoreOptimizer", "OptimizerResult"]
+__all__ = ["OmnivoreOptimizer", "OnlineOptimizer", "OptimizerResult"]

@@ -395,7 +395,9 @@ class SearchLog:
                 row["chosen"] = True
 
     def decisions(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=list(DECISION_COLUMNS))
+        """DECISION_COLUMNS, then any measured numbers the rows carry (the online optimizer's)."""
+        extra = list(dict.fromkeys(k for row in self.rows for k in row if k not in DECISION_COLUMNS))
+        return pd.DataFrame(self.rows, columns=[*DECISION_COLUMNS, *extra])
 
 
 @dataclass

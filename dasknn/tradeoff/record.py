@@ -32,7 +32,7 @@ from dasknn.tradeoff.statistical import (
 )
 from dasknn.version import __version__
 
-__all__ = ["NETCDF_ENGINE", "load", "penalties", "record_from_traces", "save"]
+__all__ = ["NETCDF_ENGINE", "load", "penalties", "record_from_traces", "save", "with_decisions"]
 
 NETCDF_ENGINE = "netcdf4"
 """netCDF-4 (HDF5) format via the netCDF4 package: int64 and unicode attrs round-trip (netCDF-3 via
@@ -206,6 +206,21 @@ def penalties(ds: xr.Dataset, window: int = SMOOTHING_WINDOW) -> xr.Dataset:
         {name: (dims, arr, {"units": u, "description": d}) for name, (dims, arr, u, d) in variables.items()},
         coords={d: ds[d] for d in RUN_DIMS},
     )
+
+
+def with_decisions(ds: xr.Dataset, decisions: pd.DataFrame) -> xr.Dataset:
+    """The record with the optimizer's decisions along a `decision` dimension, one variable per
+    column prefixed `decision_` (numbers as float, text as str), so the measured numbers that drove
+    each decision travel with the record."""
+    if not len(decisions):
+        return ds
+    out = ds.copy()
+    for column in decisions.columns:
+        values = decisions[column]
+        numeric = pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values)
+        data = values.to_numpy(dtype=float) if numeric else values.fillna("").astype(str).to_numpy()
+        out[f"decision_{column}"] = (("decision",), data)
+    return out.assign_coords(decision=np.arange(len(decisions)))
 
 
 def save(ds: xr.Dataset, path: str | Path) -> Path:

@@ -214,6 +214,7 @@ class Simulation:
         out = self.fc_server.step(acts, yb, lr=self.config.lr, momentum=self.config.momentum)
         gs = self.groups[grp]
         gs.update(dacts=out["dacts"], loss=float(out["loss"]), accuracy=float(out["accuracy"]))
+        gs.update(grad_sq=out["grad_sq"], grad_sq_half=out["grad_sq_half"])
         self.fc_busy = None
         if self.fc_queue:
             self._serve(t)
@@ -238,6 +239,8 @@ class Simulation:
             **info,
             "loss": gs["loss"],
             "accuracy": gs["accuracy"],
+            "grad_sq": gs.get("grad_sq", math.nan),
+            "grad_sq_half": gs.get("grad_sq_half", math.nan),
             "lr": self.config.lr,
             "momentum": self.config.momentum,
             "n_images": self.config.batch_size,

@@ -1,0 +1,142 @@
+"""The online optimizer's decisions: small pure functions of measured numbers (Pollux's habit).
+
+Nothing here runs an engine or reads a Trace (`optimizer.measure` does); a test can plant every
+number. Each returns its choice and a reason naming the numbers that drove it.
+
+- `explicit_momentum`: Omnivore §IV-B: asynchrony adds implicit momentum 1 − 1/g, so the explicit
+  µ for a target total is the target minus it.
+- `steer_momentum`: YellowFin's closed loop (Zhang & Mitliagkas 2017, §4): µ ← µ + γ (target − µ̂_T).
+- `efficiency`, `goodput`, `choose_groups`: Pollux (Qiao et al. OSDI'21, §3):
+  GOODPUT = THROUGHPUT × EFFICIENCY, EFFICIENCY(M) = (φ + M0) / (φ + M). g asynchronous groups
+  compute g gradients of B samples on (nearly) the same weights before each sees the others'
+  updates, so their window is one effective batch M = g·B against M0 = B.
+- `scale_lr`: AdaScale's gain (Johnson et al. ICML'20) r = (σ² + µ²)/(σ²/S + µ²) for an effective
+  batch S times larger; the per-update rate becomes η·r/S (g updates share the window).
+- `judge_trial`, `explore_allowed`, `diverging`: when a trial segment wins, when one may be run,
+  when one is abandoned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+__all__ = [
+    "choose_groups",
+    "diverging",
+    "efficiency",
+    "explicit_momentum",
+    "explore_allowed",
+    "goodput",
+    "judge_trial",
+    "scale_lr",
+    "steer_momentum",
+]
+
+
+def explicit_momentum(target_total: float, n_groups: int) -> float:
+    """The explicit µ that with g groups' implicit 1 − 1/g makes `target_total` (Omnivore §IV-B)."""
+    return max(0.0, float(target_total) - (1 - 1 / int(n_groups)))
+
+
+def steer_momentum(
+    explicit: float, measured_total: float, target: float, gain: float = 0.5, tolerance: float = 0.03
+) -> tuple[float, str]:
+    """YellowFin's negative feedback on the explicit µ: (new µ, why). Within `tolerance` of the
+    target, or with no measurement, µ is left as it is; µ stays in [0, 0.99]."""
+    if not math.isfinite(measured_total):
+        return explicit, "no total momentum measured: µ unchanged"
+    error = target - measured_total
+    if abs(error) <= tolerance:
+        return explicit, f"total momentum {measured_total:.3f} on target {target:g}: µ unchanged"
+    new = min(0.99, max(0.0, explicit + gain * error))
+    return new, f"total momentum {measured_total:.3f} vs target {target:g}: µ {explicit:.3g} -> {new:.3g}"
+
+
+def efficiency(noise_scale: float, batch_size: int, n_groups: int) -> float:
+    """Pollux's statistical efficiency of an effective batch g·B against B: (φ + B)/(φ + g·B);
+    1 when the noise scale is unknown (NaN) or infinite."""
+    if not math.isfinite(noise_scale):
+        return 1.0
+    b = float(batch_size)
+    return (noise_scale + b) / (noise_scale + int(n_groups) * b)
+
+
+def goodput(seconds_per_iteration: float, noise_scale: float, batch_size: int, n_groups: int) -> float:
+    """Samples per second × efficiency: the useful samples per second at g groups (Pollux §3.1)."""
+    if not (seconds_per_iteration > 0 and math.isfinite(seconds_per_iteration)):
+        return math.nan
+    return batch_size / seconds_per_iteration * efficiency(noise_scale, batch_size, n_groups)
+
+
+def choose_groups(
+    seconds_per_iteration: Mapping[int, float],
+    noise_scale: float,
+    batch_size: int,
+    current: int,
+    margin: float = 0.1,
+    momentum_excess: bool = False,
+) -> tuple[int, str, dict[int, float]]:
+    """(g, why, goodput of each g): the g of highest goodput, if it beats the current g's by `margin`.
+
+    `seconds_per_iteration`: measured for the g that ran, the HE model's prediction for the others.
+    `momentum_excess`: the explicit µ is already 0 and the measured total still above target: the
+    implicit momentum alone is too much, so the next smaller g wins (Algorithm 1's g ← g/2).
+    """
+    values = {
+        int(g): goodput(t, noise_scale, batch_size, g) for g, t in sorted(seconds_per_iteration.items())
+    }
+    finite = {g: v for g, v in values.items() if math.isfinite(v)}
+    if momentum_excess:
+        smaller = [g for g in finite if g < current]
+        if smaller:
+            g = max(smaller)
+            return g, f"explicit µ = 0 and the total momentum still above target: g {current} -> {g}", values
+    if not finite:
+        return current, "no time per iteration known: g unchanged", values
+    best = max(finite, key=finite.get)
+    now = finite.get(current, math.nan)
+    phi = "unmeasured" if math.isnan(noise_scale) else f"{noise_scale:.3g}"
+    if best != current and not (now > 0 and finite[best] < (1 + margin) * now):
+        return (
+            best,
+            f"goodput {finite[best]:.4g} at g={best} vs {now:.4g} at g={current} (B_noise {phi})",
+            values,
+        )
+    return current, f"g={current} within {margin:.0%} of the best goodput (B_noise {phi})", values
+
+
+def scale_lr(lr: float, noise_scale: float, batch_size: int, g_from: int, g_to: int) -> float:
+    """The per-update rate at g_to groups for the rate `lr` at g_from: AdaScale's gain r for the
+    effective batch ratio S = g_to / g_from, shared by the g_to updates of a window (η·r/S).
+    Unknown noise scale: r = 1 (the rate of each update is kept)."""
+    s = int(g_to) / int(g_from)
+    if s == 1 or not math.isfinite(noise_scale):
+        return float(lr)
+    noise = noise_scale / batch_size / int(g_from)  # σ²/µ² of one window's batch at g_from
+    gain = (noise + 1) / (noise / s + 1)
+    return float(lr) * gain / s
+
+
+def judge_trial(trial: float, before: float, after: float, margin: float = 0.1) -> tuple[bool, str]:
+    """Adopt a trial configuration when its progress per second beats the mean of the current
+    configuration's segments before and after it (A-B-A, so the slowing of progress over time does
+    not favour either) by `margin` of that mean."""
+    around = [r for r in (before, after) if math.isfinite(r)]
+    if not math.isfinite(trial) or not around:
+        return False, "progress not measured: keep the current configuration"
+    base = sum(around) / len(around)
+    better = trial > base + margin * abs(base)
+    verb = "adopt" if better else "keep the current configuration"
+    return better, f"progress {trial:.4g}/s on trial vs {base:.4g}/s around it: {verb}"
+
+
+def explore_allowed(explored: float, trial_seconds: float, time_to_target: float, fraction: float) -> bool:
+    """A trial may run when the exploration time with it stays within `fraction` of the estimated
+    time to target (re-estimated as training goes)."""
+    return math.isfinite(time_to_target) and explored + trial_seconds <= fraction * time_to_target
+
+
+def diverging(score_start: float, score_end: float, limit: float = 2.0) -> bool:
+    """A segment diverges when its end score is not finite or `limit` times its start score."""
+    return not math.isfinite(score_end) or (math.isfinite(score_start) and score_end > limit * score_start)

@@ -1,0 +1,623 @@
+"""The online optimizer: trains from the first iteration and retunes g, η, µ as it measures.
+
+Omnivore's Algorithm 1 probes a grid from one checkpoint and throws the losing probes away; its
+search is ~10% of the run only when epochs last an hour. Systems since decide online (Pollux /
+AdaptDL, OSDI'21; YellowFin's closed loop, 2017; AdaScale, ICML'20). So does this optimizer:
+
+1. It starts at once at the smallest g the HE model says saturates the FC server (Omnivore §V-B;
+   the engine's timing model, the `he_model` argument, or one from the net's FLOP split), with the
+   explicit µ that makes the target total momentum with that g's implicit 1 − 1/g (§IV-B).
+2. It trains in segments continuing from the current weights. After each it measures
+   (`optimizer.measure`): time per iteration at that g, the gradient noise scale (the FC server's
+   squared gradient norms of each batch and its halves), the total momentum present (explicit µ
+   plus the implicit momentum of the measured staleness), and progress per second (the drop of the
+   log probe score).
+3. It decides (`optimizer.decide`, pure functions): µ is steered toward the target total
+   (YellowFin's negative feedback); the g of highest goodput (Pollux: throughput × efficiency, the
+   HE model calibrated by the measured times for g not yet run) is tried when it beats the current
+   one by a margin, with the rate scaled by AdaScale's gain; otherwise the rate ×3 and /3 are tried
+   in turn.
+4. A trial is a segment of training like any other: when it did not diverge its iterations stay in
+   the model, and it is adopted when its progress per second beats the current configuration's in
+   the segments before and after it (A-B-A). A diverging trial (non-finite, or its score
+   `divergence_limit` × its start) is abandoned after at most `trial_iterations` and rolled back
+   to its start state; its rate is never tried again from above.
+5. Exploration time (trials) stays within `exploration_fraction` (default 10%) of the estimated
+   time to target, re-estimated after every segment from the training error's trend (the time
+   budget when there is no target or trend); each decision row reports it.
+
+Every decision is a row of the decisions log (`search.DECISION_COLUMNS` plus the measured
+numbers that drove it: `seconds_per_iteration`, `noise_scale`, `total_momentum`, `goodput`,
+`progress`, `exploration`, `time_to_target`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pandas as pd
+
+from dasknn.data.batching import n_batches
+from dasknn.engine.trace import RunConfig, TrainState
+from dasknn.optimizer import decide, measure
+from dasknn.optimizer.search import (
+    Prober,
+    SearchLog,
+    check,
+    check_values,
+    float_option,
+    group_candidates,
+    initial_groups,
+    int_option,
+)
+from dasknn.optimizer.session import EpochCallback, OptimizerResult, StopCallback
+from dasknn.tradeoff.hardware import HEModel
+from dasknn.tradeoff.statistical import final_loss
+
+__all__ = ["OnlineOptimizer"]
+
+
+def _unit(value: float) -> bool:
+    return 0 <= value < 1
+
+
+MAX_ROLLBACKS = 6
+"""Diverged training segments in a row (rate / lr_factor each time) before giving up."""
+
+
+@dataclass
+class _Segment:
+    """One engine run of the online optimizer: its trace, end state, score and progress."""
+
+    config: RunConfig
+    trace: pd.DataFrame
+    state: TrainState | None
+    diverged: bool
+    seconds: float
+    run: int
+    score_start: float
+    score_end: float
+
+    @property
+    def progress(self) -> float:
+        return measure.progress_rate(self.score_start, self.score_end, self.seconds)
+
+
+class OnlineOptimizer:
+    """Goodput-driven online tuning of (g, η, µ) over any engine (see the module docstring).
+
+    `initial_lr` (default 0.01, Caffe's LeNet rate): the first rate; `target_momentum`: the total
+    momentum µ is steered to (default 0.9); `momentum_gain`, `momentum_tolerance`: the feedback's
+    step and dead band; `exploration_fraction`: trials' share of the time to target;
+    `segment_iterations`: a training segment (default one pass over the data, at most 200
+    iterations); `trial_iterations`: a trial (default half a segment, at least 5·g); `lr_factor`:
+    the rate's step (×3 / ÷3); `margin`: how much better a trial's progress (and a g's predicted
+    goodput) must be; `divergence_limit`: a trial whose score reaches this multiple of its start
+    is abandoned. `probe_score(state)`: the loss segments are judged on (e.g. a selection part of
+    the training data; default the smoothed training loss); `target_accuracy`: for the time-to-
+    target estimate. `n_workers`, `max_groups`, `he_model` as for `OmnivoreOptimizer`;
+    `n_groups`, `learning_rate`, `momentum` pin a knob. Unknown options raise ValueError.
+    """
+
+    def __init__(
+        self,
+        engine,
+        *,
+        n_workers: int | None = None,
+        max_groups: int | None = None,
+        he_model: HEModel | None = None,
+        initial_lr: float = 0.01,
+        target_momentum: float = 0.9,
+        momentum_gain: float = 0.5,
+        momentum_tolerance: float = 0.03,
+        exploration_fraction: float = 0.1,
+        segment_iterations: int | None = None,
+        trial_iterations: int | None = None,
+        lr_factor: float = 3.0,
+        margin: float = 0.1,
+        divergence_limit: float = 2.0,
+        probe_score: Callable[[TrainState], float] | None = None,
+        target_accuracy: float | None = None,
+        n_groups: int | None = None,
+        learning_rate: float | None = None,
+        momentum: float | None = None,
+        verbose: int = 0,
+        **unknown: Any,
+    ) -> None:
+        check(not unknown, f"unknown option(s) {sorted(unknown)} for OnlineOptimizer")
+        check(callable(getattr(engine, "run", None)), f"engine must have a run(...) method; got {engine!r}")
+        self.engine = engine
+        self.n_workers = int_option(n_workers, "n_workers")
+        self.max_groups = int_option(max_groups, "max_groups")
+        check(
+            he_model is None or isinstance(he_model, HEModel),
+            f"he_model must be an HEModel; got {he_model!r}",
+        )
+        self.he_model = he_model
+        self.initial_lr = float_option(initial_lr, "initial_lr")
+        self.target_momentum = check_values([target_momentum], "target_momentum", _unit, "in [0, 1)")[0]
+        self.momentum_gain = check_values(
+            [momentum_gain], "momentum_gain", lambda v: 0 < v <= 1, "in (0, 1]"
+        )[0]
+        self.momentum_tolerance = check_values(
+            [momentum_tolerance], "momentum_tolerance", _unit, "in [0, 1)"
+        )[0]
+        self.exploration_fraction = check_values(
+            [exploration_fraction], "exploration_fraction", lambda v: 0 <= v < 1, "in [0, 1)"
+        )[0]
+        self.segment_iterations = int_option(segment_iterations, "segment_iterations")
+        self.trial_iterations = int_option(trial_iterations, "trial_iterations")
+        self.lr_factor = check_values([lr_factor], "lr_factor", lambda v: v > 1, "> 1")[0]
+        self.margin = check_values([margin], "margin", lambda v: v >= 0, ">= 0")[0]
+        self.divergence_limit = check_values([divergence_limit], "divergence_limit", lambda v: v > 1, "> 1")[
+            0
+        ]
+        check(
+            probe_score is None or callable(probe_score),
+            f"probe_score must be callable (a TrainState -> loss); got {probe_score!r}",
+        )
+        self.probe_score = probe_score
+        check(
+            target_accuracy is None
+            or (isinstance(target_accuracy, (int, float)) and 0 < target_accuracy <= 1),
+            f"target_accuracy must be None or in (0, 1]; got {target_accuracy!r}",
+        )
+        self.target_accuracy = target_accuracy
+        self.n_groups = int_option(n_groups, "n_groups")
+        self.learning_rate = (
+            None
+            if learning_rate is None
+            else check_values([learning_rate], "learning_rate", lambda v: v > 0, "> 0")[0]
+        )
+        self.momentum = (
+            None if momentum is None else check_values([momentum], "momentum", _unit, "in [0, 1)")[0]
+        )
+        self.verbose = int_option(verbose, "verbose", minimum=0)
+
+    def optimize(
+        self,
+        net,
+        X,
+        y,
+        *,
+        batch_size: int,
+        weight_decay: float = 0.0,
+        seed: int = 0,
+        time_budget: float | None = None,
+        max_epochs: int | None = None,
+        max_iterations: int | None = None,
+        should_stop: StopCallback | None = None,
+        start: TrainState | None = None,
+        on_epoch: EpochCallback | None = None,
+        resume: dict[str, Any] | None = None,
+        **unknown: Any,
+    ) -> OptimizerResult:
+        """Train `net` on (X, y) until a budget is spent or `should_stop(state, trace)` says so.
+
+        The arguments are `OmnivoreOptimizer.optimize`'s: `time_budget` in the engine's clock,
+        trials included; `max_epochs` passes over the data; `on_epoch(state, session, trace,
+        decisions)` after every segment (a checkpoint hook); `resume` such a session to go on from.
+        """
+        check(not unknown, f"unknown option(s) {sorted(unknown)} for optimize")
+        time_budget = float_option(time_budget, "time_budget")
+        max_epochs, max_iterations = (
+            int_option(max_epochs, "max_epochs"),
+            int_option(max_iterations, "max_iterations"),
+        )
+        check(
+            any(v is not None for v in (time_budget, max_epochs, max_iterations)),
+            "give time_budget, max_epochs or max_iterations: should_stop alone may never stop",
+        )
+        check(
+            should_stop is None or callable(should_stop), f"should_stop must be callable; got {should_stop!r}"
+        )
+        check(start is None or isinstance(start, TrainState), f"start must be a TrainState; got {start!r}")
+        check(on_epoch is None or callable(on_epoch), f"on_epoch must be callable; got {on_epoch!r}")
+        if max_epochs is not None:
+            per_epoch = max_epochs * n_batches(int(X.shape[0]), int(batch_size))
+            max_iterations = per_epoch if max_iterations is None else min(max_iterations, per_epoch)
+        run = _OnlineRun(self, net, X, y, int(batch_size), time_budget, max_iterations)
+        run.should_stop, run.on_epoch = should_stop, on_epoch
+        base = RunConfig(1, self.initial_lr, 0.0, float(weight_decay), int(batch_size), int(seed))
+        state = start.copy() if start is not None else TrainState.from_net(net)
+        return run.run(state, base, resume)
+
+
+class _OnlineRun:
+    """One `optimize` call of the online optimizer: the log and clock, the measurements, the loop."""
+
+    def __init__(self, opt: OnlineOptimizer, net, X, y, batch_size, time_budget, max_iterations) -> None:
+        self.opt, self.net, self.batch_size = opt, net, batch_size
+        self.log = SearchLog(opt.engine, net, X, y, time_budget, max_iterations, opt.verbose)
+        self.scorer = Prober(self.log, lambda g: (None, None), scorer=opt.probe_score)
+        self.passes = n_batches(int(X.shape[0]), batch_size)
+        self.should_stop: StopCallback | None = None
+        self.on_epoch: EpochCallback | None = None
+        self.stopped = ""
+        self.tpi: dict[int, float] = {}  # measured seconds per iteration at each g that ran
+        self.noise = measure.NoiseScale()
+        self.explored = 0.0
+        self.lr_ceiling = math.inf  # the lowest rate that diverged: no trial at or above it
+        self.rejected: dict[str, int] = {}  # trials rejected in a row, per direction
+        self.turn = 0  # which rate trial comes next (up, down)
+        self.history: list[dict[str, Any]] = []
+        self.he_model: HEModel | None = None
+        self.candidates: list[int] = []
+        self.score = math.nan
+        self.pending: tuple[_Segment, str] | None = None  # a trial waiting for its "after" segment
+        self.last_trace = pd.DataFrame()  # the last segment measured
+
+    # -- set-up ----------------------------------------------------------------------------------
+    def he(self) -> tuple[HEModel, str]:
+        """The HE model: the argument, the simulated engine's timing, else the net's FLOP split."""
+        opt, n = self.opt, self.n_workers
+        timing = getattr(opt.engine, "timing", None)
+        if opt.he_model is not None:
+            return opt.he_model, "HE model from the he_model argument"
+        if isinstance(timing, HEModel) and timing.n_workers == (n or timing.n_workers):
+            return timing, "HE model of the engine's timing"
+        model = HEModel.estimate(
+            self.net, self.batch_size, n or 1, device_gflops=1.0, bandwidth_bytes_per_s=1e15
+        )
+        return model, "HE model from the FLOP split of the conv and FC phases (relative times)"
+
+    def first_config(self, base: RunConfig) -> tuple[RunConfig, str]:
+        """The saturating g, µ for its implicit momentum, the initial rate (pinned knobs kept)."""
+        opt = self.opt
+        self.n_workers = opt.n_workers or (opt.he_model.n_workers if opt.he_model else None)
+        self.n_workers = self.n_workers or getattr(opt.engine, "n_workers", None)
+        self.candidates = group_candidates(self.n_workers, opt.max_groups or self.n_workers or 32)
+        self.he_model, source = self.he()
+        g, why = initial_groups(self.he_model, self.candidates, fixed_workers=self.n_workers is not None)
+        if opt.n_groups is not None:
+            g, why = opt.n_groups, f"n_groups = {opt.n_groups} given by the user"
+        mu = decide.explicit_momentum(opt.target_momentum, g) if opt.momentum is None else opt.momentum
+        lr = opt.learning_rate or opt.initial_lr
+        why = f"{source}; {why}; µ = {mu:.3g} for total {opt.target_momentum:g} with implicit 1 - 1/{g}"
+        return base.with_(n_groups=g, lr=lr, momentum=mu), why
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self, state: TrainState, base: RunConfig, resume: dict[str, Any] | None) -> OptimizerResult:
+        log = self.log
+        if resume is not None:
+            config = self.restore(resume)
+        else:
+            config, why = self.first_config(base)
+            self.score = self.score_of(state, None)
+            log.record("online", "start", config, why, score=self.score)
+        rollbacks, before = 0, math.nan
+        while not self.finished():
+            seg = self.segment(config, state, self.segment_length(config), "train")
+            if seg is None:
+                break
+            if seg.diverged:
+                rollbacks += 1
+                if rollbacks > MAX_ROLLBACKS:
+                    raise FloatingPointError(
+                        f"training diverged {rollbacks} times in a row, down to lr={config.lr:g}"
+                    )
+                self.lr_ceiling = min(self.lr_ceiling, config.lr)
+                config = config.with_(lr=config.lr / self.opt.lr_factor)
+                log.record(
+                    "train",
+                    "rollback",
+                    config,
+                    "diverged: back to the segment's start, lr / factor",
+                    diverged=True,
+                    run=seg.run,
+                    **self.numbers(config),
+                )
+                continue
+            rollbacks, state = 0, seg.state
+            self.measured(seg)
+            log.record(
+                "train",
+                "segment",
+                config,
+                f"{len(seg.trace)} iterations",
+                score=seg.score_end,
+                iterations=len(seg.trace),
+                seconds=seg.seconds,
+                run=seg.run,
+                chosen=True,
+                progress=seg.progress,
+                **self.numbers(config),
+            )
+            self.segment_done(state, config, seg)
+            if self.finished():
+                break
+            config = self.steer(config, seg)
+            state, config, before = self.explore(state, config, seg, before)
+        return self.finish(state, config)
+
+    def segment_length(self, config: RunConfig) -> int:
+        if self.opt.segment_iterations is not None:
+            return self.opt.segment_iterations
+        return max(5 * config.n_groups, min(self.passes, 200))
+
+    def trial_length(self, config: RunConfig) -> int:
+        if self.opt.trial_iterations is not None:
+            return self.opt.trial_iterations
+        return max(5 * config.n_groups, self.segment_length(config) // 2)
+
+    def segment(self, config: RunConfig, state: TrainState, iterations: int, phase: str) -> _Segment | None:
+        """One engine run from `state`, scored; None when the budget is spent."""
+        log = self.log
+        budget = log.budget(iterations=iterations)
+        if budget is None:
+            return None
+        seg, end, diverged, seconds, run = log.run(config, budget, state, phase)
+        start_score = self.score
+        if not math.isfinite(start_score) and len(seg):  # no scorer: the first losses of this run
+            start_score = float(seg["loss"].head(10).mean())
+        end_score = math.inf if diverged else self.score_of(end, seg)
+        diverged = diverged or (
+            phase == "explore" and decide.diverging(start_score, end_score, self.opt.divergence_limit)
+        )
+        if not diverged:
+            log.kept.add(run)
+            self.score = end_score
+        return _Segment(config, seg, end, diverged, seconds, run, start_score, end_score)
+
+    def score_of(self, state: TrainState, seg: pd.DataFrame | None) -> float:
+        """The probe score of a state (its time charged to the clock), else the smoothed training loss."""
+        if self.opt.probe_score is None:
+            return math.nan if seg is None else final_loss(seg)
+        t0 = time.perf_counter()
+        value = float(self.opt.probe_score(state))
+        empty = pd.DataFrame({"t_start": [], "t_end": []})
+        self.log.charge(
+            self.scorer.scoring_seconds(time.perf_counter() - t0, seg if seg is not None else empty)
+        )
+        return value if math.isfinite(value) else math.inf
+
+    # -- measuring and deciding ------------------------------------------------------------------
+    def measured(self, seg: _Segment) -> None:
+        """Fold a segment's time per iteration and gradient norms into the running measurements."""
+        g = seg.config.n_groups
+        tpi = measure.seconds_per_iteration(seg.trace)
+        if math.isfinite(tpi):
+            self.tpi[g] = tpi if g not in self.tpi else 0.5 * (self.tpi[g] + tpi)
+        self.noise.update(seg.trace, self.batch_size)
+        self.last_trace = seg.trace
+
+    def predicted_tpi(self) -> dict[int, float]:
+        """Seconds per iteration per candidate g: measured where it ran, else the HE model scaled by
+        the measured/modelled ratio of the g's that ran."""
+        model, out = self.he_model, dict(self.tpi)
+        usable = [g for g in self.candidates if g <= model.n_workers]
+        ratios = [t / model.he(g) for g, t in self.tpi.items() if g <= model.n_workers and model.he(g) > 0]
+        scale = sum(ratios) / len(ratios) if ratios else math.nan
+        for g in usable:
+            if g not in out and math.isfinite(scale):
+                out[g] = model.he(g) * scale
+        return out
+
+    def numbers(self, config: RunConfig) -> dict[str, float]:
+        """The measured numbers a decision row carries."""
+        tpi = self.tpi.get(config.n_groups, math.nan)
+        trace = self.last_trace
+        return {
+            "seconds_per_iteration": tpi,
+            "noise_scale": self.noise.value,
+            "total_momentum": measure.total_momentum(trace, config.momentum),
+            "goodput": decide.goodput(tpi, self.noise.value, self.batch_size, config.n_groups),
+            "exploration": self.explored,
+            "time_to_target": self.time_to_target()[0],
+        }
+
+    def time_to_target(self) -> tuple[float, str]:
+        """The estimated time to target on the optimizer's clock, else the time budget."""
+        kept = self.log.trace()
+        kept = kept[kept["kept"]] if len(kept) else kept
+        when, how = measure.time_to_target(kept, self.opt.target_accuracy)
+        if not math.isfinite(when):
+            if self.log.time_budget is not None:
+                return self.log.time_budget, f"{how}: the time budget"
+            return math.nan, how
+        return when, how
+
+    def steer(self, config: RunConfig, seg: _Segment) -> RunConfig:
+        """YellowFin's closed loop on µ from the segment's measured total momentum."""
+        if self.opt.momentum is not None:
+            return config
+        total = measure.total_momentum(seg.trace, config.momentum)
+        mu, why = decide.steer_momentum(
+            config.momentum,
+            total,
+            self.opt.target_momentum,
+            self.opt.momentum_gain,
+            self.opt.momentum_tolerance,
+        )
+        if mu != config.momentum:
+            config = config.with_(momentum=mu)
+            self.log.record("train", "momentum", config, why, chosen=True, **self.numbers(config))
+        return config
+
+    def next_trial(self, config: RunConfig) -> tuple[RunConfig, str, str] | None:
+        """The next configuration to try: a g of higher predicted goodput, else the rate up or down."""
+        opt = self.opt
+        mu_excess = (
+            config.momentum == 0
+            and measure.total_momentum(self.last_trace, 0.0) > opt.target_momentum + opt.momentum_tolerance
+        )
+        if opt.n_groups is None:
+            g, why, _ = decide.choose_groups(
+                self.predicted_tpi(),
+                self.noise.value,
+                self.batch_size,
+                config.n_groups,
+                opt.margin,
+                mu_excess,
+            )
+            if g != config.n_groups and self.rejected.get(f"g{g}", 0) < 2:
+                lr = (
+                    config.lr
+                    if opt.learning_rate
+                    else decide.scale_lr(config.lr, self.noise.value, self.batch_size, config.n_groups, g)
+                )
+                mu = (
+                    config.momentum
+                    if opt.momentum is not None
+                    else decide.explicit_momentum(opt.target_momentum, g)
+                )
+                lr = min(lr, self.lr_ceiling / opt.lr_factor)
+                return config.with_(n_groups=g, lr=lr, momentum=mu), f"g{g}", why
+        if opt.learning_rate is not None:
+            return None
+        for _ in range(2):
+            direction = ("up", "down")[self.turn % 2]
+            self.turn += 1
+            lr = config.lr * opt.lr_factor if direction == "up" else config.lr / opt.lr_factor
+            if (direction == "up" and lr >= self.lr_ceiling) or self.rejected.get(direction, 0) >= 2:
+                continue
+            return config.with_(lr=lr), direction, f"try the rate {direction}: {config.lr:g} -> {lr:g}"
+        return None
+
+    def explore(
+        self, state: TrainState, config: RunConfig, seg: _Segment, before: float
+    ) -> tuple[TrainState, RunConfig, float]:
+        """Run a trial when exploration time allows; judge it A-B-A; returns (state, config, the
+        current config's progress before a pending trial)."""
+        log, opt = self.log, self.opt
+        pending = self.pending
+        if pending is not None:  # this segment is the "after" of the trial
+            self.pending = None
+            trial, key = pending
+            adopt, why = decide.judge_trial(trial.progress, before, seg.progress, opt.margin)
+            self.rejected[key] = 0 if adopt else self.rejected.get(key, 0) + 1
+            if adopt:
+                config, self.rejected = trial.config, {}
+            log.record(
+                "explore",
+                "adopt" if adopt else "reject",
+                trial.config,
+                why,
+                chosen=adopt,
+                progress=trial.progress,
+                **self.numbers(trial.config),
+            )
+            return state, config, math.nan
+        proposal = self.next_trial(config)
+        if proposal is None:
+            return state, config, seg.progress
+        trial_config, key, why = proposal
+        iterations = self.trial_length(trial_config)
+        tpi = self.predicted_tpi().get(trial_config.n_groups, self.tpi.get(config.n_groups, math.nan))
+        seconds = iterations * tpi
+        ttt, how = self.time_to_target()
+        if not decide.explore_allowed(self.explored, seconds, ttt, opt.exploration_fraction):
+            return state, config, seg.progress
+        trial = self.segment(trial_config, state, iterations, "explore")
+        if trial is None:
+            return state, config, seg.progress
+        self.explored += trial.seconds
+        if trial.diverged:
+            self.lr_ceiling = min(self.lr_ceiling, trial_config.lr)
+            self.rejected[key] = self.rejected.get(key, 0) + 1
+            log.record(
+                "explore",
+                "abandon",
+                trial_config,
+                f"{why}; diverged within {len(trial.trace)} iterations: rolled back to its start",
+                diverged=True,
+                run=trial.run,
+                iterations=len(trial.trace),
+                seconds=trial.seconds,
+                **self.numbers(trial_config),
+            )
+            return state, config, seg.progress
+        log.record(
+            "explore",
+            "trial",
+            trial_config,
+            f"{why}; exploration within {opt.exploration_fraction:.0%} of {ttt:.3g} s to target ({how})",
+            score=trial.score_end,
+            iterations=len(trial.trace),
+            seconds=trial.seconds,
+            run=trial.run,
+            progress=trial.progress,
+            **self.numbers(trial_config),
+        )
+        self.measured(trial)
+        self.pending = (trial, key)
+        self.segment_done(trial.state, config, trial)
+        return trial.state, config, seg.progress
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    def segment_done(self, state: TrainState, config: RunConfig, seg: _Segment) -> None:
+        """History, the stop check and the checkpoint hook after every segment kept."""
+        log = self.log
+        self.history.append(
+            {
+                "epoch": len(self.history) + 1,
+                "phase": "explore" if seg.config != config else "train",
+                "time": log.elapsed,
+                "iterations": log.iterations,
+                "model_iterations": state.iterations_done,
+                "loss": final_loss(seg.trace),
+                "accuracy": float(seg.trace["accuracy"].tail(10).mean()) if len(seg.trace) else math.nan,
+                "n_groups": seg.config.n_groups,
+                "lr": seg.config.lr,
+                "momentum": seg.config.momentum,
+            }
+        )
+        if self.should_stop is not None and self.should_stop(state, log.trace()):
+            self.stopped = "should_stop returned True"
+        if self.on_epoch is not None:
+            self.on_epoch(state, self.session(config), log.trace(), log.decisions())
+
+    def session(self, config: RunConfig) -> dict[str, Any]:
+        """The JSON-able rest of the run's state, for checkpoints (`restore` reads it back)."""
+        log = self.log
+        return {
+            "kind": "auto",
+            "optimizer": "online",
+            "config": asdict(config),
+            "elapsed": log.elapsed,
+            "iterations": log.iterations,
+            "charged": list(log.charged),
+            "kept": sorted(log.kept),
+            "history": list(self.history),
+            "tpi": {str(g): t for g, t in self.tpi.items()},
+            "explored": self.explored,
+            "lr_ceiling": self.lr_ceiling if math.isfinite(self.lr_ceiling) else None,
+            "score": self.score,
+            "stopped": self.stopped,
+        }
+
+    def restore(self, session: dict[str, Any]) -> RunConfig:
+        """Go on from a `session` (with its "trace" and "decisions"): the log, clock and measurements."""
+        log = self.log
+        self.first_config(RunConfig(**session["config"]))
+        log.elapsed, log.iterations = float(session["elapsed"]), int(session["iterations"])
+        log.charged, log.kept = [float(c) for c in session["charged"]], {int(r) for r in session["kept"]}
+        trace = session["trace"]
+        runs = trace["run"].to_numpy() if "run" in trace else []
+        log.segments = [
+            trace[runs == i].drop(columns=["kept"], errors="ignore") for i in range(len(log.charged))
+        ]
+        log.attrs.update(trace.attrs)
+        log.rows = session["decisions"].to_dict("records")
+        self.history = list(session["history"])
+        self.tpi = {int(g): float(t) for g, t in session["tpi"].items()}
+        self.explored = float(session["explored"])
+        self.lr_ceiling = math.inf if session["lr_ceiling"] is None else float(session["lr_ceiling"])
+        self.score, self.stopped = float(session["score"]), session["stopped"]
+        return RunConfig(**session["config"])
+
+    def finished(self) -> bool:
+        return bool(self.stopped) or self.log.exhausted()
+
+    def finish(self, state: TrainState, config: RunConfig) -> OptimizerResult:
+        log = self.log
+        why = self.stopped or ("budget spent" if log.exhausted() else "stopped")
+        log.record(
+            "train", "stop", config, f"{why}; exploration {self.explored:.3g} s", **self.numbers(config)
+        )
+        self.net.set_params(state.params)
+        return OptimizerResult(state, log.trace(), log.decisions(), config, self.history, self.he_model)
