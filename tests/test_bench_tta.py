@@ -1,4 +1,4 @@
-"""experiments/bench_tta: its time-to-accuracy table, grid-cost rows and target verdicts."""
+"""experiments/bench_tta: misses charged the budget, medians, ratios of medians and per-run ratios."""
 
 from __future__ import annotations
 
@@ -13,64 +13,71 @@ def history(times, accuracies) -> pd.DataFrame:
     return pd.DataFrame({"time": times, "accuracy": accuracies, "iteration": np.arange(len(times))})
 
 
-def row(run, kind, lr, hist, seconds=None):
-    record = {"run": run, "kind": kind, "n_groups": 1, "lr": lr, "momentum": 0.9, "status": "budget"}
-    record["train_seconds"] = float(hist["time"].max()) if seconds is None else seconds
-    return bench_tta.tta_row(record, hist)
+def run(name, kind, rnd, times, accuracies, budget=60.0):
+    record = {"run": name, "kind": kind, "n_groups": 1, "lr": 0.01, "momentum": 0.9}
+    return bench_tta._run_row(record, history(times, accuracies), rnd, budget)
 
 
 @pytest.fixture
-def table():
-    opt = row("optimizer", "optimizer", 0.01, history([0, 5, 10, 20], [0.1, 0.96, 0.985, 0.995]))
-    fast = row("async η=0.01", "async", 0.01, history([0, 4, 9, 19], [0.1, 0.95, 0.98, 0.99]))
-    slow = row("sync η=0.01", "sync", 0.01, history([0, 10, 30, 45], [0.1, 0.95, 0.98, 0.99]))
-    never = row("sync η=0.003", "sync", 0.003, history([0, 30, 60], [0.1, 0.9, 0.96]))
-    torch_row = row("pytorch", "pytorch", 0.01, history([0, 3, 8, 25], [0.1, 0.97, 0.985, 0.991]))
-    rows = [opt, fast, slow, never, torch_row]
-    rows += bench_tta.best_of([slow, never], "sync")
-    return bench_tta._with_ratios(pd.DataFrame(rows))
+def runs():
+    rows = []
+    for rnd, (t_online, t_best, t_torch) in enumerate([(10, 8, 12), (12, 9, 11), (30, 10, 13)]):
+        rows.append(run("optimizer=online", "online", rnd, [0, t_online], [0.1, 0.995]))
+        rows.append(run("optimizer=grid", "grid", rnd, [0, 20], [0.1, 0.991]))
+        rows.append(run("fixed g=2 η=0.03 µ=0.9", "fixed", rnd, [0, t_best], [0.1, 0.99]))
+        rows.append(run("fixed g=1 η=0.001 µ=0.9", "fixed", rnd, [0, 60], [0.1, 0.9]))  # never: the budget
+        rows.append(run("fixed g=1 η=0.01 µ=0.6", "fixed", rnd, [0, 40], [0.1, 0.99]))
+        rows.append(run("pytorch (Caffe solver)", "pytorch", rnd, [0, t_torch], [0.1, 0.992]))
+    return pd.DataFrame(rows)
 
 
-def test_time_to_accuracy_columns_and_ratios(table):
-    opt = table[table["run"] == "optimizer"].iloc[0]
-    assert (opt["tta_95"], opt["tta_98"], opt["tta_99"]) == (5, 10, 20)
-    never = table[table["run"] == "sync η=0.003"].iloc[0]
-    assert never["tta_95"] == 60 and np.isnan(never["tta_98"]) and np.isnan(never["ratio_99"])
-    assert table.set_index("run").loc["sync η=0.01", "ratio_99"] == pytest.approx(45 / 20)
-
-
-def test_best_eta_rows_add_the_other_grid_runs_time(table):
+def test_a_miss_counts_as_the_whole_budget_and_medians_are_per_contender(runs):
+    table, _ = bench_tta.summarise(runs, budget=60.0)
     by_run = table.set_index("run")
-    assert by_run.loc["sync, best η=0.01", "tta_99"] == 45
-    assert by_run.loc["sync, best η + grid cost", "tta_99"] == 45 + 60
-    assert by_run.loc["sync, best η + grid cost", "grid_seconds"] == 60
+    assert (
+        by_run.loc["fixed g=1 η=0.001 µ=0.9", "median_s"] == 60
+        and by_run.loc["fixed g=1 η=0.001 µ=0.9", "reached"] == "0/3"
+    )
+    assert (
+        by_run.loc["optimizer=online", "median_s"] == 12
+        and by_run.loc["optimizer=online", "per_run_s"] == "10.0, 12.0, 30.0"
+    )
+    assert by_run.loc["optimizer=grid", "ratio_to_online"] == pytest.approx(20 / 12)
 
 
-def test_verdicts_name_each_target_with_its_ratio(table):
-    lines = bench_tta.verdicts(table)
-    assert len(lines) == 4
-    # 95%: optimizer 5 s, best fixed 4 s (ratio 1.25 > 1.10), worst fixed 60 s (η=0.003: 12×)
-    assert "ratio 1.25" in lines[0] and "target ≤ 1.10: FAIL" in lines[0] and "→ 12.00×" in lines[0]
-    # 99%: best fixed 19 s (1.05: pass); the η=0.003 run never got there: ≥ its 60 s (3.00×)
-    assert "ratio 1.05" in lines[2] and "≤ 1.10: PASS" in lines[2] and "≥ 60.0 s → ≥ 3.00×" in lines[2]
-    assert "PyTorch 25.0 s" in lines[3] and "PASS" in lines[3]
-    text = bench_tta.markdown(table)
-    assert text.splitlines()[0].startswith("| run | n_groups |") and "| — |" in text
+def test_ratios_of_medians_and_per_run_ratios_against_the_best_fixed_and_the_others(runs):
+    _, headline = bench_tta.summarise(runs, budget=60.0)
+    assert headline["best_fixed"] == "fixed g=2 η=0.03 µ=0.9" and headline["best_fixed_s"] == 9
+    assert headline["vs best fixed: ratio of medians"] == pytest.approx(12 / 9)
+    assert headline["vs best fixed: per-run ratios"] == [1.25, 1.33, 3.0]
+    assert headline["median_config_s"] == 40  # the grid's median configuration (of 9, 40, 60)
+    assert headline["vs median fixed config: ratio of medians"] == pytest.approx(12 / 40)
+    assert headline["vs pytorch: ratio of medians"] == pytest.approx(12 / 12)
+    assert headline["vs grid optimizer: per-run ratios"] == [0.5, 0.6, 1.5]
+    text = bench_tta.markdown(bench_tta.summarise(runs, 60.0)[0])
+    assert text.splitlines()[0] == "| run | median_s | reached | per_run_s | ratio_to_online |"
+
+
+def test_the_fixed_grid_is_the_scripts_own_and_quick_mode_says_what_it_leaves_out():
+    assert len(bench_tta.FIXED_GRID) == 24
+    assert {lr for _, lr, _ in bench_tta.FIXED_GRID} == {0.3, 0.1, 0.03, 0.01, 0.003, 0.001}
+    args = bench_tta.parse(["--quick"])
+    assert args.runs == 1 and args.momenta == (0.9,) and args.no_sim
+    with pytest.raises(SystemExit):
+        bench_tta.parse(["--lrs", "0.05"])  # not a part of the fixed grid
 
 
 @pytest.mark.slow
-def test_a_tiny_run_writes_the_tables_and_the_plots(tmp_path):
-    argv = ["--budget", "15", "--lr-grid", "0.01", "--no-torch", "--eval-size", "300", "--sim-workers", "4",
-            "--sim-max-epochs", "2", "--sim-lr-grid", "0.01", "--out", str(tmp_path)]  # fmt: skip
+def test_a_tiny_run_writes_the_tables(tmp_path):
+    argv = ["--runs", "1", "--budget", "15", "--groups", "2", "--lrs", "0.03", "--momenta", "0.9",
+            "--no-torch", "--eval-size", "300", "--sim-workers", "4", "--sim-budget", "5",
+            "--out", str(tmp_path)]  # fmt: skip
     out = bench_tta.main(argv)
-    dask_table = pd.read_csv(tmp_path / "tta.csv")
-    assert {"run", "tta_95", "tta_98", "tta_99", "ratio_99", "train_seconds"} <= set(dask_table.columns)
-    assert list(dask_table["run"][:4]) == [
-        "optimizer", "optimizer, paper η grid", "sync g=1 η=0.01", "async g=2 η=0.01"
-    ]  # fmt: skip
-    assert (dask_table["train_seconds"] <= 15 + 10).all()
-    assert set(out["simulated"]["kind"]) >= {"optimizer", "sync", "async"}
-    for name in ("accuracy.png", "accuracy_simulated.png", "table.md", "histories.csv", "simulated.csv"):
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert list(runs["run"]) == ["optimizer=online", "optimizer=grid", "fixed g=2 η=0.03 µ=0.9"]
+    assert (runs["seconds"] <= 15).all()
+    assert set(out["simulated"]["kind"]) == {"online", "grid", "fixed"}
+    for name in ("table.md", "summary.csv", "simulated.md", "simulated.csv"):
         assert (tmp_path / name).stat().st_size > 0
 
 

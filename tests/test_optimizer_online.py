@@ -11,7 +11,7 @@ import pytest
 
 from dasknn.data import load
 from dasknn.engine.servers import grad_norms
-from dasknn.engine.simulate import SimulatedEngine
+from dasknn.engine.simulated import SimulatedEngine
 from dasknn.engine.trace import TrainState
 from dasknn.estimator import DistributedCNN
 from dasknn.nn.loss import softmax_with_loss
@@ -136,7 +136,10 @@ def test_online_starts_at_the_saturating_g_with_momentum_for_its_implicit_moment
     first = result.decisions.iloc[0]
     assert first["action"] == "start" and first["n_groups"] == 4
     assert first["momentum"] == pytest.approx(0.9 - (1 - 1 / 4))
-    assert result.trace["run"].min() == 0 and result.trace.loc[result.trace["run"] == 0, "phase"].iloc[0] == "train"
+    assert (
+        result.trace["run"].min() == 0
+        and result.trace.loc[result.trace["run"] == 0, "phase"].iloc[0] == "train"
+    )
 
 
 def test_online_reaches_the_target_on_the_simulator_and_keeps_every_trial_that_did_not_diverge(online_run):
@@ -155,9 +158,11 @@ def test_online_reaches_the_target_on_the_simulator_and_keeps_every_trial_that_d
         before = d.loc[: row.name - 1]
         estimate = before["time_to_target"].dropna().iloc[-1]
         assert row["exploration"] <= 0.1 * estimate + 1e-9
-    assert d.iloc[-1]["action"] == "stop" and d.iloc[-1]["exploration"] == trials["seconds"].sum() + d.loc[
-        d["action"] == "abandon", "seconds"
-    ].sum()
+    assert (
+        d.iloc[-1]["action"] == "stop"
+        and d.iloc[-1]["exploration"]
+        == trials["seconds"].sum() + d.loc[d["action"] == "abandon", "seconds"].sum()
+    )
 
 
 def test_a_diverging_rate_is_abandoned_within_the_trial_and_rolled_back(digits8):

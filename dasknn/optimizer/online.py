@@ -270,6 +270,8 @@ class _OnlineRun:
         opt = self.opt
         self.n_workers = opt.n_workers or (opt.he_model.n_workers if opt.he_model else None)
         self.n_workers = self.n_workers or getattr(opt.engine, "n_workers", None)
+        if self.n_workers is None and callable(getattr(opt.engine, "conv_worker_count", None)):
+            self.n_workers = opt.engine.conv_worker_count()  # a DaskEngine's cluster as it is now
         self.candidates = group_candidates(self.n_workers, opt.max_groups or self.n_workers or 32)
         self.he_model, source = self.he()
         g, why = initial_groups(self.he_model, self.candidates, fixed_workers=self.n_workers is not None)
@@ -531,6 +533,7 @@ class _OnlineRun:
                 **self.numbers(trial_config),
             )
             return state, config, seg.progress
+        self.measured(trial)
         log.record(
             "explore",
             "trial",
@@ -543,7 +546,6 @@ class _OnlineRun:
             progress=trial.progress,
             **self.numbers(trial_config),
         )
-        self.measured(trial)
         self.pending = (trial, key)
         self.segment_done(trial.state, config, trial)
         return trial.state, config, seg.progress

@@ -174,6 +174,10 @@ class DaskEngine:
         self.max_recoveries = int(max_recoveries)
         self.placement_: Placement | None = None
 
+    def conv_worker_count(self) -> int:
+        """The conv devices N the placement would use now: the workers, less a dedicated FC one."""
+        return len(plan(cluster_workers(engine_client(self)), 1).conv_workers)
+
     def run(
         self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None = None
     ) -> RunResult:
