@@ -487,13 +487,16 @@ class _OnlineRun:
         current config's progress before a pending trial)."""
         log, opt = self.log, self.opt
         pending = self.pending
+        current = seg.progress
         if pending is not None:  # this segment is the "after" of the trial
             self.pending = None
             trial, key = pending
             adopt, why = decide.judge_trial(trial.progress, before, seg.progress, opt.margin)
             self.rejected[key] = 0 if adopt else self.rejected.get(key, 0) + 1
             if adopt:
-                config, self.rejected = trial.config, {}
+                # the way back was just measured worse: a line search goes on the way it went
+                back = {"up": "down", "down": "up"}.get(key, f"g{config.n_groups}")
+                config, self.rejected, current = trial.config, {back: 2}, trial.progress
             log.record(
                 "explore",
                 "adopt" if adopt else "reject",
@@ -503,20 +506,19 @@ class _OnlineRun:
                 progress=trial.progress,
                 **self.numbers(trial.config),
             )
-            return state, config, math.nan
         proposal = self.next_trial(config)
         if proposal is None:
-            return state, config, seg.progress
+            return state, config, current
         trial_config, key, why = proposal
         iterations = self.trial_length(trial_config)
         tpi = self.predicted_tpi().get(trial_config.n_groups, self.tpi.get(config.n_groups, math.nan))
         seconds = iterations * tpi
         ttt, how = self.time_to_target()
         if not decide.explore_allowed(self.explored, seconds, ttt, opt.exploration_fraction):
-            return state, config, seg.progress
+            return state, config, current
         trial = self.segment(trial_config, state, iterations, "explore")
         if trial is None:
-            return state, config, seg.progress
+            return state, config, current
         self.explored += trial.seconds
         if trial.diverged:
             self.lr_ceiling = min(self.lr_ceiling, trial_config.lr)
@@ -532,7 +534,7 @@ class _OnlineRun:
                 seconds=trial.seconds,
                 **self.numbers(trial_config),
             )
-            return state, config, seg.progress
+            return state, config, current
         self.measured(trial)
         log.record(
             "explore",
@@ -548,7 +550,7 @@ class _OnlineRun:
         )
         self.pending = (trial, key)
         self.segment_done(trial.state, config, trial)
-        return trial.state, config, seg.progress
+        return trial.state, config, current
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def segment_done(self, state: TrainState, config: RunConfig, seg: _Segment) -> None:
