@@ -194,7 +194,7 @@ class FCServer:
             dacts, grads = self.net.backward(dlogits, caches, need_dx=True)
             acc = accuracy(logits, labels)
             norms = (float("nan"), float("nan"))
-            if self.version % NOISE_EVERY == 0:
+            if self.solver.iter % NOISE_EVERY == 0:
                 norms = grad_norms(self.net, dlogits, caches, grads)
             self.solver.step(self.net.params, grads, lr=lr, momentum=momentum)
             self.version += 1
