@@ -418,7 +418,9 @@ def main(argv: list[str] | None = None) -> dict:
         ]
         online = float(sim.loc[sim["kind"] == "online", "seconds"].iloc[0])
         for _, row in sim[sim["kind"] != "online"].iterrows():
-            text.append(f"- online is {row['seconds'] / online:.2f}× faster than {row['run']}")
+            ratio = row["seconds"] / online
+            how = f"{ratio:.2f}× faster than" if ratio >= 1 else f"{1 / ratio:.2f}× slower than"
+            text.append(f"- online is {how} {row['run']}")
         print("\n".join(text), flush=True)
         (args.out / "simulated.md").write_text("\n".join(text) + "\n")
         sim.to_csv(args.out / "simulated.csv", index=False)
