@@ -4,6 +4,9 @@
 running scheduler), Omnivore's optimizer choosing n_groups, learning rate and momentum unless they
 are given. It prints progress, the optimizer's decisions and the time-to-accuracy table, and writes
 the experiment (.nc), the report (.csv) and a plot (.png) to an output folder it names.
+
+Every failure ends with one line on stderr, `dasknn <command>: <what failed>: <what to do>`, and
+one of the exit codes below; `--debug` prints the traceback before that line.
 """
 
 from __future__ import annotations
@@ -20,6 +23,26 @@ import pandas as pd
 
 from dasknn import __version__
 from dasknn.data import DATASETS
+
+EXIT_TARGET_REACHED = 0
+EXIT_BUDGET_OUT = 1
+EXIT_BAD_INPUT = 2
+EXIT_CLUSTER_FAILURE = 3
+EXIT_INTERNAL_ERROR = 4
+"""`dasknn` exit codes: 0 target reached (or a command done), 1 the time budget ran out first,
+2 bad input (options, files, data), 3 the cluster failed (scheduler unreachable or lost, workers
+lost), 4 anything else (a bug: rerun with --debug and report the traceback)."""
+
+_BAD_INPUT = (
+    ValueError,
+    KeyError,
+    ImportError,
+    FileNotFoundError,
+    FileExistsError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+)
 
 
 def _default_dataset() -> str:
@@ -52,10 +75,10 @@ def cmd_train(args) -> int:
     from dasknn.tradeoff.record import save
 
     args.dataset = args.dataset or _default_dataset()
-    X, y = _load_dataset(args)
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}-{Path(args.net).stem}-{args.dataset}"
     out = Path(args.output or Path("dasknn-runs") / stamp)
     est = DistributedCNN(
+        security=_security(args),
         net=args.net,
         batch_size=args.batch_size,
         n_groups=args.n_groups,
@@ -79,6 +102,8 @@ def cmd_train(args) -> int:
         resume=args.resume,
         optimizer_options=None if args.lr_grid is None else {"lr_grid": args.lr_grid},
     )
+    est._check_params()  # every option checked before the data is read or a cluster started
+    X, y = _load_dataset(args)
     if args.verbose:
         knobs = f"n_groups={args.n_groups}, lr={args.lr}, momentum={args.momentum}"
         print(
@@ -86,7 +111,10 @@ def cmd_train(args) -> int:
             f"{knobs}, engine {args.engine}, budget {args.time_budget} s"
         )
         print(f"device: {device_info()}")
-    est.fit(X, y)
+    import dask
+
+    with dask.config.set({"distributed.comm.timeouts.connect": f"{args.connect_timeout:g}s"}):
+        est.fit(X, y)
     out.mkdir(parents=True, exist_ok=True)
     history = pd.DataFrame(est.history_)
     history.to_csv(out / "history.csv", index=False)
@@ -114,7 +142,24 @@ def cmd_train(args) -> int:
     print(format_table(est.report_, ["threshold", "reached", "seconds", "iterations", "epochs"]))
     print(f"wrote {out}/: {', '.join(written)}")
     target = args.target_accuracy
-    return 0 if target is None or final["accuracy"] >= target else 1
+    return EXIT_TARGET_REACHED if target is None or final["accuracy"] >= target else EXIT_BUDGET_OUT
+
+
+def _security(args):
+    """The TLS credentials of `--tls-ca-file/--tls-cert/--tls-key` (None: the dask config's, if any)."""
+    files = (args.tls_ca_file, args.tls_cert, args.tls_key)
+    if not any(files):
+        return None
+    if not all(files):
+        raise ValueError("TLS needs all three of --tls-ca-file, --tls-cert and --tls-key")
+    from distributed.security import Security
+
+    return Security(
+        tls_ca_file=args.tls_ca_file,
+        tls_client_cert=args.tls_cert,
+        tls_client_key=args.tls_key,
+        require_encryption=True,
+    )
 
 
 def _experiments_package():
@@ -238,6 +283,13 @@ def _net(text: str) -> str:
     return text
 
 
+def _existing_file(text: str) -> str:
+    """An argparse type: a readable file."""
+    if not (Path(text).is_file() and os.access(text, os.R_OK)):
+        raise argparse.ArgumentTypeError(f"no readable file {text!r}")
+    return text
+
+
 def _output(text: str) -> str:
     """An argparse type: a folder that exists or can be created (checked before any training)."""
     path = Path(text).resolve()
@@ -252,11 +304,19 @@ def _output(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dasknn", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="dasknn",
+        description=__doc__.splitlines()[0],
+        epilog="exit codes: 0 target reached, 1 time budget ran out, 2 bad input, 3 cluster failure, "
+        "4 internal error",
+    )
     parser.add_argument("--version", action="version", version=f"dasknn {__version__}")
+    parser.add_argument("--debug", action="store_true", help="on a failure, print the traceback too")
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train a CNN and report time to accuracy")
+    t = sub.add_parser("train", help="train a CNN and report time to accuracy", parents=[debug])
     t.add_argument(
         "--net", type=_net, default="lenet", help="zoo name (lenet, cifar10_quick, ...) or a .prototxt path"
     )
@@ -295,6 +355,21 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--weight-decay", type=_ranged(lambda v: v >= 0, ">= 0"), default=5e-4)
     t.add_argument("--engine", choices=["dask", "simulated"], default="dask")
     t.add_argument("--scheduler", default=None, help="address of a running scheduler, e.g. tcp://host:8786")
+    t.add_argument(
+        "--connect-timeout",
+        type=_positive(float),
+        default=30.0,
+        help="seconds to wait for the scheduler (and each connection) before giving up (default 30; "
+        "dask's distributed.comm.timeouts.connect)",
+    )
+    for flag, what in (
+        ("--tls-ca-file", "CA certificate file"),
+        ("--tls-cert", "this client's certificate file"),
+        ("--tls-key", "this client's private key file"),
+    ):
+        t.add_argument(
+            flag, type=_existing_file, default=None, help=f"TLS: {what} (as `dask worker` names it)"
+        )
     t.add_argument(
         "--n-workers",
         type=_positive(int),
@@ -351,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser(
         "experiment",
+        parents=[debug],
         help="run a paper's experiment in miniature (`dasknn experiment list`)",
         description="Run experiments/NAME.py: `dasknn experiment NAME [--tiny] [--out DIR] [options]`.",
     )
@@ -358,10 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("options", nargs=argparse.REMAINDER, help="the experiment's own options (see NAME --help)")
     e.set_defaults(func=cmd_experiment)
 
-    i = sub.add_parser("info", help="device description and measured GFLOP/s")
+    i = sub.add_parser("info", help="device description and measured GFLOP/s", parents=[debug])
     i.set_defaults(func=cmd_info)
 
-    s = sub.add_parser("summary", help="layers, shapes and costs of a net")
+    s = sub.add_parser("summary", help="layers, shapes and costs of a net", parents=[debug])
     s.add_argument("net", help="zoo name or .prototxt path")
     s.add_argument("--input-shape", type=int, nargs=3, metavar=("C", "H", "W"))
     s.add_argument("--num-classes", type=_positive(int), default=10)
@@ -369,17 +445,61 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def failure(err: BaseException) -> tuple[int, str]:
+    """(exit code, one line naming what failed and what to do) for an error that ends a command."""
+    from dasknn.engine.recovery import ClusterError, SchedulerError, WorkerLostError, is_worker_loss
+
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    text = " ".join(text.split())
+    if isinstance(err, SchedulerError):
+        return EXIT_CLUSTER_FAILURE, f"cluster failure: {text}"
+    if isinstance(err, WorkerLostError):
+        return EXIT_CLUSTER_FAILURE, (
+            f"cluster failure: {text}; start workers again (`dask worker <scheduler>`) and rerun "
+            "(with --checkpoint-dir, add --resume to continue from the last checkpoint)"
+        )
+    if isinstance(err, ClusterError):
+        return EXIT_CLUSTER_FAILURE, f"cluster failure: {text}"
+    if isinstance(err, _BAD_INPUT):
+        return EXIT_BAD_INPUT, f"error: {text}"
+    if is_worker_loss(err) or type(err).__module__.startswith("distributed"):
+        return EXIT_CLUSTER_FAILURE, (
+            f"cluster failure: {type(err).__name__}: {text}; check that the scheduler and workers are "
+            "up (`dask scheduler`, `dask worker`), then rerun"
+        )
+    return EXIT_INTERNAL_ERROR, (
+        f"internal error: {type(err).__name__}: {text}; rerun with --debug and report the traceback"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, KeyError, FileNotFoundError, ImportError) as err:
-        print(f"dasknn {args.command}: error: {err}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # `dasknn train | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return EXIT_BUDGET_OUT
+    except KeyboardInterrupt:
+        print(f"dasknn {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        code, line = failure(err)
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        sys.stdout.flush()
+        _quiet_logging()  # the closing clusters' log lines would bury the one line
+        print(f"dasknn {args.command}: {line}", file=sys.stderr, flush=True)
+        return code
+
+
+def _quiet_logging() -> None:
+    """No more log lines on stderr: the failure's line stays the last one."""
+    import logging
+
+    logging.disable(logging.CRITICAL)
 
 
 if __name__ == "__main__":

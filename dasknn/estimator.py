@@ -51,8 +51,12 @@ RESUME_PARAMS = (
     "aggregation",
     "split",
     "random_state",
+    "simulated_gflops",
 )
 """Parameters a resumed fit must share with the checkpointed one."""
+
+SIMULATED_GFLOPS = 50.0
+"""Default SGEMM speed of a simulated device (GFLOP/s, about one core of a current server CPU)."""
 
 
 class DistributedCNN(ClassifierMixin, BaseEstimator):
@@ -110,6 +114,12 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         Continue the fit whose latest checkpoint is in `checkpoint_dir` to that fit's own end (same
         budgets; on engine="simulated" the result equals the uninterrupted fit). Without a
         checkpoint there, a fresh fit.
+    simulated_gflops : float or "calibrate"
+        engine="simulated": the SGEMM speed (GFLOP/s) of each simulated device, from which the
+        simulator's timing model (Omnivore §IV-B) is built. A number (default `SIMULATED_GFLOPS`)
+        makes the simulated clock, and so the whole run, the same on any machine at any load.
+        "calibrate" measures this machine once at the start of the fit; the value is recorded in
+        `trace_.attrs["simulated_gflops"]` and in every checkpoint, and a resumed fit reads it back.
     optimizer_options : dict or None
         Extra options of `dasknn.optimizer.OmnivoreOptimizer` when a knob is "auto", e.g.
         `{"lr_grid": (0.1, 0.03, 0.01, 0.003)}` for the cold start's rates, `probe_iterations`,
@@ -151,6 +161,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         checkpoint_dir: Any = None,
         resume: bool = False,
         optimizer_options: dict | None = None,
+        simulated_gflops: Any = SIMULATED_GFLOPS,
     ) -> None:
         self.net = net
         self.batch_size = batch_size
@@ -177,6 +188,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.checkpoint_dir = checkpoint_dir
         self.resume = resume
         self.optimizer_options = optimizer_options
+        self.simulated_gflops = simulated_gflops
 
     # -- validation ------------------------------------------------------------------------------
     def _check_params(self, partial: bool = False) -> None:
@@ -273,20 +285,18 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
     def _engine(self, stack: ExitStack, net: Net):
         if self.engine == "simulated":
-            from dasknn.backend import sgemm_gflops
             from dasknn.engine.simulated import SimulatedEngine
             from dasknn.tradeoff.hardware import HEModel
 
-            timing = HEModel.estimate(
-                net, self.batch_size, self.n_workers or 8, sgemm_gflops(), bandwidth_bytes_per_s=1.25e9
-            )
+            n_workers, gflops = self.n_workers or 8, self.simulated_gflops_
+            timing = HEModel.estimate(net, self.batch_size, n_workers, gflops, bandwidth_bytes_per_s=1.25e9)
             return SimulatedEngine(timing, verbose=max(0, self.verbose - 1), strategy=self._strategy()), None
-        from distributed import Client, default_client
+        from distributed import default_client
 
         from dasknn.engine.dask import DaskEngine, local_client
 
         if self.scheduler is not None:
-            client = stack.enter_context(Client(self.scheduler, security=self.security))
+            client = stack.enter_context(_connect(self.scheduler, self.security))
         else:
             try:
                 client = default_client()
@@ -385,11 +395,28 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         return out
 
     def _checkpoint_meta(self) -> dict[str, Any]:
-        return {
+        meta = {
             "params": self._fingerprint(),
             "classes": np.asarray(self.classes_),
             "n_features_in": int(self.n_features_in_),
         }
+        if self.engine == "simulated":
+            meta["simulated_gflops"] = self.simulated_gflops_
+        return meta
+
+    def _resolve_simulated_gflops(self, ckpt: checkpoint.Checkpoint | None, warm: bool) -> None:
+        """`simulated_gflops_`: the given speed, or "calibrate"'s one measurement of this machine,
+        taken once per fit and then carried (a checkpoint's, or the previous fit's on warm_start)."""
+        if self.engine != "simulated":
+            return
+        if self.simulated_gflops != "calibrate":
+            self.simulated_gflops_ = float(self.simulated_gflops)
+        elif ckpt is not None and "simulated_gflops" in ckpt.meta:
+            self.simulated_gflops_ = float(ckpt.meta["simulated_gflops"])
+        elif not (warm and hasattr(self, "simulated_gflops_")):
+            from dasknn.backend import sgemm_gflops
+
+            self.simulated_gflops_ = float(sgemm_gflops())
 
     def _adopt(self, ckpt: checkpoint.Checkpoint, check_params: bool) -> None:
         """classes_, n_features_in_ and the state of a checkpoint, checked against this estimator."""
@@ -433,6 +460,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         else:
             net, start = self._build_net(X.shape[1:], len(self.classes_)), None
         resume_from = ckpt if self.resume else None
+        self._resolve_simulated_gflops(ckpt, warm)
         with ExitStack() as stack:
             engine, client = self._engine(stack, net)
             if client is not None:
@@ -440,7 +468,12 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 # again per run makes the scheduler warn of a "different run_spec" for its keys)
                 X = client.persist(X) if isinstance(X, da.Array) else X
                 y_idx = client.persist(y_idx) if isinstance(y_idx, da.Array) else y_idx
-            self._train(engine, net, X, y_idx, start, resume_from, partial_epochs)
+            try:
+                self._train(engine, net, X, y_idx, start, resume_from, partial_epochs)
+            except Exception as err:
+                if client is not None and not _scheduler_answers(client):
+                    raise _scheduler_lost(client, err) from err
+                raise
         self.net_ = net
         return self
 
@@ -475,6 +508,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             runs = result["runs"]
         self.state_ = result["state"]
         self.trace_ = result["trace"]
+        if self.engine == "simulated":
+            self.trace_.attrs["simulated_gflops"] = self.simulated_gflops_
         self.decisions_ = result["decisions"]
         self.config_ = result["config"]
         self._loop_ = result["loop"]
@@ -568,3 +603,41 @@ def _proba_block(block: np.ndarray, net: Net) -> np.ndarray:
 def _label_index(labels: np.ndarray, classes: np.ndarray) -> np.ndarray:
     """Positions of labels in the sorted `classes_` (the class index the net is trained on)."""
     return np.searchsorted(classes, labels).astype(np.int64)
+
+
+def _connect(address: str, security):
+    """A Client of the scheduler at `address`; SchedulerError (naming it) if it cannot be reached
+    within `distributed.comm.timeouts.connect` (`dasknn train --connect-timeout`)."""
+    from distributed import Client
+
+    from dasknn.engine.recovery import SchedulerError
+
+    timeout = dask.config.get("distributed.comm.timeouts.connect")
+    try:
+        return Client(address, security=security)
+    except (OSError, TimeoutError) as err:
+        raise SchedulerError(
+            f"cannot reach the scheduler at {address} within {timeout} ({type(err).__name__}: {err}); "
+            "check that `dask scheduler` runs there and that the address, port and TLS settings are right"
+        ) from err
+
+
+def _scheduler_answers(client, timeout: float = 10.0) -> bool:
+    """True when the client's scheduler still answers (a bounded identity call)."""
+    if client.status not in ("running", "newly-created"):
+        return False
+    try:
+        client.sync(client.scheduler.identity, callback_timeout=timeout)
+    except Exception:
+        return False
+    return True
+
+
+def _scheduler_lost(client, err: BaseException):
+    from dasknn.engine.recovery import SchedulerError
+
+    address = getattr(client.scheduler, "address", None) or "the client's address"
+    return SchedulerError(
+        f"lost the scheduler at {address} during the fit ({type(err).__name__}: {err}); restart "
+        "`dask scheduler` and its workers, then resume from the last checkpoint (checkpoint_dir, resume=True)"
+    )

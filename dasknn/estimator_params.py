@@ -114,6 +114,7 @@ def check_params(est, partial: bool = False) -> None:
         if not isinstance(est.security, Security):
             kind = type(est.security).__name__
             raise ValueError(f"security must be None or a distributed.security.Security, got {kind}")
+    _check_tls(est)
     for name in (
         "weight_decay",
         "time_budget",
@@ -127,6 +128,11 @@ def check_params(est, partial: bool = False) -> None:
     rs = est.random_state
     if isinstance(rs, (bool, np.bool_)) or not (isinstance(rs, numbers.Integral) and 0 <= rs < 2**32):
         raise ValueError(f"random_state must be an integer in [0, 2**32), got {rs!r}")
+    sg = est.simulated_gflops
+    if not (isinstance(sg, str) and sg == "calibrate") and not (
+        isinstance(sg, numbers.Real) and not isinstance(sg, (bool, np.bool_)) and _positive_float(sg)
+    ):
+        raise ValueError(f"simulated_gflops must be a number > 0 or 'calibrate', got {sg!r}")
     _check_input_shape(est)
     _check_net_spec(est)
     if est.engine == "simulated" and est.n_groups != "auto" and int(est.n_groups) > (est.n_workers or 8):
@@ -163,3 +169,19 @@ def _check_net_spec(est) -> None:
 
     if spec.lower().replace("-", "_") not in NETS:
         raise ValueError(f"unknown net {spec!r}; available: {sorted(NETS)}")
+
+
+def _check_tls(est) -> None:
+    """A tls:// scheduler needs credentials: from `security`, else the dask config's."""
+    if not (isinstance(est.scheduler, str) and est.scheduler.startswith("tls://")):
+        return
+    from distributed.security import Security
+
+    security = est.security if est.security is not None else Security()
+    if not security.tls_ca_file:
+        raise ValueError(
+            f"scheduler {est.scheduler} speaks TLS but no TLS credentials are given: pass "
+            "`dasknn train --tls-ca-file --tls-cert --tls-key`, or "
+            "security=Security(tls_ca_file=..., tls_client_cert=..., tls_client_key=...), or set "
+            "distributed.comm.tls.{ca-file,client.cert,client.key} in the dask config"
+        )

@@ -308,7 +308,8 @@ class SearchLog:
         diverged, seconds, run id).
 
         Charged: the run's span in the engine's clock, or on a real clock its wall time (start-up
-        included); a run with no iteration done its seconds budget; a raising run its wall time.
+        included); a run with no iteration done its seconds budget; a raising run its wall time
+        (on a simulated clock its seconds budget: nothing read from the wall clock is charged there).
         A FloatingPointError, a non-finite loss, `attrs["diverged"]` or weights that are non-finite
         or beyond `checkpoint.WEIGHT_LIMIT` is divergence.
         """
@@ -325,7 +326,13 @@ class SearchLog:
         diverged = state is None or bool(trace.attrs.get("diverged")) or not np.isfinite(losses).all()
         diverged = diverged or not healthy(state)  # exploding weights
         span = float(trace["t_end"].max() - trace["t_start"].min()) if len(trace) else 0.0
-        seconds = span if trace.attrs.get("time_unit") == "simulated s" else max(span, wall)
+        simulated = getattr(self.engine, "time_unit", None) == "simulated s"
+        if trace.attrs.get("time_unit") == "simulated s":
+            seconds = span
+        elif simulated:  # a raising simulated run: its budget, never the wall clock
+            seconds = budget.seconds or 0.0
+        else:
+            seconds = max(span, wall)
         if result is not None and not len(trace) and budget.seconds is not None:
             seconds = max(seconds, budget.seconds)  # the engine waited out its budget
         run_id = len(self.segments)

@@ -235,8 +235,9 @@ class DaskEngine:
                     if len(recoveries) >= self.max_recoveries or not await_data(self, client, X, y):
                         alive = cluster_workers(client)
                         raise lost_error(
-                            lost_all, seg.version, len(recoveries), self.max_recoveries, alive, placement
-                        ) from failure
+                            lost_all, seg.version, len(recoveries), self.max_recoveries, alive, placement,
+                            state.iterations_done,
+                        ) from failure  # fmt: skip
                     seg_state, version, kept, redone = seg.resume_point(failure)
                     seg.release()
                     rows.extend(dict(r, recovered=bool(recoveries)) for r in kept)
@@ -245,8 +246,9 @@ class DaskEngine:
                     alive = cluster_workers(client)
                     if not alive:
                         raise lost_error(
-                            lost_all, seg.version, len(recoveries), self.max_recoveries, alive, placement
-                        ) from failure
+                            lost_all, seg.version, len(recoveries), self.max_recoveries, alive, placement,
+                            state.iterations_done,
+                        ) from failure  # fmt: skip
                     # the conv-phase template again: its copies may all have been on lost workers
                     template = client.scatter(conv_net.copy(), broadcast=True, hash=False)
                     placement = replan(alive, placement, self._throughput(client))

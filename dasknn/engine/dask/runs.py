@@ -154,9 +154,13 @@ def wait_for_loops(
             if any(f.status == "error" for f in loops):
                 break
             check_alive(client, roles, shown)
-            if bar is not None:
-                done = progress()
-                bar.update(done - shown)
+            if progress is not None:  # every poll: a loss message counts the updates done so far
+                try:
+                    done = progress()
+                except Exception:  # its server's worker is going: the next check names it
+                    done = shown
+                if bar is not None:
+                    bar.update(done - shown)
                 shown = done
             if budget.seconds is not None and time.time() - t0 > budget.seconds + engine.timeout:
                 raise TimeoutError(f"the run is {engine.timeout:.0f} s past its budget; a loop is stuck")

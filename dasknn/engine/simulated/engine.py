@@ -58,6 +58,9 @@ class SimulatedEngine:
     simulated maths (a sum is a sum); model its time through t_conv.
     """
 
+    time_unit = "simulated s"
+    """The unit of this engine's clock, even for a run that raised before writing a trace."""
+
     def __init__(
         self,
         timing: ConvFCTiming | None = None,

@@ -50,7 +50,7 @@ class Killer(threading.Thread):
     """Kills the worker `pick(placement)` (and its nanny when `machine`) once the run has written
     `at` updates; records the kill time. Bounded: gives up after `limit` seconds."""
 
-    def __init__(self, client, engine, pick, at: int, machine: bool, limit: float = 60.0) -> None:
+    def __init__(self, client, engine, pick, at: int, machine: bool, limit: float = 300.0) -> None:
         super().__init__(daemon=True)
         self.client, self.engine, self.pick, self.at = client, engine, pick, at
         self.machine, self.limit = machine, limit
