@@ -472,9 +472,30 @@ def failure(err: BaseException) -> tuple[int, str]:
     )
 
 
+def _one_line_logs() -> None:
+    """Dask's log records on stderr without their tracebacks (`--debug` keeps them): a failure of
+    the cluster shows as log lines and then the command's one line, not as pages of traceback."""
+    import logging
+
+    def strip(record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            name = record.exc_info[0].__name__ if record.exc_info[0] else "error"
+            record.msg = f"{record.getMessage()} ({name}: {record.exc_info[1]})".strip()
+            record.args, record.exc_info, record.exc_text = None, None, None
+        return True
+
+    for logger in (logging.getLogger("distributed"), logging.getLogger()):
+        for handler in logger.handlers:
+            handler.addFilter(strip)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not args.debug:
+        import distributed  # noqa: F401  (its logging configuration, which the filter then joins)
+
+        _one_line_logs()
     try:
         return args.func(args)
     except BrokenPipeError:  # `dasknn train | head`: the reader left; say nothing more
