@@ -283,6 +283,44 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             raise ValueError(f"net {net.name!r} outputs {net.num_classes} classes, but y has {n_classes}")
         return net
 
+    def _check_net_on_data(self, net: Net, X) -> None:
+        """Before any cluster starts: `split` names a layer where the net can be split, and the first
+        batch goes through the net's forward pass to finite outputs (no overflow, NaN or inf)."""
+        if self.split not in (None, "auto"):
+            try:
+                net.split_phases(self.split)
+            except KeyError:
+                raise ValueError(f"split={self.split!r} is not a layer of net {net.name!r}") from None
+            except ValueError as err:
+                raise ValueError(f"split={self.split!r}: {err}") from None
+        first = X[: self.batch_size]
+        first = np.asarray(first.compute() if isinstance(first, da.Array) else first, dtype=np.float32)
+        labels = np.zeros(len(first), dtype=np.int64)  # any labels: the size of the step is the point
+        with np.errstate(all="ignore"):
+            logits, _ = net.copy().forward(first, train=False)
+            _, _, grads = net.copy().loss_and_grads(first, labels, rng=np.random.default_rng(0))
+        step = self._smallest_rate() * max((float(np.max(np.abs(g))) for g in grads.values()), default=0.0)
+        if not (np.isfinite(logits).all() and math.isfinite(step) and step < checkpoint.WEIGHT_LIMIT):
+            raise ValueError(
+                f"the first batch of X (largest |value| {float(np.max(np.abs(first))):.3g}) overflows "
+                f"net {net.name!r}: the forward pass or the first update at learning rate "
+                f"{self._smallest_rate():g} is non-finite or beyond {checkpoint.WEIGHT_LIMIT:g}; "
+                "scale X (e.g. to [0, 1])"
+            )
+
+    def _smallest_rate(self) -> float:
+        """The learning rate of the fit, or with "auto" the smallest the optimizer may try."""
+        if self.learning_rate != "auto":
+            return float(self.learning_rate)
+        import inspect
+
+        from dasknn.optimizer import OmnivoreOptimizer
+
+        grid = (self.optimizer_options or {}).get("lr_grid")
+        if grid is None:
+            grid = inspect.signature(OmnivoreOptimizer).parameters["lr_grid"].default
+        return float(min(grid))
+
     def _engine(self, stack: ExitStack, net: Net):
         if self.engine == "simulated":
             from dasknn.engine.simulated import SimulatedEngine
@@ -460,6 +498,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         else:
             net, start = self._build_net(X.shape[1:], len(self.classes_)), None
         resume_from = ckpt if self.resume else None
+        self._check_net_on_data(net, X)
         self._resolve_simulated_gflops(ckpt, warm)
         with ExitStack() as stack:
             engine, client = self._engine(stack, net)

@@ -98,6 +98,7 @@ def check_params(est, partial: bool = False) -> None:
     if est.checkpoint_dir is not None and not isinstance(est.checkpoint_dir, (str, os.PathLike)):
         kind = type(est.checkpoint_dir).__name__
         raise ValueError(f"checkpoint_dir must be None or a path, got {kind}")
+    _check_checkpoint_dir(est.checkpoint_dir)
     if isinstance(est.verbose, bool) or not (isinstance(est.verbose, numbers.Integral) and est.verbose >= 0):
         raise ValueError(f"verbose must be an integer >= 0, got {est.verbose!r}")
     if est.scheduler is not None and not isinstance(est.scheduler, str):
@@ -184,4 +185,22 @@ def _check_tls(est) -> None:
             "`dasknn train --tls-ca-file --tls-cert --tls-key`, or "
             "security=Security(tls_ca_file=..., tls_client_cert=..., tls_client_key=...), or set "
             "distributed.comm.tls.{ca-file,client.cert,client.key} in the dask config"
+        )
+
+
+def _check_checkpoint_dir(directory) -> None:
+    """checkpoint_dir is a writable folder, or can be made one (checked before any training)."""
+    if directory is None:
+        return
+    from pathlib import Path
+
+    path = Path(directory).absolute()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"checkpoint_dir {os.fspath(directory)!r} exists and is not a directory")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"checkpoint_dir {os.fspath(directory)!r} is not writable ({parent} does not let this user write)"
         )
