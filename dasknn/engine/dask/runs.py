@@ -116,10 +116,12 @@ def check_alive(client, roles: Mapping[str, Sequence[str]], done: int) -> None:
     alive = set(cluster_workers(client))
     for worker, what in roles.items():
         if worker not in alive:
-            raise WorkerLostError(
-                f"worker {worker} ({', '.join(what)}) left the cluster after {done} iterations; "
-                "the run cannot continue on this placement"
+            err = WorkerLostError(
+                f"worker {worker} ({', '.join(what)}) left the cluster after at least {done} updates "
+                "of this run; the run cannot continue on this placement"
             )
+            err.updates = done
+            raise err
 
 
 def wait_for_loops(
@@ -186,5 +188,7 @@ def loop_result(engine, fut, client, roles, done: int) -> list[dict[str, Any]]:
             "CancelledError",
         ):
             check_alive(client, roles, done)
-            raise WorkerLostError(f"a worker of the run was lost after {done} iterations: {err}") from err
+            lost = WorkerLostError(f"a worker of the run was lost after at least {done} updates: {err}")
+            lost.updates = done
+            raise lost from err
         raise
