@@ -335,11 +335,22 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
         if self.scheduler is not None:
             client = stack.enter_context(_connect(self.scheduler, self.security))
+        elif _in_dask_task():
+            from distributed import worker_client
+
+            # a fit inside a task (client.submit, joblib's dask backend, dask-ml): the task secedes
+            # from its worker's thread pool while it waits, so the run's own tasks and actors get it
+            client = stack.enter_context(worker_client())
         else:
             try:
                 client = default_client()
             except ValueError:
-                client = stack.enter_context(local_client(n_workers=self.n_workers, security=self.security))
+                # inside joblib's or multiprocessing's workers (n_jobs > 1) a nanny cannot start
+                # worker processes: the LocalCluster runs its workers as threads there
+                threads = _in_daemon_process()
+                client = stack.enter_context(
+                    local_client(n_workers=self.n_workers, security=self.security, processes=not threads)
+                )
         engine = DaskEngine(client, verbose=max(0, self.verbose - 1), strategy=self._strategy())
         return engine, client
 
@@ -642,6 +653,27 @@ def _proba_block(block: np.ndarray, net: Net) -> np.ndarray:
 def _label_index(labels: np.ndarray, classes: np.ndarray) -> np.ndarray:
     """Positions of labels in the sorted `classes_` (the class index the net is trained on)."""
     return np.searchsorted(classes, labels).astype(np.int64)
+
+
+def _in_dask_task() -> bool:
+    """True when called from a task running on a dask worker."""
+    from distributed import get_worker
+
+    try:
+        get_worker()
+    except ValueError:
+        return False
+    return True
+
+
+def _in_daemon_process() -> bool:
+    """True where a nanny cannot start worker processes: a daemonic process (multiprocessing pools),
+    or one whose start method is not the standard library's (joblib's loky workers set 'loky')."""
+    import multiprocessing
+
+    method = multiprocessing.get_start_method(allow_none=True)
+    standard = method is None or method in multiprocessing.get_all_start_methods()
+    return bool(multiprocessing.current_process().daemon) or not standard
 
 
 def _connect(address: str, security):
