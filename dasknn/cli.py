@@ -492,7 +492,8 @@ def _one_line_logs() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.debug:
+    command_line = argv is None  # the process is this command: its logging is ours to shape
+    if command_line and not args.debug:
         import distributed  # noqa: F401  (its logging configuration, which the filter then joins)
 
         _one_line_logs()
@@ -511,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
 
             traceback.print_exc()
         sys.stdout.flush()
-        _quiet_logging()  # the closing clusters' log lines would bury the one line
+        if command_line:
+            _quiet_logging()  # the closing clusters' log lines would bury the one line
         print(f"dasknn {args.command}: {line}", file=sys.stderr, flush=True)
         return code
 
