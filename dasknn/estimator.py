@@ -290,7 +290,10 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             try:
                 net.split_phases(self.split)
             except KeyError:
-                raise ValueError(f"split={self.split!r} is not a layer of net {net.name!r}") from None
+                raise ValueError(
+                    f"split={self.split!r} is not a layer of net {net.name!r}; give one of its layer names "
+                    "(`dasknn summary NET` lists them), 'auto' or None"
+                ) from None
             except ValueError as err:
                 raise ValueError(f"split={self.split!r}: {err}") from None
         first = X[: self.batch_size]
