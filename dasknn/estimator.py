@@ -285,7 +285,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
     def _check_net_on_data(self, net: Net, X) -> None:
         """Before any cluster starts: `split` names a layer where the net can be split, and the first
-        batch goes through the net's forward pass to finite outputs (no overflow, NaN or inf)."""
+        batch gives finite outputs in the forward pass and a first update (at the smallest learning
+        rate the fit may use) below `checkpoint.WEIGHT_LIMIT`, the size the fit calls divergence."""
         if self.split not in (None, "auto"):
             try:
                 net.split_phases(self.split)
