@@ -447,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def failure(err: BaseException) -> tuple[int, str]:
     """(exit code, one line naming what failed and what to do) for an error that ends a command."""
-    from dasknn.engine.recovery import ClusterError, SchedulerError, WorkerLostError, is_worker_loss
+    from dasknn.engine.dask.recovery import ClusterError, SchedulerError, WorkerLostError, is_worker_loss
 
     text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
     text = " ".join(text.split())

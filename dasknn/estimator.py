@@ -685,7 +685,7 @@ def _connect(address: str, security):
     within `distributed.comm.timeouts.connect` (`dasknn train --connect-timeout`)."""
     from distributed import Client
 
-    from dasknn.engine.recovery import SchedulerError
+    from dasknn.engine.dask.recovery import SchedulerError
 
     timeout = dask.config.get("distributed.comm.timeouts.connect")
     try:
@@ -709,7 +709,7 @@ def _scheduler_answers(client, timeout: float = 10.0) -> bool:
 
 
 def _scheduler_lost(client, err: BaseException):
-    from dasknn.engine.recovery import SchedulerError
+    from dasknn.engine.dask.recovery import SchedulerError
 
     address = getattr(client.scheduler, "address", None) or "the client's address"
     return SchedulerError(

@@ -16,7 +16,7 @@ import pytest
 
 from dasknn.cli import EXIT_BAD_INPUT, EXIT_CLUSTER_FAILURE
 from tests.conftest import REPO
-from tests.engine.test_deploy import STARTUP_TIMEOUT, dask_command, read_scheduler_file, stop
+from tests.engine.dask.test_deploy import STARTUP_TIMEOUT, dask_command, read_scheduler_file, stop
 
 HANG = 300  # seconds: only catches a hang
 TRACEBACK = "Traceback (most recent call last)"

@@ -13,7 +13,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import GridSearchCV
 
 from dasknn import DistributedCNN
-from dasknn.engine.cluster import local_client
+from dasknn.engine.dask import local_client
 
 HANG = 300  # seconds
 PARAMS = dict(

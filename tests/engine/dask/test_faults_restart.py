@@ -1,6 +1,7 @@
-"""The unmerged map and SMA survive a lost worker (`engine.dask.restart`): real worker processes are killed with
-SIGKILL once the run has done a set number of updates (its own progress, not a guessed delay), and
-the run re-plans onto the workers left, trains again from its start state and reaches its target."""
+"""The unmerged map and SMA survive a lost worker (`engine.dask.restart`): real worker processes
+are killed with SIGKILL once the run has done a set number of updates (its own progress, not a
+guessed delay), and the run re-plans onto the workers left, trains again from its start state and
+reaches its target."""
 
 from __future__ import annotations
 
