@@ -224,7 +224,7 @@ def cmd_summary(args) -> int:
 
         net = zoo.get_net(args.net, input_shape=shape, num_classes=args.num_classes)
     print(net)
-    with pd.option_context("display.width", 140):
+    with pd.option_context("display.width", 160, "display.max_columns", None):
         print(net.summary())
     return 0
 

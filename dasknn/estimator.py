@@ -65,7 +65,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
     Parameters
     ----------
     net : str, Net or path
-        A zoo name ("lenet", "cifar10_quick", "cifar10_full", "caffenet", "mlp"), a `Net`
+        A zoo name ("lenet", "cifar10_quick", "cifar10_full", "caffenet", "mlp", "resnet20"), a `Net`
         (copied, its weights are the start), or a Caffe `.prototxt` path.
     batch_size : int
     n_groups, learning_rate, momentum : "auto" or a number

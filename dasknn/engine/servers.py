@@ -14,13 +14,18 @@ from typing import Any
 import numpy as np
 
 from dasknn.backend import to_numpy
-from dasknn.nn.loss import accuracy, softmax, softmax_with_loss
+from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
 
 
 class ConvModelServer:
     """Conv-phase weights, their momentum buffers and a version counter.
+
+    It also keeps BatchNorm's running statistics (`Net.statistics`) as plain blobs beside the
+    weights: a push carries the sum of the group's shards' contributions, accumulated as
+    blob ← moving_average_fraction·blob + contribution (no rate, momentum or decay), so groups'
+    statistics combine in the order their updates arrive, exactly as their gradients do.
 
     `pull()` returns (version, weights); `push(grads, version_read, lr, momentum)` applies ONE update
     (a compute group's summed gradient) and returns its staleness: the number of updates other groups
@@ -38,10 +43,14 @@ class ConvModelServer:
         lr_mult: dict[str, float] | None = None,
         decay_mult: dict[str, float] | None = None,
         weight_decay: float = 0.0,
+        statistics: dict[str, float] | None = None,
     ) -> None:
         self.params = {k: np.array(v, copy=True) for k, v in params.items()}
         self.solver = SGD(
-            weight_decay=weight_decay, lr_mult=dict(lr_mult or {}), decay_mult=dict(decay_mult or {})
+            weight_decay=weight_decay,
+            lr_mult=dict(lr_mult or {}),
+            decay_mult=dict(decay_mult or {}),
+            statistics=dict(statistics or {}),
         )
         self.version = 0
         self.stopped = False
@@ -156,18 +165,21 @@ class FCServer:
             self.stopped = True
 
     def step(self, acts, labels, lr: float, momentum: float) -> dict[str, Any] | None:
-        """One batch through the FC phase; returns {"dacts", "loss", "accuracy", "version"}, or None
-        once stopped."""
+        """One batch through the FC phase; returns {"dacts", "loss" (weighted total over the loss
+        heads), "main_loss", "accuracy" (main head), "version"}, or None once stopped."""
         with self._lock:
             if self.stopped:
                 return None
-            logits, caches = self.net.forward(acts, train=True, rng=self.rng)
-            loss, dlogits = softmax_with_loss(logits, labels)
-            dacts, grads = self.net.backward(dlogits, caches, need_dx=True)
-            acc = accuracy(logits, labels)
-            self.solver.step(self.net.params, grads, lr=lr, momentum=momentum)
+            out = self.net.train_step(acts, labels, rng=self.rng, need_dx=True)
+            self.solver.step(self.net.params, out["grads"], lr=lr, momentum=momentum)
             self.version += 1
-            return {"dacts": dacts, "loss": loss, "accuracy": acc, "version": self.version}
+            return {
+                "dacts": out["dx"],
+                "loss": out["loss"],
+                "main_loss": out["main_loss"],
+                "accuracy": out["accuracy"],
+                "version": self.version,
+            }
 
     def predict_proba(self, acts) -> np.ndarray:
         """Class probabilities for conv-phase activations (test mode, no update)."""

@@ -121,6 +121,7 @@ class Segment:
             conv_net.lr_mult,
             conv_net.decay_mult,
             config.weight_decay,
+            conv_net.statistics,
             worker=p.conv_server_worker,
         )
         self.fc_future = submit_actor(

@@ -250,7 +250,7 @@ def _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row) -> 
     if fc is None:
         return None
     grads = _backward(net, weights, caches, fc["dacts"], spec.devices[0])
-    row.update(loss=fc["loss"], accuracy=fc["accuracy"])
+    row.update(loss=fc["loss"], main_loss=fc["main_loss"], accuracy=fc["accuracy"])
     return _call(conv_server, "push", grads, version, spec.lr, spec.momentum, row, timeout=tmo)
 
 
@@ -443,7 +443,7 @@ def _actor_iteration(
         if parts is None:
             return None
     total = sum_grads(total, *parts)
-    row.update(loss=fc["loss"], accuracy=fc["accuracy"])
+    row.update(loss=fc["loss"], main_loss=fc["main_loss"], accuracy=fc["accuracy"])
     return _call(conv_server, "push", total, version, spec.lr, spec.momentum, row, timeout=tmo)
 
 
@@ -511,7 +511,7 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
             return None
         part = summed.result(timeout=tmo)
         total = part if total is None else sum_grads(total, part)
-    row.update(loss=fc["loss"], accuracy=fc["accuracy"])
+    row.update(loss=fc["loss"], main_loss=fc["main_loss"], accuracy=fc["accuracy"])
     pushed = _call(conv_server, "push", total, version, spec.lr, spec.momentum, row, timeout=tmo)
     del shards, dacts, w_futures, fwd
     return pushed

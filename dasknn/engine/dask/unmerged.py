@@ -206,7 +206,14 @@ def unmerged_loop(
 def _model_server(client, engine, params, net: Net, state: TrainState, config: RunConfig, worker: str):
     """A ConvModelServer actor on `worker` holding `params` with their momentum from `state`."""
     fut = submit_actor(
-        client, ConvModelServer, params, net.lr_mult, net.decay_mult, config.weight_decay, worker=worker
+        client,
+        ConvModelServer,
+        params,
+        net.lr_mult,
+        net.decay_mult,
+        config.weight_decay,
+        net.statistics,
+        worker=worker,
     )
     server = fut.result(timeout=engine.timeout)
     history = {k: v for k, v in state.momentum.items() if k in params}

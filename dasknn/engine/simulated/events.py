@@ -114,7 +114,11 @@ class Simulation:
         conv_keys = set(conv.params)
         fc_keys = set(fc.params)
         self.conv_server = ConvModelServer(
-            conv.get_params(), conv.lr_mult, conv.decay_mult, weight_decay=config.weight_decay
+            conv.get_params(),
+            conv.lr_mult,
+            conv.decay_mult,
+            weight_decay=config.weight_decay,
+            statistics=conv.statistics,
         )
         self.fc_server = FCServer(fc, weight_decay=config.weight_decay, seed=config.seed)
         self.group_nets = [conv.copy() for _ in range(config.n_groups)]
@@ -213,7 +217,12 @@ class Simulation:
         acts, _, yb = self._forward(grp)
         out = self.fc_server.step(acts, yb, lr=self.config.lr, momentum=self.config.momentum)
         gs = self.groups[grp]
-        gs.update(dacts=out["dacts"], loss=float(out["loss"]), accuracy=float(out["accuracy"]))
+        gs.update(
+            dacts=out["dacts"],
+            loss=float(out["loss"]),
+            main_loss=float(out["main_loss"]),
+            accuracy=float(out["accuracy"]),
+        )
         self.fc_busy = None
         if self.fc_queue:
             self._serve(t)
@@ -237,6 +246,7 @@ class Simulation:
             "t_end": t,
             **info,
             "loss": gs["loss"],
+            "main_loss": gs["main_loss"],
             "accuracy": gs["accuracy"],
             "lr": self.config.lr,
             "momentum": self.config.momentum,
