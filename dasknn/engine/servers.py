@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dasknn.backend import to_numpy
+from dasknn.backend import device_scope, to_device, to_numpy
 from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
@@ -109,9 +109,8 @@ class ConvModelServer:
         with self._lock:
             if self.stopped:
                 return None
-            self.solver.step(
-                self.params, {k: to_numpy(g) for k, g in grads.items()}, lr=lr, momentum=momentum
-            )
+            host = {k: np.asarray(g) for k, g in grads.items()}  # the shards send host arrays
+            self.solver.step(self.params, host, lr=lr, momentum=momentum)
             self.version += 1
             written = self.version
             out = {
@@ -149,10 +148,19 @@ class FCServer:
     `step(acts, labels, lr, momentum)` runs, for one batch, FC forward, SoftmaxWithLoss, accuracy,
     FC backward and the FC update, and returns the gradient w.r.t. the activations. Calls are
     serialised (one batch at a time), so the FC model is never stale.
+
+    The FC model and its momentum live on `device` ('cpu', 'gpu' or 'gpu:N': CuPy on a GPU worker),
+    and a step moves only the activations and labels in and d(activations) out. Its dropout draws
+    from the host generator `rng` (`dasknn.nn.randomness`), and `get_state` is numpy on the host,
+    so snapshots and checkpoints do not depend on the device. With device 'cpu' the server computes
+    on `fc_net` itself; on a GPU, on a device copy of it.
     """
 
-    def __init__(self, fc_net: Net, weight_decay: float = 0.0, seed: int = 0) -> None:
-        self.net = fc_net
+    def __init__(self, fc_net: Net, weight_decay: float = 0.0, seed: int = 0, device: str = "cpu") -> None:
+        self.device = device
+        with device_scope(device) as xp:
+            self.xp = xp
+            self.net = fc_net if xp is np else fc_net.copy().to(xp)
         self.solver = SGD.for_net(fc_net, weight_decay=weight_decay)
         self.rng = np.random.default_rng([seed, 2])
         self.version = 0
@@ -167,28 +175,30 @@ class FCServer:
     def step(self, acts, labels, lr: float, momentum: float) -> dict[str, Any] | None:
         """One batch through the FC phase; returns {"dacts", "loss" (weighted total over the loss
         heads), "main_loss", "accuracy" (main head), "version"}, or None once stopped."""
-        with self._lock:
+        with self._lock, device_scope(self.device):
             if self.stopped:
                 return None
+            acts, labels = to_device(acts, self.xp), to_device(np.asarray(labels), self.xp)
             out = self.net.train_step(acts, labels, rng=self.rng, need_dx=True)
             self.solver.step(self.net.params, out["grads"], lr=lr, momentum=momentum)
             self.version += 1
             return {
-                "dacts": out["dx"],
-                "loss": out["loss"],
-                "main_loss": out["main_loss"],
-                "accuracy": out["accuracy"],
+                "dacts": to_numpy(out["dx"]),
+                "loss": float(out["loss"]),
+                "main_loss": float(out["main_loss"]),
+                "accuracy": float(out["accuracy"]),
                 "version": self.version,
             }
 
     def predict_proba(self, acts) -> np.ndarray:
         """Class probabilities for conv-phase activations (test mode, no update)."""
-        with self._lock:
-            logits, _ = self.net.forward(acts, train=False)
-        return to_numpy(softmax(logits))
+        with self._lock, device_scope(self.device):
+            logits, _ = self.net.forward(to_device(acts, self.xp), train=False)
+            return to_numpy(softmax(logits))
 
     def get_state(self) -> dict[str, Any]:
-        with self._lock:
+        """Weights, momentum buffers (numpy, on the host), version and the dropout rng's state."""
+        with self._lock, device_scope(self.device):
             return {
                 "params": self.net.get_params(),
                 "solver": self.solver.state_dict(),
@@ -197,8 +207,9 @@ class FCServer:
             }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        with self._lock:
+        """Restore a `get_state()`; weights and momentum move to the server's device."""
+        with self._lock, device_scope(self.device):
             self.net.set_params(state["params"])
-            self.solver.load_state_dict(state["solver"])
+            self.solver.load_state_dict(state["solver"], like=self.net.params)
             self.version = int(state["version"])
             self.rng.bit_generator.state = state["rng"]

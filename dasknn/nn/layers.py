@@ -19,6 +19,7 @@ from dasknn.nn.base import Layer, Shape, pair
 from dasknn.nn.fillers import Filler
 from dasknn.nn.lowering import LOWERINGS, conv_backward, conv_forward, conv_output_size
 from dasknn.nn.pooling import LRN, Pooling
+from dasknn.nn.randomness import bernoulli
 
 __all__ = [
     "LAYER_TYPES",
@@ -270,7 +271,8 @@ class ReLU(Layer):
 
 class Dropout(Layer):
     """Inverted dropout as Caffe: in training keep each unit with probability 1 − ratio and scale
-    it by 1/(1 − ratio); identity at test time."""
+    it by 1/(1 − ratio); identity at test time. The mask comes from the `rng` of `forward`
+    (`dasknn.nn.randomness`): the same on numpy and cupy, and training without one is an error."""
 
     type = "Dropout"
 
@@ -283,12 +285,8 @@ class Dropout(Layer):
     def forward(self, x, train=True, rng=None):
         if not train or self.dropout_ratio == 0.0:
             return x, None
-        xp = array_module(x)
-        if xp is np:
-            u = (rng if rng is not None else np.random.default_rng()).random(x.shape, dtype=np.float32)
-        else:
-            u = xp.random.random(x.shape, dtype=xp.float32)
-        mask = (u >= self.dropout_ratio).astype(x.dtype) * x.dtype.type(1.0 / (1.0 - self.dropout_ratio))
+        keep = bernoulli(rng, x.shape, self.dropout_ratio, x, self.name)
+        mask = keep.astype(x.dtype) * x.dtype.type(1.0 / (1.0 - self.dropout_ratio))
         return x * mask, mask
 
     def backward(self, dy, cache, need_dx=True):

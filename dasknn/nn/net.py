@@ -401,8 +401,13 @@ class Net:
         """Copies of all parameters as numpy arrays (for servers and checkpoints)."""
         return {k: to_numpy(v).copy() for k, v in self.params.items()}
 
-    def set_params(self, params: dict[str, Any], strict: bool = True) -> None:
-        """Replace parameters from a flat dict; shapes must match; `strict` requires every name."""
+    def set_params(self, params: dict[str, Any], strict: bool = True, copy: bool = True) -> None:
+        """Replace parameters from a flat dict; shapes must match; `strict` requires every name.
+
+        Each array moves to the module of the parameter it replaces with one copy; one already there
+        is copied too, so the net never shares memory with the caller, unless `copy=False`: then
+        arrays already on the net's module and dtype are adopted as they are (the caller hands them
+        over, as `DeviceNet` does with the views of its one transferred buffer)."""
         own = self.params
         unknown = sorted(set(params) - set(own))
         if unknown:
@@ -419,8 +424,11 @@ class Net:
             for k in layer.params:
                 key = f"{layer.name}.{k}"
                 if key in params:
-                    xp = array_module(layer.params[k])
-                    layer.params[k] = to_device(params[key], xp).astype(self.dtype, copy=True)
+                    xp, value = array_module(layer.params[k]), params[key]
+                    if array_module(value) is xp:
+                        layer.params[k] = value.astype(self.dtype, copy=copy)
+                    else:
+                        layer.params[k] = to_device(value, xp).astype(self.dtype, copy=False)
 
     @property
     def lr_mult(self) -> dict[str, float]:

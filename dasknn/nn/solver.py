@@ -163,6 +163,12 @@ class SGD:
         """Iteration and momentum buffers as numpy arrays (for checkpoints)."""
         return {"iter": self.iter, "history": {k: to_numpy(v).copy() for k, v in self.history.items()}}
 
-    def load_state_dict(self, state: dict[str, Any], xp=np) -> None:
+    def load_state_dict(self, state: dict[str, Any], like: dict[str, Any] | None = None) -> None:
+        """Restore a `state_dict()`; each momentum buffer goes to the device of the parameter of its
+        name in `like` (the net's live params; numpy when absent), with one copy."""
         self.iter = int(state["iter"])
-        self.history = {k: to_device(v, xp).copy() for k, v in state["history"].items()}
+        history = {}
+        for k, v in state["history"].items():
+            xp = array_module(like[k]) if like is not None and k in like else np
+            history[k] = to_device(v, xp) if array_module(v) is not xp else v.copy()
+        self.history = history

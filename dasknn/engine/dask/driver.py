@@ -25,7 +25,7 @@ import numpy as np
 
 from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.dask import tasks
-from dasknn.engine.dask.placement import Placement, plan, replan
+from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
 from dasknn.engine.dask.recovery import Recovery, lost_error, resume_batches
 from dasknn.engine.dask.replicas import run_replicas
 from dasknn.engine.dask.restart import run_restarting
@@ -309,9 +309,9 @@ class DaskEngine:
         client = engine_client(self)
         workers = cluster_workers(client)
         out = {}
-        for addr, info in workers.items():
-            device = "gpu" if float(info.get("resources", {}).get("GPU", 0)) > 0 else "cpu"
-            out[addr] = client.submit(sgemm_gflops, device, workers=[addr], pure=False).result(
+        devices = worker_devices(workers)
+        for addr in workers:
+            out[addr] = client.submit(sgemm_gflops, devices[addr], workers=[addr], pure=False).result(
                 timeout=self.timeout
             )
         self.throughput_ = out

@@ -24,6 +24,7 @@ __all__ = [
     "as_dask",
     "check_alive",
     "chunk_futures",
+    "cluster_transfers",
     "cluster_workers",
     "engine_client",
     "loop_result",
@@ -56,6 +57,18 @@ def chunk_futures(arr) -> list:
             key = key[0]
         out.append(by_key[key])
     return out
+
+
+def cluster_transfers(client) -> dict[str, int]:
+    """Host↔device copies and bytes made so far by all the client's workers together (the sum of
+    `backend.transfer_counts()` in each worker process); two readings around a run give its traffic."""
+    from dasknn.backend import transfer_counts
+
+    total: dict[str, int] = {}
+    for counts in client.run(transfer_counts).values():
+        for k, v in counts.items():
+            total[k] = total.get(k, 0) + int(v)
+    return total
 
 
 def cluster_workers(client) -> dict[str, dict[str, Any]]:

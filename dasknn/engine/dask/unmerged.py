@@ -40,7 +40,7 @@ def whole_net_step(run_id: str, template, weights, x, y, device: str, rng_key, w
     Returns {"grads", "loss", "accuracy"}, each multiplied by `weight` (the shard's n_i / B), so the
     k shards' results sum to the full batch's (SoftmaxWithLoss averages over the shard).
     """
-    return tasks._whole_net(tasks._net(run_id, template, device), weights, x, y, device, rng_key, weight)
+    return tasks._whole_net(tasks._net(run_id, template, device), weights, x, y, rng_key, weight)
 
 
 def _grads_of(out: dict[str, Any]) -> dict[str, np.ndarray]:

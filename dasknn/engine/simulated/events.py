@@ -31,6 +31,7 @@ from tqdm import tqdm
 from dasknn.data.batching import BatchOrder
 from dasknn.data.chunks import sample_chunks
 from dasknn.engine.servers import ConvModelServer, FCServer
+from dasknn.engine.streams import shard_rng
 from dasknn.engine.trace import Budget, RunConfig, TrainState
 from dasknn.nn.net import Net
 
@@ -48,9 +49,11 @@ def shard_slices(batch_size: int, k: int) -> list[slice]:
     return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def conv_forward_shards(conv_net: Net, xb, slices: list[slice], rng: np.random.Generator | None = None):
-    """Conv-phase forward of each shard; returns (activations of the whole batch, per-shard caches)."""
-    outs = [conv_net.forward(xb[s], train=True, rng=rng) for s in slices]
+def conv_forward_shards(conv_net: Net, xb, slices: list[slice], seed: int = 0, batch: int = 0):
+    """Conv-phase forward of each shard; returns (activations of the whole batch, per-shard caches).
+
+    Shard i draws from `streams.shard_rng(seed, batch, i)`, as the Dask engine's shard i does."""
+    outs = [conv_net.forward(xb[s], train=True, rng=shard_rng(seed, batch, i)) for i, s in enumerate(slices)]
     acts = outs[0][0] if len(outs) == 1 else np.concatenate([a for a, _ in outs])
     return acts, [c for _, c in outs]
 
@@ -208,8 +211,9 @@ class Simulation:
         if grp not in self.caches:
             gs = self.groups[grp]
             xb, yb = self.data.get(gs["batch"])
-            rng = np.random.default_rng([self.config.seed, 4, gs["batch"]])
-            acts, caches = conv_forward_shards(self.group_nets[grp], xb, self.slices, rng)
+            acts, caches = conv_forward_shards(
+                self.group_nets[grp], xb, self.slices, self.config.seed, gs["batch"]
+            )
             self.caches[grp] = (acts, caches, yb)
         return self.caches[grp]
 
