@@ -4,10 +4,9 @@ seed train the same weights, and they are the weights the simulator trains with 
 from __future__ import annotations
 
 import numpy as np
-from dasknn.engine.cluster import DaskEngine
-from dasknn.engine.simulate import SimulatedEngine
 
-from dasknn.engine import tasks
+from dasknn.engine.dask import DaskEngine, tasks
+from dasknn.engine.simulated import SimulatedEngine
 from dasknn.engine.streams import shard_rng
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn.layers import Convolution, Dropout, InnerProduct, Pooling, ReLU
