@@ -133,16 +133,16 @@ class Convolution(_Weighted):
     def forward(self, x, train=True, rng=None):
         xp = array_module(x)
         w = self.params["weight"]
+        b = self.params["bias"] if self.bias_term else None
         g, cg, og = self.group, x.shape[1] // self.group, self.num_output // self.group
         ys, caches = [], []
         for i in range(g):
             xi = x if g == 1 else x[:, i * cg : (i + 1) * cg]
-            yi, ci = conv_forward(xi, w[i * og : (i + 1) * og], self.stride, self.pad, self.lowering, self.bp)
+            bi = None if b is None else b[i * og : (i + 1) * og]
+            yi, ci = conv_forward(xi, w[i * og : (i + 1) * og], self.stride, self.pad, self.lowering, self.bp, bi)
             ys.append(yi)
             caches.append(ci)
         y = ys[0] if g == 1 else xp.concatenate(ys, axis=1)
-        if self.bias_term:
-            y += self.params["bias"].reshape(1, -1, 1, 1)
         return y, caches
 
     def backward(self, dy, cache, need_dx=True):
@@ -254,15 +254,16 @@ class ReLU(Layer):
 
     def forward(self, x, train=True, rng=None):
         xp = array_module(x)
+        if self.negative_slope == 0.0:  # y > 0 exactly where x > 0: y is the cache, no mask pass
+            y = xp.maximum(x, 0, dtype=x.dtype)
+            return y, y
         positive = x > 0
-        if self.negative_slope == 0.0:
-            return xp.maximum(x, 0, dtype=x.dtype), positive
         return xp.where(positive, x, x * x.dtype.type(self.negative_slope)), positive
 
     def backward(self, dy, cache, need_dx=True):
         xp = array_module(dy)
         if self.negative_slope == 0.0:
-            return dy * cache, {}
+            return dy * (cache > 0), {}
         return xp.where(cache, dy, dy * dy.dtype.type(self.negative_slope)), {}
 
     def config(self):
