@@ -22,6 +22,7 @@ import numpy as np
 
 __all__ = [
     "array_module",
+    "blas_threads",
     "cupy_available",
     "device_info",
     "device_scope",
@@ -203,6 +204,22 @@ def _views(flat, arrays: Mapping[str, Any], sizes: list[int]) -> dict[str, Any]:
         out[key] = flat[start : start + n].reshape(np.shape(a))
         start += n
     return out
+
+
+def blas_threads(n: int | None = 1):
+    """A context in which BLAS and OpenMP pools use at most n threads (None: this process's cores).
+
+    In-process training (the simulator, benchmarks) runs in one Python process beside whatever else
+    the machine runs; OpenBLAS threads that spin for a core another process holds slow a step
+    several times over, so these paths choose their thread count instead of inheriting one. Dask
+    workers are limited to one BLAS thread each by the cluster setup instead.
+    """
+    from threadpoolctl import threadpool_limits
+
+    limit = _cpu_cores() if n is None else int(n)
+    if limit < 1:
+        raise ValueError(f"BLAS threads must be >= 1; got {n}")
+    return threadpool_limits(limits=limit)
 
 
 def _cpu_model() -> str:

@@ -139,7 +139,9 @@ class Convolution(_Weighted):
         for i in range(g):
             xi = x if g == 1 else x[:, i * cg : (i + 1) * cg]
             bi = None if b is None else b[i * og : (i + 1) * og]
-            yi, ci = conv_forward(xi, w[i * og : (i + 1) * og], self.stride, self.pad, self.lowering, self.bp, bi)
+            yi, ci = conv_forward(
+                xi, w[i * og : (i + 1) * og], self.stride, self.pad, self.lowering, self.bp, bi
+            )
             ys.append(yi)
             caches.append(ci)
         y = ys[0] if g == 1 else xp.concatenate(ys, axis=1)

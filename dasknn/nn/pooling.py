@@ -1,9 +1,7 @@
 """Pooling (max, average) and local response normalisation, with Caffe's exact conventions.
 
 Both slide a window over a padded input; each is written as a loop over the few window offsets,
-every step a vectorised operation on a strided view of the whole batch. Pooling never copies the
-input into a padded buffer: each offset reads only the outputs whose window it hits inside the image
-(`tap_range`), and max pooling keeps the winning offset per output, not the input, for backward.
+every step a vectorised operation on a strided view of the whole batch.
 """
 
 from __future__ import annotations
@@ -25,27 +23,19 @@ def pool_output_size(n: int, k: int, stride: int, pad: int) -> int:
     return out
 
 
-def tap_range(n: int, k_offset: int, stride: int, pad: int, out: int) -> tuple[int, int, slice]:
-    """Outputs [lo, hi) whose window offset `k_offset` lands inside an axis of n inputs, and those inputs.
-
-    Output r reads input r·stride − pad + k_offset; the pad is never materialised: a tap that falls
-    in the padding simply does not contribute to that output.
-    """
-    lo = max(0, -(-(pad - k_offset) // stride))
-    hi = min(out, (n - 1 + pad - k_offset) // stride + 1)
-    hi = max(hi, lo)
-    start = lo * stride - pad + k_offset
-    return lo, hi, slice(start, start + (hi - lo - 1) * stride + 1, stride)
-
-
-def _taps(h, w, kh, kw, sh, sw, ph, pw, oh, ow):
-    """Yield (tap index, output window, input window) for each kernel offset (i, j), clipped to the image."""
+def _windows(xpad, kh, kw, sh, sw, oh, ow):
+    """Yield (offset index, strided view) of each window position (i, j) over a padded batch."""
     for i in range(kh):
-        r0, r1, rows = tap_range(h, i, sh, ph, oh)
         for j in range(kw):
-            c0, c1, cols = tap_range(w, j, sw, pw, ow)
-            if r1 > r0 and c1 > c0:
-                yield i * kw + j, (Ellipsis, slice(r0, r1), slice(c0, c1)), (Ellipsis, rows, cols)
+            yield (
+                i * kw + j,
+                (
+                    slice(None),
+                    slice(None),
+                    slice(i, i + sh * (oh - 1) + 1, sh),
+                    slice(j, j + sw * (ow - 1) + 1, sw),
+                ),
+            )
 
 
 class Pooling(Layer):
@@ -98,6 +88,22 @@ class Pooling(Layer):
                 )
         return (c, oh, ow)
 
+    def _padded_extent(self):
+        (_, h, w), (_, oh, ow) = self.in_shape, self.out_shape
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel_size, self.stride, self.pad
+        # rows before the image (ph), the image, then enough rows for the last window.
+        return (ph, max((oh - 1) * sh + kh - ph - h, 0)), (pw, max((ow - 1) * sw + kw - pw - w, 0))
+
+    def _pad(self, x, fill):
+        xp = array_module(x)
+        (top, bottom), (left, right) = self._padded_extent()
+        if top == bottom == left == right == 0:
+            return x
+        n, c, h, w = x.shape
+        out = xp.full((n, c, top + h + bottom, left + w + right), fill, dtype=x.dtype)
+        out[:, :, top : top + h, left : left + w] = x
+        return out
+
     def _divisor(self, xp, dtype):
         """Caffe's AVE pool size per output: the window clipped to the image plus its padding."""
         (_, h, w), (_, oh, ow) = self.in_shape, self.out_shape
@@ -108,46 +114,46 @@ class Pooling(Layer):
         wsize = xp.minimum(ws + kw, w + pw) - ws
         return (hsize[:, None] * wsize[None, :]).astype(dtype)
 
-    def _tap_windows(self):
-        (_, h, w), (_, oh, ow) = self.in_shape, self.out_shape
-        return _taps(h, w, *self.kernel_size, *self.stride, *self.pad, oh, ow)
-
     def forward(self, x, train=True, rng=None):
         xp = array_module(x)
-        shape = (x.shape[0], *self.out_shape)
-        if self.pool == "max":  # y and the first window offset holding it (Caffe's argmax order)
-            y = xp.full(shape, -xp.inf, dtype=x.dtype)
-            index = xp.int16 if math.prod(self.kernel_size) < 2**15 else xp.int32
-            arg, step, better = xp.zeros(shape, index), xp.empty(shape, index), xp.empty(shape, bool)
-            for tap, out, inp in self._tap_windows():  # arg = tap where better, without a masked copy
-                xp.greater(x[inp], y[out], out=better[out])
-                xp.maximum(y[out], x[inp], out=y[out])
-                xp.subtract(tap, arg[out], out=step[out])
-                step[out] *= better[out]
-                arg[out] += step[out]
-            return y, arg
-        y = xp.zeros(shape, dtype=x.dtype)
-        for _, out, inp in self._tap_windows():
-            y[out] += x[inp]
-        y /= self._divisor(xp, x.dtype)
-        return y, None
+        (kh, kw), (sh, sw) = self.kernel_size, self.stride
+        _, oh, ow = self.out_shape
+        if self.pool == "max":
+            xpad = self._pad(x, -xp.inf)
+            windows = _windows(xpad, kh, kw, sh, sw, oh, ow)
+            y = xpad[next(windows)[1]].copy()
+            for _, sl in windows:
+                xp.maximum(y, xpad[sl], out=y)
+            return y, (xpad, y)
+        xpad = self._pad(x, 0)
+        y = xp.zeros((x.shape[0], x.shape[1], oh, ow), dtype=x.dtype)
+        for _, sl in _windows(xpad, kh, kw, sh, sw, oh, ow):
+            y += xpad[sl]
+        return y / self._divisor(xp, x.dtype), None
 
     def backward(self, dy, cache, need_dx=True):
         if not need_dx:
             return None, {}
         xp = array_module(dy)
-        dx = xp.zeros((dy.shape[0], *self.in_shape), dtype=dy.dtype)
-        if self.pool == "max":  # each output's gradient goes to the input its argmax names
-            arg, hit, g = cache, xp.empty(dy.shape, bool), xp.empty_like(dy)
-            for tap, out, inp in self._tap_windows():
-                xp.equal(arg[out], tap, out=hit[out])
-                xp.multiply(dy[out], hit[out], out=g[out])
-                dx[inp] += g[out]
+        (kh, kw), (sh, sw) = self.kernel_size, self.stride
+        (_, h, w), (_, oh, ow) = self.in_shape, self.out_shape
+        (top, bottom), (left, right) = self._padded_extent()
+        dxpad = xp.zeros((dy.shape[0], dy.shape[1], top + h + bottom, left + w + right), dtype=dy.dtype)
+        if self.pool == "max":
+            # the gradient goes to the first maximum of each window in window order (as Caffe's argmax)
+            xpad, y = cache
+            claimed, hit, g = xp.zeros(y.shape, dtype=bool), xp.empty(y.shape, dtype=bool), xp.empty_like(dy)
+            for _, sl in _windows(dxpad, kh, kw, sh, sw, oh, ow):  # buffers reused: no temporaries
+                xp.equal(xpad[sl], y, out=hit)
+                xp.greater(hit, claimed, out=hit)  # hit and not claimed
+                xp.logical_or(claimed, hit, out=claimed)
+                xp.multiply(dy, hit, out=g)
+                dxpad[sl] += g
         else:
             g = dy / self._divisor(xp, dy.dtype)
-            for _, out, inp in self._tap_windows():
-                dx[inp] += g[out]
-        return dx, {}
+            for _, sl in _windows(dxpad, kh, kw, sh, sw, oh, ow):
+                dxpad[sl] += g
+        return dxpad[:, :, top : top + h, left : left + w], {}
 
     def flops(self):
         return math.prod(self.out_shape) * self.kernel_size[0] * self.kernel_size[1]
