@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
+from dasknn.backend import blas_threads
 from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.simulated.events import Simulation
 from dasknn.engine.simulated.strategies import ReplicaSimulation, UnmergedSimulation
@@ -115,7 +116,8 @@ class SimulatedEngine:
             raise ValueError(f"n_groups={g} needs at least {g} workers; the timing model has {n_workers}")
         state = TrainState.from_net(net) if start is None else start
         sim = self._simulation(net, X, y, config, n_workers // g, state)
-        rows = sim.advance(budget)
+        with blas_threads(1):  # one process computes for all groups: one BLAS thread, never spinning
+            rows = sim.advance(budget)
         new_state = sim.train_state()
         net.set_params(new_state.params)
         attrs = {
