@@ -73,7 +73,8 @@ class Convolution(_Weighted):
     """2-D convolution with bias, computed by batched lowering + one GEMM (Caffe con Troll §2).
 
     `lowering` is one of `lowering.LOWERINGS` or "auto"; `bp` is how many images are lowered
-    together per GEMM (None: the whole batch, the best choice on CPUs per Omnivore §III-A).
+    together per GEMM (None: `lowering.default_bp`, a cache-sized partition on CPUs, the whole
+    batch on GPUs). The bias is added while the output is lifted.
     `group` splits channels into independent convolutions, as Caffe's (CaffeNet uses 2).
     """
 
