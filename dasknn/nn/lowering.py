@@ -399,7 +399,7 @@ def conv_forward(
     dtype = xp.result_type(x.dtype, xp.float32)
     if bp is None:
         device = "cpu" if xp.__name__ == "numpy" else "gpu"
-        bp = default_bp(x.shape, w.shape, stride, pad, lowering, xp.dtype(dtype).itemsize, device)
+        bp = default_bp(x.shape, w.shape, stride, pad, lowering, dtype.itemsize, device)
     bp = int(bp)
     if bp < 1:
         raise ValueError(f"bp must be >= 1 (images lowered per GEMM); got {bp}")
