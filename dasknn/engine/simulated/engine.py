@@ -115,8 +115,8 @@ class SimulatedEngine:
         if g > n_workers:
             raise ValueError(f"n_groups={g} needs at least {g} workers; the timing model has {n_workers}")
         state = TrainState.from_net(net) if start is None else start
-        sim = self._simulation(net, X, y, config, n_workers // g, state)
         with blas_threads(1):  # one process computes for all groups: one BLAS thread, never spinning
+            sim = self._simulation(net, X, y, config, n_workers // g, state)
             rows = sim.advance(budget)
         new_state = sim.train_state()
         net.set_params(new_state.params)
