@@ -65,7 +65,11 @@ class EarlyStopping(Callback):
     """
 
     def __init__(
-        self, monitor: str = "val_loss", n_iter_no_change: int = 10, tol: float = 1e-4, restore_best: bool = True
+        self,
+        monitor: str = "val_loss",
+        n_iter_no_change: int = 10,
+        tol: float = 1e-4,
+        restore_best: bool = True,
     ) -> None:
         if monitor not in ("val_loss", "val_accuracy", "loss", "accuracy"):
             raise ValueError(
@@ -137,7 +141,9 @@ class ProgressBar(Callback):
             unit=unit,
             desc="dasknn",
             file=self.file if self.file is not None else sys.stderr,
-            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} " + unit + " [{elapsed}{postfix}]",
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} "
+            + unit
+            + " [{elapsed}{postfix}]",
             dynamic_ncols=True,
             leave=True,
         )

@@ -23,8 +23,8 @@ import pandas as pd
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from dasknn.data import check_X, check_X_y
-from dasknn.data.split import split_parts
 from dasknn.data.batching import n_batches
+from dasknn.data.split import split_parts
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.estimator_params import check_params
@@ -351,7 +351,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             except ValueError:
                 dashboard = _dashboard_address()
                 client = stack.enter_context(
-                    local_client(n_workers=self.n_workers, security=self.security, dashboard_address=dashboard)
+                    local_client(
+                        n_workers=self.n_workers, security=self.security, dashboard_address=dashboard
+                    )
                 )
                 if self.verbose >= 1:
                     _announce(client, dashboard)
@@ -378,7 +380,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"validation_data has classes {unseen.tolist()} that y does not have")
             if tuple(X_val.shape[1:]) != tuple(self._sample_shape):
                 raise ValueError(
-                    f"validation_data has samples of shape {tuple(X_val.shape[1:])}; X has {self._sample_shape}"
+                    f"validation_data has samples of shape {tuple(X_val.shape[1:])}; "
+                    f"X has {self._sample_shape}"
                 )
             given = (X_val, y_val)
         return parts, given
@@ -559,9 +562,11 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.n_train_samples_ = int(X.shape[0])
         return X, y, selection, validation
 
-    def _train(self, engine, net: Net, X, y, start, resume_from, partial_epochs, selection, validation) -> None:
+    def _train(
+        self, engine, net: Net, X, y, start, resume_from, partial_epochs, selection, validation
+    ) -> None:
         from dasknn.callbacks import EarlyStopping, ProgressBar, call
-        from dasknn.fitting import Trainer, runs_by_config
+        from dasknn.fitting import Trainer
 
         callbacks = list(self.callbacks or [])
         if self.early_stopping:
@@ -725,7 +730,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
 
 def _dashboard_address() -> str | None:
-    """":0" (a free port) when bokeh, which dask's dashboard needs, is installed; else no dashboard.
+    """ ":0" (a free port) when bokeh, which dask's dashboard needs, is installed; else no dashboard.
 
     dasknn does not depend on bokeh (it and its own dependencies are heavy for a library whose
     users mostly have it already with dask); a fit shows the dashboard whenever it can."""
@@ -739,7 +744,9 @@ def _announce(client, dashboard: str | None) -> None:
     import sys
 
     workers = len(client.scheduler_info().get("workers", {}))
-    where = f"dashboard {client.dashboard_link}" if dashboard else "no dashboard: pip install bokeh to get one"
+    where = (
+        f"dashboard {client.dashboard_link}" if dashboard else "no dashboard: pip install bokeh to get one"
+    )
     print(f"[dasknn] started a LocalCluster of {workers} workers ({where})", file=sys.stderr)
 
 

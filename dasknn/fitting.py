@@ -398,7 +398,12 @@ class Trainer:
         if loop is not None and not loop.get("finished"):
             resume = {**loop, "trace": self.full_trace(), "decisions": pd.DataFrame(self.events)}
         elif not self.history:  # the curve starts at the starting weights, time 0
-            self.record(start if start is not None else TrainState.from_net(self.net), 0.0, phase="start", event="start")
+            self.record(
+                start if start is not None else TrainState.from_net(self.net),
+                0.0,
+                phase="start",
+                event="start",
+            )
         result = optimizer.optimize(
             self.net,
             self.X,

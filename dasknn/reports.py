@@ -83,7 +83,9 @@ def compare_runs(
     return table
 
 
-def search_spans(trace: pd.DataFrame | None, decisions: pd.DataFrame | None = None) -> list[tuple[float, float]]:
+def search_spans(
+    trace: pd.DataFrame | None, decisions: pd.DataFrame | None = None
+) -> list[tuple[float, float]]:
     """The optimizer's search phases as (start, end) times on the trace's clock.
 
     A search is a stretch of probe runs (the runs that `decisions` rows "probe" and "extend" name,

@@ -112,7 +112,9 @@ def test_selection_scores_judge_the_probes_and_their_time_is_charged(digits8):
     start = TrainState.from_net(net)
     scratch = net.copy()
     scratch.set_params(start.params)
-    assert selection.n_samples == 96 and selection(start) == pytest.approx(evaluate(scratch, X[:96], y[:96])[0])
+    assert selection.n_samples == 96 and selection(start) == pytest.approx(
+        evaluate(scratch, X[:96], y[:96])[0]
+    )
 
     calls: dict[str, float] = {}
 

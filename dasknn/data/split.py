@@ -46,9 +46,7 @@ def stratified_take(y: np.ndarray, candidates: np.ndarray, n: int, rng: np.rando
     return np.sort(np.concatenate(picked)).astype(np.int64)
 
 
-def split_parts(
-    y: np.ndarray, validation_fraction: float | None, selection_size: int, seed: int
-) -> Parts:
+def split_parts(y: np.ndarray, validation_fraction: float | None, selection_size: int, seed: int) -> Parts:
     """Stratified, seeded train / selection / validation indices of the labels `y`.
 
     The validation part is `validation_fraction` of the samples (none when None), drawn first;
