@@ -4,7 +4,8 @@
 LocalCluster sized to the machine for the duration of the fit), and either runs Omnivore's
 optimizer (when any of n_groups, learning_rate, momentum is "auto") or trains with the given
 values. Learned state ends in `_`: `net_`, `classes_`, `history_`, `trace_`, `decisions_`,
-`report_`, `tradeoff_`, `state_`.
+`report_`, `tradeoff_`, `state_`, and `parts_` (the sample indices of X trained on, set aside for the
+optimizer's selection, and held out for validation).
 """
 
 from __future__ import annotations
@@ -349,14 +350,12 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             try:
                 client = default_client()
             except ValueError:
-                dashboard = _dashboard_address()
+                # a free port for the scheduler's HTTP server (the dashboard when bokeh is installed)
                 client = stack.enter_context(
-                    local_client(
-                        n_workers=self.n_workers, security=self.security, dashboard_address=dashboard
-                    )
+                    local_client(n_workers=self.n_workers, security=self.security, dashboard_address=":0")
                 )
                 if self.verbose >= 1:
-                    _announce(client, dashboard)
+                    _announce(client)
         engine = DaskEngine(client, verbose=max(0, self.verbose - 1), strategy=self._strategy())
         return engine, client
 
@@ -519,6 +518,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
         y_all = y_idx.compute() if isinstance(y, da.Array) else _label_index(y, self.classes_)
         parts, given = self._validation(np.asarray(y_all), auto, partial_epochs is not None)
+        self.parts_ = parts
         if ckpt is not None:
             net = self._build_net(X.shape[1:], len(self.classes_))
             net.set_params(ckpt.state.params)
@@ -729,24 +729,20 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         return tags
 
 
-def _dashboard_address() -> str | None:
-    """ ":0" (a free port) when bokeh, which dask's dashboard needs, is installed; else no dashboard.
+def _announce(client) -> None:
+    """One line on stderr naming the cluster a fit started and its dashboard link.
 
-    dasknn does not depend on bokeh (it and its own dependencies are heavy for a library whose
-    users mostly have it already with dask); a fit shows the dashboard whenever it can."""
+    dasknn does not depend on bokeh, which dask's dashboard needs: most dask users have it, and
+    it brings a web stack a training library need not impose; without it the line says how to get
+    the dashboard."""
     import importlib.util
-
-    return ":0" if importlib.util.find_spec("bokeh") is not None else None
-
-
-def _announce(client, dashboard: str | None) -> None:
-    """One line on stderr naming the cluster a fit started and its dashboard (or how to get one)."""
     import sys
 
     workers = len(client.scheduler_info().get("workers", {}))
-    where = (
-        f"dashboard {client.dashboard_link}" if dashboard else "no dashboard: pip install bokeh to get one"
-    )
+    if importlib.util.find_spec("bokeh") is not None:
+        where = f"dashboard {client.dashboard_link}"
+    else:
+        where = "no dashboard: pip install bokeh to get one"
     print(f"[dasknn] started a LocalCluster of {workers} workers ({where})", file=sys.stderr)
 
 
