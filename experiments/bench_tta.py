@@ -72,7 +72,7 @@ from dasknn.data import load  # noqa: E402
 from dasknn.engine.simulated import SimulatedEngine  # noqa: E402
 from dasknn.estimator import DistributedCNN  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
-from dasknn.reports import plot_accuracy, time_to_accuracy  # noqa: E402
+from dasknn.reports import plot_accuracy, search_spans, time_to_accuracy  # noqa: E402
 from dasknn.tradeoff.hardware import HEModel  # noqa: E402
 from experiments.bench_tta_torch import caffe_lenet_loop  # noqa: E402
 from experiments.common import RESULTS_ROOT, machine_line, markdown_table  # noqa: E402
@@ -185,6 +185,7 @@ def fit_run(
         hist, status, decisions = pd.DataFrame(columns=["time", "accuracy"]), "no_train", None
     else:
         hist, decisions = pd.DataFrame(est.history_), est.decisions_
+        hist.attrs["search"] = search_spans(est.trace_, decisions)  # shaded in the plots
         status = "reached" if hist["accuracy"].max() >= TARGET else "budget"
     seconds = float(hist["time"].max()) if len(hist) else float("nan")
     record = {
@@ -447,7 +448,13 @@ def write_dask(args, table: pd.DataFrame, histories: dict, notes: dict, loads: t
     ]
     print("\n".join(text[3:]), flush=True)
     (args.out / "table.md").write_text("\n".join(text) + "\n")
-    plot_accuracy(histories, args.out / "accuracy.png", title="mnist-sample / LeNet: training accuracy")
+    plot_accuracy(
+        histories,
+        args.out / "accuracy.png",
+        title="mnist-sample / LeNet: training accuracy",
+        target=TARGET,
+        search={k: h.attrs.get("search", []) for k, h in histories.items()},
+    )
     table.to_csv(args.out / "tta.csv", index=False)
     frames = [h.assign(run=k) for k, h in histories.items() if len(h)]
     pd.concat(frames).to_csv(args.out / "histories.csv", index=False)
@@ -478,7 +485,9 @@ def write_simulated(args, sim: pd.DataFrame, histories: dict, describe: str, loa
     (args.out / "simulated.md").write_text("\n".join(text) + "\n")
     sim.to_csv(args.out / "simulated.csv", index=False)
     title = f"simulated {args.sim_workers}-worker CPU cluster"
-    plot_accuracy(histories, args.out / "accuracy_simulated.png", simulated=True, title=title)
+    search = {k: h.attrs.get("search", []) for k, h in histories.items()}
+    path = args.out / "accuracy_simulated.png"
+    plot_accuracy(histories, path, simulated=True, title=title, target=TARGET, search=search)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -25,17 +25,20 @@ def test_train_with_fixed_knobs_reaches_its_target_and_writes_the_report(tmp_pat
         "--eval-size", "500", "--output", str(run), "-q",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "time to accuracy" in out.stdout
+    assert "time to held-out accuracy (20% of digits" in out.stdout
+    assert "time to training accuracy" in out.stdout
     report = pd.read_csv(run / "report.csv")
-    assert list(report["threshold"]) == [0.9, 0.95, 0.98, 0.99]
+    assert list(report["threshold"]) == [0.9, 0.95, 0.98, 0.99] * 2
+    assert list(report["metric"]) == ["val_accuracy"] * 4 + ["accuracy"] * 4
     assert bool(report.loc[0, "reached"]) and report.loc[0, "seconds"] > 0
     history = pd.read_csv(run / "history.csv")
-    assert history["accuracy"].max() >= 0.9 and history["iteration"].is_monotonic_increasing
+    assert history["val_accuracy"].max() >= 0.9 and history["iteration"].is_monotonic_increasing
+    assert out.stderr.count("[dasknn] started a LocalCluster") == 0  # -q: silent
     assert (run / "accuracy.png").stat().st_size > 1000
     trace = pd.read_csv(run / "trace.csv")
     assert len(trace) == history["iteration"].iloc[-1] and (trace["staleness"] == 0).all()
     with xr.open_dataset(run / "experiment.nc") as ds:
-        assert ds.attrs["engine"] == "dask" and "P_HE" in ds
+        assert ds.attrs["engine"] == "dask" and "P_HE" in ds and ds.attrs["dataset"] == "digits"
 
 
 def test_bad_options_exit_2_with_the_problem_named(tmp_path):
@@ -49,6 +52,10 @@ def test_bad_options_exit_2_with_the_problem_named(tmp_path):
     assert out.returncode == 2 and "expected 'auto' or a number" in out.stderr
     out = dasknn("train", "--lr-grid", "0.1,-0.01")
     assert out.returncode == 2 and "--lr-grid" in out.stderr and "must be > 0" in out.stderr
+    out = dasknn("train", "--dataset", "digits", "--val-split", "test", "-q", "--output", str(tmp_path / "v"))
+    assert out.returncode == 2 and "--val-split test needs a dataset with a test split" in out.stderr
+    out = dasknn("train", "--validation-fraction", "1")
+    assert out.returncode == 2 and "--validation-fraction" in out.stderr
 
 
 def test_summary_prints_layers_and_costs():

@@ -92,8 +92,8 @@ def test_early_stopping_stops_and_restores_the_best_model(digits):
     X, y = digits
     X_val, y_val = X[:300], y[:300]
     # tol 0.3: after the first big drop of the held-out loss no evaluation improves on it enough
-    est = DistributedCNN(validation_data=(X_val, y_val), max_epochs=40, early_stopping=True, n_iter_no_change=2,
-                         tol=0.3, **FIXED, **SMALL)  # fmt: skip
+    est = DistributedCNN(validation_data=(X_val, y_val), max_epochs=40, early_stopping=True,
+                         n_iter_no_change=2, tol=0.3, **FIXED, **SMALL)  # fmt: skip
     est.fit(X[300:], y[300:])
     hist = pd.DataFrame(est.history_)
     trained = hist.iloc[:-1]  # the last row is the restored model
@@ -199,7 +199,8 @@ def test_every_plotted_line_segment_joins_two_evaluations_outside_the_search(dig
         if np.isnan(x[i]) or np.isnan(x[i - 1]):
             continue
         segments += 1
-        assert (round(x[i - 1], 9), round(v[i - 1], 9)) in evaluated and (round(x[i], 9), round(v[i], 9)) in evaluated
+        for j in (i - 1, i):
+            assert (round(x[j], 9), round(v[j], 9)) in evaluated
         assert not any(a < x[i] and b > x[i - 1] for a, b in spans), "a line across a search"
     assert segments >= 2
     assert "held-out accuracy (%" in fig.axes[0].get_ylabel()

@@ -35,7 +35,8 @@ def test_the_parts_are_seeded():
 def test_no_fraction_and_no_selection_trains_on_everything():
     y = labels([5, 5])
     parts = split_parts(y, None, 0, 0)
-    assert np.array_equal(parts.train, np.arange(10)) and not len(parts.validation) and not len(parts.selection)
+    assert np.array_equal(parts.train, np.arange(10))
+    assert not len(parts.validation) and not len(parts.selection)
 
 
 def test_stratified_take_gives_exactly_n_with_largest_remainders():
@@ -45,7 +46,8 @@ def test_stratified_take_gives_exactly_n_with_largest_remainders():
 
 
 @pytest.mark.parametrize(
-    "fraction, message", [(1.5, "in \\(0, 1\\)"), (0.01, "leaves 0 for validation"), (0.999, "0 for training")]
+    "fraction, message",
+    [(1.5, "in \\(0, 1\\)"), (0.01, "leaves 0 for validation"), (0.999, "0 for training")],
 )
 def test_a_fraction_that_leaves_a_part_empty_is_refused(fraction, message):
     with pytest.raises(ValueError, match=message):
