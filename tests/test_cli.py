@@ -69,7 +69,7 @@ def test_train_with_a_replica_strategy_on_the_simulator(tmp_path):
     run = tmp_path / "sma"
     out = dasknn(
         "train", "--dataset", "digits", "--engine", "simulated", "--strategy", "sma",
-        "--n-groups", "2", "--lr", "0.05", "--momentum", "0.9", "--max-epochs", "2",
+        "--n-groups", "2", "--lr", "0.05", "--momentum", "0.9", "--max-epochs", "4",
         "--target-accuracy", "0.9", "--eval-size", "300", "--output", str(run), "-q",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
