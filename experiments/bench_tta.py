@@ -35,7 +35,7 @@ grid a user runs to find the best fixed configuration, the optimizer is 4.4× fa
 async (39.6 s) and 4.7× than tuned sync (42.6 s). Three earlier runs of the same code but for
 the PyTorch scoring gave 6.8 / 7.5 / 11.1 s against 1.9 / 3.5 / 6.7 s: run-to-run spread is
 ±20%. Where its time goes: the g = 1 rate probes (1.5-1.7 s, 20 iterations each at ~22-25 ms,
-start-up and held-out scoring included; ~3.1 s before the engine change) and the g = 2 (µ, η)
+start-up and probe scoring included; ~3.1 s before the engine change) and the g = 2 (µ, η)
 grid with its equal-time continuation (~2 s; 3.5 s in the run where g = 1 and 2 tied and got a
 second round) end the search at 3.5-5.0 s (median 3.75) before any training epoch, while the
 best fixed run reaches 99% in ~5 s: the probes the search discards cost ~3 s, and ≤ 1.10× leaves
