@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import xarray as xr
 
@@ -111,3 +112,22 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err.decode()
     assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
+
+
+def test_val_split_test_holds_out_the_datasets_test_split(tmp_path):
+    from tests.data.files import write_mnist
+
+    write_mnist(tmp_path / "mnist", n_train=128, n_test=64)
+    run = tmp_path / "run"
+    out = dasknn(
+        "train", "--dataset", "mnist", "--data-dir", str(tmp_path / "mnist"), "--val-split", "test",
+        "--engine", "simulated", "--n-groups", "1", "--lr", "0.01", "--momentum", "0.9", "--max-epochs", "1",
+        "--target-accuracy", "0.999", "--eval-size", "64", "--output", str(run),
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr  # random images: the target is not reached, a clean exit
+    assert "held out: the mnist test split (64 samples)" in out.stdout
+    assert "dasknn:" in out.stderr and "/240 sim s" in out.stderr  # the bar over the time budget
+    history = pd.read_csv(run / "history.csv")
+    assert history["val_accuracy"].notna().all() and len(history) >= 2
+    # every held-out accuracy is a count of the 64 test samples
+    assert np.allclose(history["val_accuracy"] * 64, np.round(history["val_accuracy"] * 64))
