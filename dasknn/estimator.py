@@ -4,7 +4,8 @@
 LocalCluster sized to the machine for the duration of the fit), and either runs Omnivore's
 optimizer (when any of n_groups, learning_rate, momentum is "auto") or trains with the given
 values. Learned state ends in `_`: `net_`, `classes_`, `history_`, `trace_`, `decisions_`,
-`report_`, `tradeoff_`, `state_`.
+`report_`, `tradeoff_`, `state_`, and `parts_` (the sample indices of X trained on, set aside for the
+optimizer's selection, and held out for validation).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 
 from dasknn.data import check_X, check_X_y
 from dasknn.data.batching import n_batches
+from dasknn.data.split import split_parts
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.estimator_params import check_params
@@ -46,6 +48,8 @@ RESUME_PARAMS = (
     "n_workers",
     "input_shape",
     "eval_size",
+    "validation_fraction",
+    "selection_size",
     "strategy",
     "physical_map",
     "aggregation",
@@ -75,7 +79,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         Seconds of training (simulated seconds with engine="simulated"), the search included.
     max_epochs : float or None
     target_accuracy : float or None
-        Stop once the training accuracy (on `eval_size` samples) reaches it.
+        Stop once the held-out accuracy (`val_accuracy`, on the validation data) reaches it; without
+        validation data, once the training accuracy (on `eval_size` training samples) does.
     engine : "dask" or "simulated"
     scheduler : str or None
         Address of a running scheduler; None uses the default client, or starts a LocalCluster.
@@ -86,7 +91,28 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         None: X is 4-D (n, C, H, W). A tuple reshapes 2-D rows to images. "flat": each row's
         features are the channels of a 1×1 image (tabular data; use net="mlp").
     eval_size : int
-        Training samples scored to track accuracy over time.
+        Training samples scored to track the training accuracy over time (`accuracy`).
+    validation_data : (X_val, y_val) or None
+        Held-out data, never trained on: scored in full at every evaluation (`val_loss`,
+        `val_accuracy`), the metric of `target_accuracy`, `report_` and early stopping. Checked like X.
+    validation_fraction : float in (0, 1) or None
+        Instead of `validation_data`: this fraction of X, stratified and seeded by `random_state`,
+        set aside before training (sklearn's `MLPClassifier` convention; `fit` only).
+    selection_size : int
+        Samples of X set aside (stratified, never trained on, disjoint from the validation data) on
+        which the optimizer judges its probes, at most a tenth of the rest of X; only when a knob is
+        "auto". Held-out accuracy is then measured on data no choice was made on
+        (`dasknn.data.split`).
+    early_stopping : bool
+        Stop when the held-out loss has not improved by more than `tol` for `n_iter_no_change`
+        evaluations, and end with the best evaluation's weights (`dasknn.callbacks.EarlyStopping`).
+        Without validation data it sets `validation_fraction` 0.1 aside, as sklearn does.
+    n_iter_no_change : int
+    tol : float
+    callbacks : list or None
+        Objects with any of `on_fit_begin(est)`, `on_evaluation(est, record)` (True stops the fit),
+        `on_progress(est, info)` and `on_fit_end(est)`; see `dasknn.callbacks` (`ProgressBar`,
+        `CSVLogger`, `EarlyStopping`).
     strategy : "omnivore", "sma" or "model_averaging"
         Omnivore's asynchronous compute groups (default), Crossbow's synchronous model averaging
         (n_groups learners), or SparkNet's model averaging every `tau` iterations.
@@ -103,6 +129,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         TLS settings for the client and any LocalCluster the fit starts (e.g. `Security.temporary()`).
     random_state : int
     verbose : int
+        0: silent; 1: a progress bar (`dasknn.callbacks.ProgressBar`, on stderr) and the dashboard
+        link of a cluster the fit starts; 2: also a line per evaluation and the optimizer's
+        decisions as it makes them; 3: also the engine's messages.
     warm_start : bool
         Continue from the previous fit's weights and data position (in memory, or else the latest
         checkpoint in `checkpoint_dir`) with a new budget.
@@ -150,6 +179,13 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         n_workers: int | None = None,
         input_shape: Any = None,
         eval_size: int = 2000,
+        validation_data: Any = None,
+        validation_fraction: float | None = None,
+        selection_size: int = 512,
+        early_stopping: bool = False,
+        n_iter_no_change: int = 10,
+        tol: float = 1e-4,
+        callbacks: list | None = None,
         strategy: str = "omnivore",
         physical_map: str = "merged",
         aggregation: str = "tree",
@@ -177,6 +213,13 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.n_workers = n_workers
         self.input_shape = input_shape
         self.eval_size = eval_size
+        self.validation_data = validation_data
+        self.validation_fraction = validation_fraction
+        self.selection_size = selection_size
+        self.early_stopping = early_stopping
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
+        self.callbacks = callbacks
         self.strategy = strategy
         self.physical_map = physical_map
         self.aggregation = aggregation
@@ -256,6 +299,22 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         labels = np.unique(y)
         # the shared gate checks X and the lengths; labels of any type are encoded by the caller
         X, _ = check_X_y(X, np.searchsorted(labels, y), batch_size=self.batch_size)
+        return X, y, labels
+
+    def _validate_named(self, X, y, name: str):
+        """validation_data through the same gate as (X, y), its errors naming it."""
+        try:
+            X = self._as_array(X)
+            if isinstance(y, da.Array):
+                X, y = check_X_y(X, y, batch_size=self.batch_size)
+                return X, y, np.unique(y.compute())
+            y = np.asarray(y)
+            if y.ndim != 1:
+                raise ValueError(f"y must be 1-D, got shape {y.shape}")
+            labels = np.unique(y)
+            X, _ = check_X_y(X, np.searchsorted(labels, y), batch_size=self.batch_size)
+        except ValueError as err:
+            raise ValueError(f"{name}: {err}") from None
         return X, y, labels
 
     # -- the pieces of a fit ---------------------------------------------------------------------
@@ -350,21 +409,55 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 client = default_client()
             except ValueError:
                 # inside joblib's or multiprocessing's workers (n_jobs > 1) a nanny cannot start
-                # worker processes: the LocalCluster runs its workers as threads there
+                # worker processes: the LocalCluster runs its workers as threads there; a free port
+                # for the scheduler's HTTP server (the dashboard when bokeh is installed)
                 threads = _in_daemon_process()
                 client = stack.enter_context(
-                    local_client(n_workers=self.n_workers, security=self.security, processes=not threads)
+                    local_client(
+                        n_workers=self.n_workers,
+                        security=self.security,
+                        processes=not threads,
+                        dashboard_address=":0",
+                    )
                 )
+                if self.verbose >= 1:
+                    _announce(client)
         engine = DaskEngine(client, verbose=max(0, self.verbose - 1), strategy=self._strategy())
         return engine, client
 
-    def _evaluator(self, X, y, net: Net) -> Evaluator:
+    def _validation(self, y_all: np.ndarray, with_selection: bool, partial: bool):
+        """The parts of X (`dasknn.data.split`) and the given validation data, checked like X."""
+        fraction = self.validation_fraction
+        if fraction is None and self.early_stopping and self.validation_data is None and not partial:
+            fraction = 0.1
+        if partial and fraction is not None:
+            raise ValueError(
+                "partial_fit trains on all of X; validation_fraction applies to fit (give validation_data)"
+            )
+        selection = self.selection_size if with_selection else 0
+        parts = split_parts(y_all, fraction, selection, self.random_state)
+        given = None
+        if self.validation_data is not None:
+            X_val, y_val = self.validation_data
+            X_val, y_val, labels = self._validate_named(X_val, y_val, "validation_data")
+            unseen = np.setdiff1d(labels, self.classes_)
+            if unseen.size:
+                raise ValueError(f"validation_data has classes {unseen.tolist()} that y does not have")
+            if tuple(X_val.shape[1:]) != tuple(self._sample_shape):
+                raise ValueError(
+                    f"validation_data has samples of shape {tuple(X_val.shape[1:])}; "
+                    f"X has {self._sample_shape}"
+                )
+            given = (X_val, y_val)
+        return parts, given
+
+    def _evaluator(self, X, y, net: Net, validation) -> Evaluator:
         n = X.shape[0]
         idx = np.sort(
             np.random.default_rng(self.random_state).choice(n, min(self.eval_size, n), replace=False)
         )
         X_eval, y_eval = dask.compute(X[idx], y[idx])
-        return Evaluator(net, X_eval, y_eval)
+        return Evaluator(net, X_eval, y_eval, *(validation or (None, None)))
 
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, X, y) -> DistributedCNN:
@@ -504,6 +597,11 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 "features as input"
             )
         self.n_features_in_ = n_features
+        self._sample_shape = tuple(X.shape[1:])
+        auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
+        y_all = y_idx.compute() if isinstance(y, da.Array) else _label_index(y, self.classes_)
+        parts, given = self._validation(np.asarray(y_all), auto, partial_epochs is not None)
+        self.parts_ = parts
         if ckpt is not None:
             net = self._build_net(X.shape[1:], len(self.classes_))
             net.set_params(ckpt.state.params)
@@ -522,8 +620,11 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 # again per run makes the scheduler warn of a "different run_spec" for its keys)
                 X = client.persist(X) if isinstance(X, da.Array) else X
                 y_idx = client.persist(y_idx) if isinstance(y_idx, da.Array) else y_idx
+            X, y_idx, selection, validation = self._carve(X, y_idx, parts, given, net)
+            if client is not None and len(parts.train) < len(y_all):
+                X, y_idx = client.persist(X), client.persist(y_idx)
             try:
-                self._train(engine, net, X, y_idx, start, resume_from, partial_epochs)
+                self._train(engine, net, X, y_idx, start, resume_from, partial_epochs, selection, validation)
             except Exception as err:
                 if client is not None and not _scheduler_answers(client):
                     raise _scheduler_lost(client, err) from err
@@ -531,9 +632,37 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.net_ = net
         return self
 
-    def _train(self, engine, net: Net, X, y, start, resume_from, partial_epochs) -> None:
-        from dasknn.fitting import Trainer, runs_by_config
+    def _carve(self, X, y, parts, given, net: Net):
+        """(X, y) of the training part (dask), the selection part's scorer (or None) and the
+        validation data as numpy (X_val, y_val class indices), or None."""
+        from dasknn.data.chunks import samples_per_chunk
+        from dasknn.optimizer.search import SelectionLoss
 
+        sel, val = parts.selection, parts.validation
+        X_sel, y_sel, X_val, y_val = dask.compute(X[sel], y[sel], X[val], y[val])
+        if given is not None:
+            X_val, y_val = dask.compute(given[0], given[1])
+            y_val = _label_index(np.asarray(y_val), self.classes_)
+        if len(parts.train) < X.shape[0]:
+            chunk = samples_per_chunk(X.shape[1:], self.batch_size)
+            X = X[parts.train].rechunk({0: chunk})
+            y = y[parts.train].rechunk({0: X.chunks[0]})
+        selection = SelectionLoss(net, X_sel, y_sel) if len(sel) else None
+        validation = (X_val, y_val) if len(y_val) else None
+        self.n_train_samples_ = int(X.shape[0])
+        return X, y, selection, validation
+
+    def _train(
+        self, engine, net: Net, X, y, start, resume_from, partial_epochs, selection, validation
+    ) -> None:
+        from dasknn.callbacks import EarlyStopping, ProgressBar, call
+        from dasknn.fitting import Trainer
+
+        callbacks = list(self.callbacks or [])
+        if self.early_stopping:
+            callbacks.append(EarlyStopping("val_loss", self.n_iter_no_change, self.tol))
+        if self.verbose >= 1 and not any(isinstance(cb, ProgressBar) for cb in callbacks):
+            callbacks.append(ProgressBar())
         nb = n_batches(X.shape[0], self.batch_size)
         epochs = self.max_epochs if partial_epochs is None else partial_epochs
         max_iterations = None if epochs is None else max(1, int(epochs * nb))
@@ -543,10 +672,12 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             net,
             X,
             y,
-            self._evaluator(X, y, net),
+            self._evaluator(X, y, net, validation),
             max_iterations=max_iterations,
             checkpoint_dir=self.checkpoint_dir,
             meta=self._checkpoint_meta(),
+            selection_score=selection,
+            callbacks=callbacks,
         )
         state = start.copy() if start is not None else TrainState.from_net(net)
         loop = trainer.restore(resume_from) if resume_from is not None else None
@@ -554,12 +685,33 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             trainer.history, trainer.traces = list(self.history_), [self.trace_]
             trainer.events = self.decisions_.to_dict("records")
         auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
+        call(callbacks, "on_fit_begin", self)
+        try:
+            result, runs = self._loop(trainer, state, loop, auto, partial_epochs)
+            best = trainer.best_state
+            if best is not None and best.iterations_done != result["state"].iterations_done:
+                result["state"] = best
+                net.set_params(best.params)
+                why = f"restored the best (iteration {best.iterations_done})"
+                trainer.record(best, trainer.history[-1]["time"], phase="end", event=why)
+        finally:
+            call(callbacks, "on_fit_end", self)
+        self._finish(trainer, net, result, runs)
+
+    def _loop(self, trainer, state, loop, auto: bool, partial_epochs):
+        """Run the optimizer or the fixed-knob loop; returns its result and runs by config."""
+        from dasknn.fitting import runs_by_config
+
         if (loop or {}).get("kind", "auto" if auto else "fixed") == "auto":
             result = trainer.optimize(state, loop)
             runs = runs_by_config(result["trace"], result["decisions"], self.random_state)
         else:
             result = trainer.fixed(state, self._fixed_config(partial_epochs is not None), loop)
             runs = result["runs"]
+        return result, runs
+
+    def _finish(self, trainer, net: Net, result: dict, runs: dict) -> None:
+        """The fitted attributes from a finished loop; early stopping's best state restored."""
         self.state_ = result["state"]
         self.trace_ = result["trace"]
         if self.engine == "simulated":
@@ -569,10 +721,30 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self._loop_ = result["loop"]
         self.history_ = trainer.history
         self.checkpoint_ = trainer.last_checkpoint
+        self.net_ = net
+        self.stopped_by_ = trainer.stopped_by
+        self.best_iteration_ = None if trainer.restorer is None else trainer.restorer.best_iteration
         self.n_iter_ = int(self.state_.iterations_done)
-        thresholds = sorted({*DEFAULT_THRESHOLDS, *([self.target_accuracy] if self.target_accuracy else [])})
-        self.report_ = time_to_accuracy(pd.DataFrame(self.history_), thresholds, run=net.name)
+        self.report_ = self.time_to_accuracy()
         self.tradeoff_ = self._tradeoff(runs, net)
+
+    def time_to_accuracy(self, thresholds=None, rule: str = "first") -> pd.DataFrame:
+        """Time to accuracy of this fit: held-out rows (when there was validation data), then training.
+
+        `thresholds`: default 0.9, 0.95, 0.98, 0.99 and `target_accuracy`; `rule`: "first" (DAWNBench:
+        the first evaluation at or above) or "median5" (Crossbow: the median of the last five).
+        Each row names its `metric` and `rule`. `report_` is this with the defaults.
+        """
+        self._check_fitted()
+        if thresholds is None:
+            extra = [self.target_accuracy] if self.target_accuracy else []
+            thresholds = sorted({*DEFAULT_THRESHOLDS, *extra})
+        history = pd.DataFrame(self.history_)
+        metrics = ["accuracy"]
+        if "val_accuracy" in history and history["val_accuracy"].notna().any():
+            metrics.insert(0, "val_accuracy")
+        tables = [time_to_accuracy(history, thresholds, rule, run=self.net_.name, metric=m) for m in metrics]
+        return pd.concat(tables, ignore_index=True)
 
     def _fixed_config(self, partial: bool) -> RunConfig:
         """The knobs of a fixed-knob run: as given; a partial_fit's continue the last fit's config_."""
@@ -647,6 +819,23 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = self.engine == "dask"
         return tags
+
+
+def _announce(client) -> None:
+    """One line on stderr naming the cluster a fit started and its dashboard link.
+
+    dasknn does not depend on bokeh, which dask's dashboard needs: most dask users have it, and
+    it brings a web stack a training library need not impose; without it the line says how to get
+    the dashboard."""
+    import importlib.util
+    import sys
+
+    workers = len(client.scheduler_info().get("workers", {}))
+    if importlib.util.find_spec("bokeh") is not None:
+        where = f"dashboard {client.dashboard_link}"
+    else:
+        where = "no dashboard: pip install bokeh to get one"
+    print(f"[dasknn] started a LocalCluster of {workers} workers ({where})", file=sys.stderr)
 
 
 def _proba_block(block: np.ndarray, net: Net) -> np.ndarray:

@@ -103,10 +103,11 @@ def check_params(est, partial: bool = False) -> None:
         raise ValueError(f"verbose must be an integer >= 0, got {est.verbose!r}")
     if est.scheduler is not None and not isinstance(est.scheduler, str):
         raise ValueError(f"scheduler must be None or an address string, got {est.scheduler!r}")
-    for name in ("warm_start", "resume"):
+    for name in ("warm_start", "resume", "early_stopping"):
         if not isinstance(getattr(est, name), (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {getattr(est, name)!r}")
     _check_optimizer_options(est.optimizer_options)
+    _check_validation(est)
     if est.resume and est.checkpoint_dir is None:
         raise ValueError("resume=True needs checkpoint_dir (where the checkpoints are)")
     if est.security is not None:
@@ -141,6 +142,39 @@ def check_params(est, partial: bool = False) -> None:
             f"n_groups={est.n_groups} needs at least that many workers; the simulated cluster has "
             f"n_workers={est.n_workers or 8}"
         )
+
+
+HOOKS = ("on_fit_begin", "on_evaluation", "on_progress", "on_fit_end")
+
+
+def _check_validation(est) -> None:
+    """validation_data / validation_fraction, the selection part, early stopping and the callbacks."""
+    vd, vf = est.validation_data, est.validation_fraction
+    if vd is not None and not (isinstance(vd, (tuple, list)) and len(vd) == 2):
+        raise ValueError(f"validation_data must be None or a pair (X_val, y_val), got {type(vd).__name__}")
+    if vf is not None and (
+        isinstance(vf, (bool, np.bool_)) or not isinstance(vf, numbers.Real) or not 0 < vf < 1
+    ):
+        raise ValueError(f"validation_fraction must be None or a number in (0, 1), got {vf!r}")
+    if vd is not None and vf is not None:
+        raise ValueError("give validation_data or validation_fraction, not both")
+    sel = est.selection_size
+    if isinstance(sel, (bool, np.bool_)) or not (isinstance(sel, numbers.Integral) and sel >= 0):
+        raise ValueError(f"selection_size must be an integer >= 0, got {sel!r}")
+    n = est.n_iter_no_change
+    if isinstance(n, (bool, np.bool_)) or not (isinstance(n, numbers.Integral) and n >= 1):
+        raise ValueError(f"n_iter_no_change must be an integer >= 1, got {n!r}")
+    tol = est.tol
+    if isinstance(tol, (bool, np.bool_)) or not (isinstance(tol, numbers.Real) and 0 <= tol < math.inf):
+        raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
+    cbs = est.callbacks
+    if cbs is None:
+        return
+    if not isinstance(cbs, (list, tuple)):
+        raise ValueError(f"callbacks must be None or a list, got {type(cbs).__name__}")
+    for cb in cbs:
+        if not any(callable(getattr(cb, hook, None)) for hook in HOOKS):
+            raise ValueError(f"callback {cb!r} has none of the hooks {', '.join(HOOKS)}")
 
 
 def _check_input_shape(est) -> None:

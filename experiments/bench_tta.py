@@ -35,7 +35,7 @@ grid a user runs to find the best fixed configuration, the optimizer is 4.4× fa
 async (39.6 s) and 4.7× than tuned sync (42.6 s). Three earlier runs of the same code but for
 the PyTorch scoring gave 6.8 / 7.5 / 11.1 s against 1.9 / 3.5 / 6.7 s: run-to-run spread is
 ±20%. Where its time goes: the g = 1 rate probes (1.5-1.7 s, 20 iterations each at ~22-25 ms,
-start-up and held-out scoring included; ~3.1 s before the engine change) and the g = 2 (µ, η)
+start-up and probe scoring included; ~3.1 s before the engine change) and the g = 2 (µ, η)
 grid with its equal-time continuation (~2 s; 3.5 s in the run where g = 1 and 2 tied and got a
 second round) end the search at 3.5-5.0 s (median 3.75) before any training epoch, while the
 best fixed run reaches 99% in ~5 s: the probes the search discards cost ~3 s, and ≤ 1.10× leaves
@@ -72,7 +72,7 @@ from dasknn.data import load  # noqa: E402
 from dasknn.engine.simulated import SimulatedEngine  # noqa: E402
 from dasknn.estimator import DistributedCNN  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
-from dasknn.reports import plot_accuracy, time_to_accuracy  # noqa: E402
+from dasknn.reports import plot_accuracy, search_spans, time_to_accuracy  # noqa: E402
 from dasknn.tradeoff.hardware import HEModel  # noqa: E402
 from experiments.bench_tta_torch import caffe_lenet_loop  # noqa: E402
 from experiments.common import RESULTS_ROOT, machine_line, markdown_table  # noqa: E402
@@ -185,6 +185,7 @@ def fit_run(
         hist, status, decisions = pd.DataFrame(columns=["time", "accuracy"]), "no_train", None
     else:
         hist, decisions = pd.DataFrame(est.history_), est.decisions_
+        hist.attrs["search"] = search_spans(est.trace_, decisions)  # shaded in the plots
         status = "reached" if hist["accuracy"].max() >= TARGET else "budget"
     seconds = float(hist["time"].max()) if len(hist) else float("nan")
     record = {
@@ -447,7 +448,13 @@ def write_dask(args, table: pd.DataFrame, histories: dict, notes: dict, loads: t
     ]
     print("\n".join(text[3:]), flush=True)
     (args.out / "table.md").write_text("\n".join(text) + "\n")
-    plot_accuracy(histories, args.out / "accuracy.png", title="mnist-sample / LeNet: training accuracy")
+    plot_accuracy(
+        histories,
+        args.out / "accuracy.png",
+        title="mnist-sample / LeNet: training accuracy",
+        target=TARGET,
+        search={k: h.attrs.get("search", []) for k, h in histories.items()},
+    )
     table.to_csv(args.out / "tta.csv", index=False)
     frames = [h.assign(run=k) for k, h in histories.items() if len(h)]
     pd.concat(frames).to_csv(args.out / "histories.csv", index=False)
@@ -478,7 +485,9 @@ def write_simulated(args, sim: pd.DataFrame, histories: dict, describe: str, loa
     (args.out / "simulated.md").write_text("\n".join(text) + "\n")
     sim.to_csv(args.out / "simulated.csv", index=False)
     title = f"simulated {args.sim_workers}-worker CPU cluster"
-    plot_accuracy(histories, args.out / "accuracy_simulated.png", simulated=True, title=title)
+    search = {k: h.attrs.get("search", []) for k, h in histories.items()}
+    path = args.out / "accuracy_simulated.png"
+    plot_accuracy(histories, path, simulated=True, title=title, target=TARGET, search=search)
 
 
 def main(argv: list[str] | None = None) -> dict:
