@@ -4,6 +4,9 @@
 running scheduler), Omnivore's optimizer choosing n_groups, learning rate and momentum unless they
 are given. It prints progress, the optimizer's decisions and the time-to-accuracy table, and writes
 the experiment (.nc), the report (.csv) and a plot (.png) to an output folder it names.
+
+Every failure ends with one line on stderr, `dasknn <command>: <what failed>: <what to do>`, and
+one of the exit codes below; `--debug` prints the traceback before that line.
 """
 
 from __future__ import annotations
@@ -20,6 +23,29 @@ import pandas as pd
 
 from dasknn import __version__
 from dasknn.data import DATASETS
+
+EXIT_TARGET_REACHED = 0
+EXIT_BUDGET_OUT = 1
+EXIT_BAD_INPUT = 2
+EXIT_CLUSTER_FAILURE = 3
+EXIT_INTERNAL_ERROR = 4
+"""`dasknn` exit codes: 0 target reached (or a command done), 1 the time budget ran out first,
+2 bad input (options, files, data), 3 the cluster failed (scheduler unreachable or lost, workers
+lost), 4 anything else (a bug: rerun with --debug and report the traceback)."""
+
+_BAD_INPUT = (
+    ValueError,
+    KeyError,
+    ImportError,
+    FileNotFoundError,
+    FileExistsError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+)
+
+DEFAULT_TARGET = 0.96
+"""The main job's held-out accuracy target (mnist-sample, LeNet, 20% held out; see the README)."""
 
 
 def _default_dataset() -> str:
@@ -48,14 +74,15 @@ def cmd_train(args) -> int:
     matplotlib.use("Agg")
     from dasknn.backend import device_info
     from dasknn.estimator import DistributedCNN
-    from dasknn.reports import decisions_table, format_table, plot_accuracy
+    from dasknn.reports import METRIC_LABELS, decisions_table, format_table, plot_accuracy, search_spans
     from dasknn.tradeoff.record import save
 
     args.dataset = args.dataset or _default_dataset()
-    X, y = _load_dataset(args)
+    validation_data, fraction, held_out = _validation(args)
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}-{Path(args.net).stem}-{args.dataset}"
     out = Path(args.output or Path("dasknn-runs") / stamp)
     est = DistributedCNN(
+        security=_security(args),
         net=args.net,
         batch_size=args.batch_size,
         n_groups=args.n_groups,
@@ -69,6 +96,8 @@ def cmd_train(args) -> int:
         scheduler=args.scheduler,
         n_workers=args.n_workers,
         eval_size=args.eval_size,
+        validation_data=validation_data,
+        validation_fraction=fraction,
         strategy=args.strategy,
         physical_map=args.physical_map,
         aggregation=args.aggregation,
@@ -80,6 +109,8 @@ def cmd_train(args) -> int:
         optimizer_options=None if args.lr_grid is None else {"lr_grid": args.lr_grid},
         optimizer=args.optimizer,
     )
+    est._check_params()  # every option checked before the data is read or a cluster started
+    X, y = _load_dataset(args)
     if args.verbose:
         knobs = f"n_groups={args.n_groups}, lr={args.lr}, momentum={args.momentum}"
         print(
@@ -87,7 +118,11 @@ def cmd_train(args) -> int:
             f"{knobs}, engine {args.engine}, budget {args.time_budget} s"
         )
         print(f"device: {device_info()}")
-    est.fit(X, y)
+        print(f"held out: {held_out}")
+    import dask
+
+    with dask.config.set({"distributed.comm.timeouts.connect": f"{args.connect_timeout:g}s"}):
+        est.fit(X, y)
     out.mkdir(parents=True, exist_ok=True)
     history = pd.DataFrame(est.history_)
     history.to_csv(out / "history.csv", index=False)
@@ -100,22 +135,75 @@ def cmd_train(args) -> int:
         print("\noptimizer decisions (every column in decisions.csv):")
         print(decisions_table(est.decisions_))
     if est.tradeoff_ is not None:
+        est.tradeoff_.attrs["dataset"] = args.dataset
         save(est.tradeoff_, out / "experiment.nc")
         written.append("experiment.nc")
     simulated = args.engine == "simulated"
-    plot_accuracy({f"{args.net} on {args.dataset}": history}, out / "accuracy.png", simulated=simulated)
+    label = f"{args.net} on {args.dataset}"
+    metric = "val_accuracy" if "val_accuracy" in history else "accuracy"
+    plot_accuracy(
+        {label: history},
+        out / "accuracy.png",
+        title=f"{label}: {METRIC_LABELS[metric]}",
+        simulated=simulated,
+        target=args.target_accuracy,
+        search={label: search_spans(est.trace_, est.decisions_)},
+    )
     (out / "run.json").write_text(json.dumps({k: v for k, v in vars(args).items() if k != "func"}, indent=2))
     final = history.iloc[-1]
     unit = "simulated s" if simulated else "s"
+    held = f"held-out accuracy {final['val_accuracy']:.2%}, " if metric == "val_accuracy" else ""
     print(
-        f"\nfinal training accuracy {final['accuracy']:.2%} after {final['time']:.1f} {unit}, "
+        f"\nfinal {held}training accuracy {final['accuracy']:.2%} after {final['time']:.1f} {unit}, "
         f"{int(final['iteration'])} iterations ({final['epoch']:.1f} epochs), search time included"
     )
-    print("time to accuracy (rule: first evaluation at or above the threshold):")
-    print(format_table(est.report_, ["threshold", "reached", "seconds", "iterations", "epochs"]))
+    for name in dict.fromkeys(est.report_["metric"]):
+        where = held_out if name == "val_accuracy" else f"{args.eval_size} training samples"
+        print(f"\ntime to {METRIC_LABELS[name]} ({where}; rule: first evaluation at or above the threshold):")
+        rows = est.report_[est.report_["metric"] == name]
+        print(format_table(rows, ["threshold", "reached", "seconds", "iterations", "epochs"]))
     print(f"wrote {out}/: {', '.join(written)}")
     target = args.target_accuracy
-    return 0 if target is None or final["accuracy"] >= target else 1
+    return EXIT_TARGET_REACHED if target is None or history[metric].max() >= target else EXIT_BUDGET_OUT
+
+
+def _security(args):
+    """The TLS credentials of `--tls-ca-file/--tls-cert/--tls-key` (None: the dask config's, if any)."""
+    files = (args.tls_ca_file, args.tls_cert, args.tls_key)
+    if not any(files):
+        return None
+    if not all(files):
+        raise ValueError("TLS needs all three of --tls-ca-file, --tls-cert and --tls-key")
+    from distributed.security import Security
+
+    return Security(
+        tls_ca_file=args.tls_ca_file,
+        tls_client_cert=args.tls_cert,
+        tls_client_key=args.tls_key,
+        require_encryption=True,
+    )
+
+
+def _validation(args):
+    """(validation_data, validation_fraction, a description) from --val-split / --validation-fraction."""
+    if args.val_split == "test":
+        if args.validation_fraction is not None:
+            raise ValueError("give --val-split test or --validation-fraction, not both")
+        if "split" not in DATASETS[args.dataset].options:
+            with_test = sorted(n for n, spec in DATASETS.items() if "split" in spec.options)
+            raise ValueError(
+                f"--val-split test needs a dataset with a test split on disk ({', '.join(with_test)}); "
+                f"{args.dataset} has none: use --validation-fraction"
+            )
+        from dasknn.data import load
+
+        options = {"path": args.data_dir} if args.data_dir else {}
+        X_test, y_test = load(args.dataset, batch_size=args.batch_size, split="test", **options)
+        return (X_test, y_test), None, f"the {args.dataset} test split ({X_test.shape[0]} samples)"
+    fraction = 0.2 if args.validation_fraction is None else args.validation_fraction
+    if fraction == 0:
+        return None, None, "nothing (--validation-fraction 0): accuracies are on training samples"
+    return None, fraction, f"{fraction:.0%} of {args.dataset}, stratified, never trained on"
 
 
 def _experiments_package():
@@ -180,7 +268,7 @@ def cmd_summary(args) -> int:
 
         net = zoo.get_net(args.net, input_shape=shape, num_classes=args.num_classes)
     print(net)
-    with pd.option_context("display.width", 140):
+    with pd.option_context("display.width", 160, "display.max_columns", None):
         print(net.summary())
     return 0
 
@@ -239,6 +327,13 @@ def _net(text: str) -> str:
     return text
 
 
+def _existing_file(text: str) -> str:
+    """An argparse type: a readable file."""
+    if not (Path(text).is_file() and os.access(text, os.R_OK)):
+        raise argparse.ArgumentTypeError(f"no readable file {text!r}")
+    return text
+
+
 def _output(text: str) -> str:
     """An argparse type: a folder that exists or can be created (checked before any training)."""
     path = Path(text).resolve()
@@ -253,11 +348,19 @@ def _output(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dasknn", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="dasknn",
+        description=__doc__.splitlines()[0],
+        epilog="exit codes: 0 target reached, 1 time budget ran out, 2 bad input, 3 cluster failure, "
+        "4 internal error",
+    )
     parser.add_argument("--version", action="version", version=f"dasknn {__version__}")
+    parser.add_argument("--debug", action="store_true", help="on a failure, print the traceback too")
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train a CNN and report time to accuracy")
+    t = sub.add_parser("train", help="train a CNN and report time to accuracy", parents=[debug])
     t.add_argument(
         "--net", type=_net, default="lenet", help="zoo name (lenet, cifar10_quick, ...) or a .prototxt path"
     )
@@ -304,6 +407,21 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--engine", choices=["dask", "simulated"], default="dask")
     t.add_argument("--scheduler", default=None, help="address of a running scheduler, e.g. tcp://host:8786")
     t.add_argument(
+        "--connect-timeout",
+        type=_positive(float),
+        default=30.0,
+        help="seconds to wait for the scheduler (and each connection) before giving up (default 30; "
+        "dask's distributed.comm.timeouts.connect)",
+    )
+    for flag, what in (
+        ("--tls-ca-file", "CA certificate file"),
+        ("--tls-cert", "this client's certificate file"),
+        ("--tls-key", "this client's private key file"),
+    ):
+        t.add_argument(
+            flag, type=_existing_file, default=None, help=f"TLS: {what} (as `dask worker` names it)"
+        )
+    t.add_argument(
         "--n-workers",
         type=_positive(int),
         default=None,
@@ -319,8 +437,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--target-accuracy",
         type=_ranged(lambda v: 0 < v <= 1, "in (0, 1]"),
-        default=0.99,
-        help="stop once the training accuracy reaches it (default 0.99)",
+        default=DEFAULT_TARGET,
+        help=f"stop once the held-out accuracy (training accuracy with --validation-fraction 0) "
+        f"reaches it (default {DEFAULT_TARGET})",
+    )
+    t.add_argument(
+        "--validation-fraction",
+        type=_ranged(lambda v: 0 <= v < 1, "in [0, 1)"),
+        default=None,
+        help="fraction of the data held out (stratified, seeded, never trained on) to measure and target "
+        "accuracy on (default 0.2; 0: none)",
+    )
+    t.add_argument(
+        "--val-split",
+        choices=["test"],
+        default=None,
+        help="hold out the dataset's test split instead (mnist, cifar10: from --data-dir)",
     )
     t.add_argument("--eval-size", type=_positive(int), default=2000, help="training samples evaluated")
     t.add_argument(
@@ -359,6 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser(
         "experiment",
+        parents=[debug],
         help="run a paper's experiment in miniature (`dasknn experiment list`)",
         description="Run experiments/NAME.py: `dasknn experiment NAME [--tiny] [--out DIR] [options]`.",
     )
@@ -366,10 +499,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("options", nargs=argparse.REMAINDER, help="the experiment's own options (see NAME --help)")
     e.set_defaults(func=cmd_experiment)
 
-    i = sub.add_parser("info", help="device description and measured GFLOP/s")
+    i = sub.add_parser("info", help="device description and measured GFLOP/s", parents=[debug])
     i.set_defaults(func=cmd_info)
 
-    s = sub.add_parser("summary", help="layers, shapes and costs of a net")
+    s = sub.add_parser("summary", help="layers, shapes and costs of a net", parents=[debug])
     s.add_argument("net", help="zoo name or .prototxt path")
     s.add_argument("--input-shape", type=int, nargs=3, metavar=("C", "H", "W"))
     s.add_argument("--num-classes", type=_positive(int), default=10)
@@ -377,17 +510,84 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def failure(err: BaseException) -> tuple[int, str]:
+    """(exit code, one line naming what failed and what to do) for an error that ends a command."""
+    from dasknn.engine.dask.recovery import ClusterError, SchedulerError, WorkerLostError, is_worker_loss
+
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    text = " ".join(text.split())
+    if isinstance(err, SchedulerError):
+        return EXIT_CLUSTER_FAILURE, f"cluster failure: {text}"
+    if isinstance(err, WorkerLostError):
+        return EXIT_CLUSTER_FAILURE, (
+            f"cluster failure: {text}; start workers again (`dask worker <scheduler>`) and rerun "
+            "(with --checkpoint-dir, add --resume to continue from the last checkpoint)"
+        )
+    if isinstance(err, ClusterError):
+        return EXIT_CLUSTER_FAILURE, f"cluster failure: {text}"
+    if isinstance(err, _BAD_INPUT):
+        return EXIT_BAD_INPUT, f"error: {text}"
+    if is_worker_loss(err) or type(err).__module__.startswith("distributed"):
+        return EXIT_CLUSTER_FAILURE, (
+            f"cluster failure: {type(err).__name__}: {text}; check that the scheduler and workers are "
+            "up (`dask scheduler`, `dask worker`), then rerun"
+        )
+    return EXIT_INTERNAL_ERROR, (
+        f"internal error: {type(err).__name__}: {text}; rerun with --debug and report the traceback"
+    )
+
+
+def _one_line_logs() -> None:
+    """Dask's log records on stderr without their tracebacks (`--debug` keeps them): a failure of
+    the cluster shows as log lines and then the command's one line, not as pages of traceback."""
+    import logging
+
+    def strip(record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            name = record.exc_info[0].__name__ if record.exc_info[0] else "error"
+            record.msg = f"{record.getMessage()} ({name}: {record.exc_info[1]})".strip()
+            record.args, record.exc_info, record.exc_text = None, None, None
+        return True
+
+    for logger in (logging.getLogger("distributed"), logging.getLogger()):
+        for handler in logger.handlers:
+            handler.addFilter(strip)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    command_line = argv is None  # the process is this command: its logging is ours to shape
+    if command_line and not args.debug:
+        import distributed  # noqa: F401  (its logging configuration, which the filter then joins)
+
+        _one_line_logs()
     try:
         return args.func(args)
-    except (ValueError, KeyError, FileNotFoundError, ImportError) as err:
-        print(f"dasknn {args.command}: error: {err}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # `dasknn train | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return EXIT_BUDGET_OUT
+    except KeyboardInterrupt:
+        print(f"dasknn {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        code, line = failure(err)
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        sys.stdout.flush()
+        if command_line:
+            _quiet_logging()  # the closing clusters' log lines would bury the one line
+        print(f"dasknn {args.command}: {line}", file=sys.stderr, flush=True)
+        return code
+
+
+def _quiet_logging() -> None:
+    """No more log lines on stderr: the failure's line stays the last one."""
+    import logging
+
+    logging.disable(logging.CRITICAL)
 
 
 if __name__ == "__main__":

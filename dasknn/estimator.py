@@ -4,7 +4,8 @@
 LocalCluster sized to the machine for the duration of the fit), and either runs Omnivore's
 optimizer (when any of n_groups, learning_rate, momentum is "auto") or trains with the given
 values. Learned state ends in `_`: `net_`, `classes_`, `history_`, `trace_`, `decisions_`,
-`report_`, `tradeoff_`, `state_`.
+`report_`, `tradeoff_`, `state_`, and `parts_` (the sample indices of X trained on, set aside for the
+optimizer's selection, and held out for validation).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 
 from dasknn.data import check_X, check_X_y
 from dasknn.data.batching import n_batches
+from dasknn.data.split import split_parts
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.estimator_params import check_params
@@ -46,14 +48,20 @@ RESUME_PARAMS = (
     "n_workers",
     "input_shape",
     "eval_size",
+    "validation_fraction",
+    "selection_size",
     "strategy",
     "physical_map",
     "aggregation",
     "split",
     "random_state",
     "optimizer",
+    "simulated_gflops",
 )
 """Parameters a resumed fit must share with the checkpointed one."""
+
+SIMULATED_GFLOPS = 50.0
+"""Default SGEMM speed of a simulated device (GFLOP/s, about one core of a current server CPU)."""
 
 
 class DistributedCNN(ClassifierMixin, BaseEstimator):
@@ -62,7 +70,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
     Parameters
     ----------
     net : str, Net or path
-        A zoo name ("lenet", "cifar10_quick", "cifar10_full", "caffenet", "mlp"), a `Net`
+        A zoo name ("lenet", "cifar10_quick", "cifar10_full", "caffenet", "mlp", "resnet20"), a `Net`
         (copied, its weights are the start), or a Caffe `.prototxt` path.
     batch_size : int
     n_groups, learning_rate, momentum : "auto" or a number
@@ -72,7 +80,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         Seconds of training (simulated seconds with engine="simulated"), the search included.
     max_epochs : float or None
     target_accuracy : float or None
-        Stop once the training accuracy (on `eval_size` samples) reaches it.
+        Stop once the held-out accuracy (`val_accuracy`, on the validation data) reaches it; without
+        validation data, once the training accuracy (on `eval_size` training samples) does.
     engine : "dask" or "simulated"
     scheduler : str or None
         Address of a running scheduler; None uses the default client, or starts a LocalCluster.
@@ -83,7 +92,28 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         None: X is 4-D (n, C, H, W). A tuple reshapes 2-D rows to images. "flat": each row's
         features are the channels of a 1×1 image (tabular data; use net="mlp").
     eval_size : int
-        Training samples scored to track accuracy over time.
+        Training samples scored to track the training accuracy over time (`accuracy`).
+    validation_data : (X_val, y_val) or None
+        Held-out data, never trained on: scored in full at every evaluation (`val_loss`,
+        `val_accuracy`), the metric of `target_accuracy`, `report_` and early stopping. Checked like X.
+    validation_fraction : float in (0, 1) or None
+        Instead of `validation_data`: this fraction of X, stratified and seeded by `random_state`,
+        set aside before training (sklearn's `MLPClassifier` convention; `fit` only).
+    selection_size : int
+        Samples of X set aside (stratified, never trained on, disjoint from the validation data) on
+        which the optimizer judges its probes, at most a tenth of the rest of X; only when a knob is
+        "auto". Held-out accuracy is then measured on data no choice was made on
+        (`dasknn.data.split`).
+    early_stopping : bool
+        Stop when the held-out loss has not improved by more than `tol` for `n_iter_no_change`
+        evaluations, and end with the best evaluation's weights (`dasknn.callbacks.EarlyStopping`).
+        Without validation data it sets `validation_fraction` 0.1 aside, as sklearn does.
+    n_iter_no_change : int
+    tol : float
+    callbacks : list or None
+        Objects with any of `on_fit_begin(est)`, `on_evaluation(est, record)` (True stops the fit),
+        `on_progress(est, info)` and `on_fit_end(est)`; see `dasknn.callbacks` (`ProgressBar`,
+        `CSVLogger`, `EarlyStopping`).
     strategy : "omnivore", "sma" or "model_averaging"
         Omnivore's asynchronous compute groups (default), Crossbow's synchronous model averaging
         (n_groups learners), or SparkNet's model averaging every `tau` iterations.
@@ -100,6 +130,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         TLS settings for the client and any LocalCluster the fit starts (e.g. `Security.temporary()`).
     random_state : int
     verbose : int
+        0: silent; 1: a progress bar (`dasknn.callbacks.ProgressBar`, on stderr) and the dashboard
+        link of a cluster the fit starts; 2: also a line per evaluation and the optimizer's
+        decisions as it makes them; 3: also the engine's messages.
     warm_start : bool
         Continue from the previous fit's weights and data position (in memory, or else the latest
         checkpoint in `checkpoint_dir`) with a new budget.
@@ -111,6 +144,12 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         Continue the fit whose latest checkpoint is in `checkpoint_dir` to that fit's own end (same
         budgets; on engine="simulated" the result equals the uninterrupted fit). Without a
         checkpoint there, a fresh fit.
+    simulated_gflops : float or "calibrate"
+        engine="simulated": the SGEMM speed (GFLOP/s) of each simulated device, from which the
+        simulator's timing model (Omnivore §IV-B) is built. A number (default `SIMULATED_GFLOPS`)
+        makes the simulated clock, and so the whole run, the same on any machine at any load.
+        "calibrate" measures this machine once at the start of the fit; the value is recorded in
+        `trace_.attrs["simulated_gflops"]` and in every checkpoint, and a resumed fit reads it back.
     optimizer_options : dict or None
         Extra options of the optimizer when a knob is "auto": with optimizer="grid" of
         `dasknn.optimizer.OmnivoreOptimizer`, e.g. `{"lr_grid": (0.1, 0.03, 0.01, 0.003)}` for the
@@ -148,6 +187,13 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         n_workers: int | None = None,
         input_shape: Any = None,
         eval_size: int = 2000,
+        validation_data: Any = None,
+        validation_fraction: float | None = None,
+        selection_size: int = 512,
+        early_stopping: bool = False,
+        n_iter_no_change: int = 10,
+        tol: float = 1e-4,
+        callbacks: list | None = None,
         strategy: str = "omnivore",
         physical_map: str = "merged",
         aggregation: str = "tree",
@@ -160,6 +206,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         resume: bool = False,
         optimizer_options: dict | None = None,
         optimizer: str = "grid",
+        simulated_gflops: Any = SIMULATED_GFLOPS,
     ) -> None:
         self.net = net
         self.batch_size = batch_size
@@ -175,6 +222,13 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.n_workers = n_workers
         self.input_shape = input_shape
         self.eval_size = eval_size
+        self.validation_data = validation_data
+        self.validation_fraction = validation_fraction
+        self.selection_size = selection_size
+        self.early_stopping = early_stopping
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
+        self.callbacks = callbacks
         self.strategy = strategy
         self.physical_map = physical_map
         self.aggregation = aggregation
@@ -187,6 +241,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.resume = resume
         self.optimizer_options = optimizer_options
         self.optimizer = optimizer
+        self.simulated_gflops = simulated_gflops
 
     # -- validation ------------------------------------------------------------------------------
     def _check_params(self, partial: bool = False) -> None:
@@ -256,6 +311,22 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         X, _ = check_X_y(X, np.searchsorted(labels, y), batch_size=self.batch_size)
         return X, y, labels
 
+    def _validate_named(self, X, y, name: str):
+        """validation_data through the same gate as (X, y), its errors naming it."""
+        try:
+            X = self._as_array(X)
+            if isinstance(y, da.Array):
+                X, y = check_X_y(X, y, batch_size=self.batch_size)
+                return X, y, np.unique(y.compute())
+            y = np.asarray(y)
+            if y.ndim != 1:
+                raise ValueError(f"y must be 1-D, got shape {y.shape}")
+            labels = np.unique(y)
+            X, _ = check_X_y(X, np.searchsorted(labels, y), batch_size=self.batch_size)
+        except ValueError as err:
+            raise ValueError(f"{name}: {err}") from None
+        return X, y, labels
+
     # -- the pieces of a fit ---------------------------------------------------------------------
     def _build_net(self, input_shape, n_classes: int) -> Net:
         from dasknn.nn import zoo
@@ -281,37 +352,122 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             raise ValueError(f"net {net.name!r} outputs {net.num_classes} classes, but y has {n_classes}")
         return net
 
+    def _check_net_on_data(self, net: Net, X) -> None:
+        """Before any cluster starts: `split` names a layer where the net can be split, and the first
+        batch gives finite outputs in the forward pass and a first update (at the smallest learning
+        rate the fit may use) below `checkpoint.WEIGHT_LIMIT`, the size the fit calls divergence."""
+        if self.split not in (None, "auto"):
+            try:
+                net.split_phases(self.split)
+            except KeyError:
+                raise ValueError(
+                    f"split={self.split!r} is not a layer of net {net.name!r}; give one of its layer names "
+                    "(`dasknn summary NET` lists them), 'auto' or None"
+                ) from None
+            except ValueError as err:
+                raise ValueError(f"split={self.split!r}: {err}") from None
+        first = X[: self.batch_size]
+        first = np.asarray(first.compute() if isinstance(first, da.Array) else first, dtype=np.float32)
+        labels = np.zeros(len(first), dtype=np.int64)  # any labels: the size of the step is the point
+        with np.errstate(all="ignore"):
+            logits, _ = net.copy().forward(first, train=False)
+            _, _, grads = net.copy().loss_and_grads(first, labels, rng=np.random.default_rng(0))
+        step = self._smallest_rate() * max((float(np.max(np.abs(g))) for g in grads.values()), default=0.0)
+        if not (np.isfinite(logits).all() and math.isfinite(step) and step < checkpoint.WEIGHT_LIMIT):
+            raise ValueError(
+                f"the first batch of X (largest |value| {float(np.max(np.abs(first))):.3g}) overflows "
+                f"net {net.name!r}: the forward pass or the first update at learning rate "
+                f"{self._smallest_rate():g} is non-finite or beyond {checkpoint.WEIGHT_LIMIT:g}; "
+                "scale X (e.g. to [0, 1])"
+            )
+
+    def _smallest_rate(self) -> float:
+        """The learning rate of the fit, or with "auto" the smallest the optimizer may try."""
+        if self.learning_rate != "auto":
+            return float(self.learning_rate)
+        import inspect
+
+        from dasknn.optimizer import OmnivoreOptimizer
+
+        grid = (self.optimizer_options or {}).get("lr_grid")
+        if grid is None:
+            grid = inspect.signature(OmnivoreOptimizer).parameters["lr_grid"].default
+        return float(min(grid))
+
     def _engine(self, stack: ExitStack, net: Net):
         if self.engine == "simulated":
-            from dasknn.backend import sgemm_gflops
             from dasknn.engine.simulated import SimulatedEngine
             from dasknn.tradeoff.hardware import HEModel
 
-            timing = HEModel.estimate(
-                net, self.batch_size, self.n_workers or 8, sgemm_gflops(), bandwidth_bytes_per_s=1.25e9
-            )
+            n_workers, gflops = self.n_workers or 8, self.simulated_gflops_
+            timing = HEModel.estimate(net, self.batch_size, n_workers, gflops, bandwidth_bytes_per_s=1.25e9)
             return SimulatedEngine(timing, verbose=max(0, self.verbose - 1), strategy=self._strategy()), None
-        from distributed import Client, default_client
+        from distributed import default_client
 
         from dasknn.engine.dask import DaskEngine, local_client
 
         if self.scheduler is not None:
-            client = stack.enter_context(Client(self.scheduler, security=self.security))
+            client = stack.enter_context(_connect(self.scheduler, self.security))
+        elif _in_dask_task():
+            from distributed import worker_client
+
+            # a fit inside a task (client.submit, joblib's dask backend, dask-ml): the task secedes
+            # from its worker's thread pool while it waits, so the run's own tasks and actors get it
+            client = stack.enter_context(worker_client())
         else:
             try:
                 client = default_client()
             except ValueError:
-                client = stack.enter_context(local_client(n_workers=self.n_workers, security=self.security))
+                # inside joblib's or multiprocessing's workers (n_jobs > 1) a nanny cannot start
+                # worker processes: the LocalCluster runs its workers as threads there; a free port
+                # for the scheduler's HTTP server (the dashboard when bokeh is installed)
+                threads = _in_daemon_process()
+                client = stack.enter_context(
+                    local_client(
+                        n_workers=self.n_workers,
+                        security=self.security,
+                        processes=not threads,
+                        dashboard_address=":0",
+                    )
+                )
+                if self.verbose >= 1:
+                    _announce(client)
         engine = DaskEngine(client, verbose=max(0, self.verbose - 1), strategy=self._strategy())
         return engine, client
 
-    def _evaluator(self, X, y, net: Net) -> Evaluator:
+    def _validation(self, y_all: np.ndarray, with_selection: bool, partial: bool):
+        """The parts of X (`dasknn.data.split`) and the given validation data, checked like X."""
+        fraction = self.validation_fraction
+        if fraction is None and self.early_stopping and self.validation_data is None and not partial:
+            fraction = 0.1
+        if partial and fraction is not None:
+            raise ValueError(
+                "partial_fit trains on all of X; validation_fraction applies to fit (give validation_data)"
+            )
+        selection = self.selection_size if with_selection else 0
+        parts = split_parts(y_all, fraction, selection, self.random_state)
+        given = None
+        if self.validation_data is not None:
+            X_val, y_val = self.validation_data
+            X_val, y_val, labels = self._validate_named(X_val, y_val, "validation_data")
+            unseen = np.setdiff1d(labels, self.classes_)
+            if unseen.size:
+                raise ValueError(f"validation_data has classes {unseen.tolist()} that y does not have")
+            if tuple(X_val.shape[1:]) != tuple(self._sample_shape):
+                raise ValueError(
+                    f"validation_data has samples of shape {tuple(X_val.shape[1:])}; "
+                    f"X has {self._sample_shape}"
+                )
+            given = (X_val, y_val)
+        return parts, given
+
+    def _evaluator(self, X, y, net: Net, validation) -> Evaluator:
         n = X.shape[0]
         idx = np.sort(
             np.random.default_rng(self.random_state).choice(n, min(self.eval_size, n), replace=False)
         )
         X_eval, y_eval = dask.compute(X[idx], y[idx])
-        return Evaluator(net, X_eval, y_eval)
+        return Evaluator(net, X_eval, y_eval, *(validation or (None, None)))
 
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, X, y) -> DistributedCNN:
@@ -395,11 +551,28 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         return out
 
     def _checkpoint_meta(self) -> dict[str, Any]:
-        return {
+        meta = {
             "params": self._fingerprint(),
             "classes": np.asarray(self.classes_),
             "n_features_in": int(self.n_features_in_),
         }
+        if self.engine == "simulated":
+            meta["simulated_gflops"] = self.simulated_gflops_
+        return meta
+
+    def _resolve_simulated_gflops(self, ckpt: checkpoint.Checkpoint | None, warm: bool) -> None:
+        """`simulated_gflops_`: the given speed, or "calibrate"'s one measurement of this machine,
+        taken once per fit and then carried (a checkpoint's, or the previous fit's on warm_start)."""
+        if self.engine != "simulated":
+            return
+        if self.simulated_gflops != "calibrate":
+            self.simulated_gflops_ = float(self.simulated_gflops)
+        elif ckpt is not None and "simulated_gflops" in ckpt.meta:
+            self.simulated_gflops_ = float(ckpt.meta["simulated_gflops"])
+        elif not (warm and hasattr(self, "simulated_gflops_")):
+            from dasknn.backend import sgemm_gflops
+
+            self.simulated_gflops_ = float(sgemm_gflops())
 
     def _adopt(self, ckpt: checkpoint.Checkpoint, check_params: bool) -> None:
         """classes_, n_features_in_ and the state of a checkpoint, checked against this estimator."""
@@ -434,6 +607,11 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 "features as input"
             )
         self.n_features_in_ = n_features
+        self._sample_shape = tuple(X.shape[1:])
+        auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
+        y_all = y_idx.compute() if isinstance(y, da.Array) else _label_index(y, self.classes_)
+        parts, given = self._validation(np.asarray(y_all), auto, partial_epochs is not None)
+        self.parts_ = parts
         if ckpt is not None:
             net = self._build_net(X.shape[1:], len(self.classes_))
             net.set_params(ckpt.state.params)
@@ -443,6 +621,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         else:
             net, start = self._build_net(X.shape[1:], len(self.classes_)), None
         resume_from = ckpt if self.resume else None
+        self._check_net_on_data(net, X)
+        self._resolve_simulated_gflops(ckpt, warm)
         with ExitStack() as stack:
             engine, client = self._engine(stack, net)
             if client is not None:
@@ -450,13 +630,49 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 # again per run makes the scheduler warn of a "different run_spec" for its keys)
                 X = client.persist(X) if isinstance(X, da.Array) else X
                 y_idx = client.persist(y_idx) if isinstance(y_idx, da.Array) else y_idx
-            self._train(engine, net, X, y_idx, start, resume_from, partial_epochs)
+            X, y_idx, selection, validation = self._carve(X, y_idx, parts, given, net)
+            if client is not None and len(parts.train) < len(y_all):
+                X, y_idx = client.persist(X), client.persist(y_idx)
+            try:
+                self._train(engine, net, X, y_idx, start, resume_from, partial_epochs, selection, validation)
+            except Exception as err:
+                if client is not None and not _scheduler_answers(client):
+                    raise _scheduler_lost(client, err) from err
+                raise
         self.net_ = net
         return self
 
-    def _train(self, engine, net: Net, X, y, start, resume_from, partial_epochs) -> None:
-        from dasknn.fitting import Trainer, runs_by_config
+    def _carve(self, X, y, parts, given, net: Net):
+        """(X, y) of the training part (dask), the selection part's scorer (or None) and the
+        validation data as numpy (X_val, y_val class indices), or None."""
+        from dasknn.data.chunks import samples_per_chunk
+        from dasknn.optimizer.search import SelectionLoss
 
+        sel, val = parts.selection, parts.validation
+        X_sel, y_sel, X_val, y_val = dask.compute(X[sel], y[sel], X[val], y[val])
+        if given is not None:
+            X_val, y_val = dask.compute(given[0], given[1])
+            y_val = _label_index(np.asarray(y_val), self.classes_)
+        if len(parts.train) < X.shape[0]:
+            chunk = samples_per_chunk(X.shape[1:], self.batch_size)
+            X = X[parts.train].rechunk({0: chunk})
+            y = y[parts.train].rechunk({0: X.chunks[0]})
+        selection = SelectionLoss(net, X_sel, y_sel) if len(sel) else None
+        validation = (X_val, y_val) if len(y_val) else None
+        self.n_train_samples_ = int(X.shape[0])
+        return X, y, selection, validation
+
+    def _train(
+        self, engine, net: Net, X, y, start, resume_from, partial_epochs, selection, validation
+    ) -> None:
+        from dasknn.callbacks import EarlyStopping, ProgressBar, call
+        from dasknn.fitting import Trainer
+
+        callbacks = list(self.callbacks or [])
+        if self.early_stopping:
+            callbacks.append(EarlyStopping("val_loss", self.n_iter_no_change, self.tol))
+        if self.verbose >= 1 and not any(isinstance(cb, ProgressBar) for cb in callbacks):
+            callbacks.append(ProgressBar())
         nb = n_batches(X.shape[0], self.batch_size)
         epochs = self.max_epochs if partial_epochs is None else partial_epochs
         max_iterations = None if epochs is None else max(1, int(epochs * nb))
@@ -466,10 +682,12 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             net,
             X,
             y,
-            self._evaluator(X, y, net),
+            self._evaluator(X, y, net, validation),
             max_iterations=max_iterations,
             checkpoint_dir=self.checkpoint_dir,
             meta=self._checkpoint_meta(),
+            selection_score=selection,
+            callbacks=callbacks,
         )
         state = start.copy() if start is not None else TrainState.from_net(net)
         loop = trainer.restore(resume_from) if resume_from is not None else None
@@ -477,23 +695,66 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             trainer.history, trainer.traces = list(self.history_), [self.trace_]
             trainer.events = self.decisions_.to_dict("records")
         auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
+        call(callbacks, "on_fit_begin", self)
+        try:
+            result, runs = self._loop(trainer, state, loop, auto, partial_epochs)
+            best = trainer.best_state
+            if best is not None and best.iterations_done != result["state"].iterations_done:
+                result["state"] = best
+                net.set_params(best.params)
+                why = f"restored the best (iteration {best.iterations_done})"
+                trainer.record(best, trainer.history[-1]["time"], phase="end", event=why)
+        finally:
+            call(callbacks, "on_fit_end", self)
+        self._finish(trainer, net, result, runs)
+
+    def _loop(self, trainer, state, loop, auto: bool, partial_epochs):
+        """Run the optimizer or the fixed-knob loop; returns its result and runs by config."""
+        from dasknn.fitting import runs_by_config
+
         if (loop or {}).get("kind", "auto" if auto else "fixed") == "auto":
             result = trainer.optimize(state, loop)
             runs = runs_by_config(result["trace"], result["decisions"], self.random_state)
         else:
             result = trainer.fixed(state, self._fixed_config(partial_epochs is not None), loop)
             runs = result["runs"]
+        return result, runs
+
+    def _finish(self, trainer, net: Net, result: dict, runs: dict) -> None:
+        """The fitted attributes from a finished loop; early stopping's best state restored."""
         self.state_ = result["state"]
         self.trace_ = result["trace"]
+        if self.engine == "simulated":
+            self.trace_.attrs["simulated_gflops"] = self.simulated_gflops_
         self.decisions_ = result["decisions"]
         self.config_ = result["config"]
         self._loop_ = result["loop"]
         self.history_ = trainer.history
         self.checkpoint_ = trainer.last_checkpoint
+        self.net_ = net
+        self.stopped_by_ = trainer.stopped_by
+        self.best_iteration_ = None if trainer.restorer is None else trainer.restorer.best_iteration
         self.n_iter_ = int(self.state_.iterations_done)
-        thresholds = sorted({*DEFAULT_THRESHOLDS, *([self.target_accuracy] if self.target_accuracy else [])})
-        self.report_ = time_to_accuracy(pd.DataFrame(self.history_), thresholds, run=net.name)
+        self.report_ = self.time_to_accuracy()
         self.tradeoff_ = self._tradeoff(runs, net, self.decisions_)
+
+    def time_to_accuracy(self, thresholds=None, rule: str = "first") -> pd.DataFrame:
+        """Time to accuracy of this fit: held-out rows (when there was validation data), then training.
+
+        `thresholds`: default 0.9, 0.95, 0.98, 0.99 and `target_accuracy`; `rule`: "first" (DAWNBench:
+        the first evaluation at or above) or "median5" (Crossbow: the median of the last five).
+        Each row names its `metric` and `rule`. `report_` is this with the defaults.
+        """
+        self._check_fitted()
+        if thresholds is None:
+            extra = [self.target_accuracy] if self.target_accuracy else []
+            thresholds = sorted({*DEFAULT_THRESHOLDS, *extra})
+        history = pd.DataFrame(self.history_)
+        metrics = ["accuracy"]
+        if "val_accuracy" in history and history["val_accuracy"].notna().any():
+            metrics.insert(0, "val_accuracy")
+        tables = [time_to_accuracy(history, thresholds, rule, run=self.net_.name, metric=m) for m in metrics]
+        return pd.concat(tables, ignore_index=True)
 
     def _fixed_config(self, partial: bool) -> RunConfig:
         """The knobs of a fixed-knob run: as given; a partial_fit's continue the last fit's config_."""
@@ -571,6 +832,23 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         return tags
 
 
+def _announce(client) -> None:
+    """One line on stderr naming the cluster a fit started and its dashboard link.
+
+    dasknn does not depend on bokeh, which dask's dashboard needs: most dask users have it, and
+    it brings a web stack a training library need not impose; without it the line says how to get
+    the dashboard."""
+    import importlib.util
+    import sys
+
+    workers = len(client.scheduler_info().get("workers", {}))
+    if importlib.util.find_spec("bokeh") is not None:
+        where = f"dashboard {client.dashboard_link}"
+    else:
+        where = "no dashboard: pip install bokeh to get one"
+    print(f"[dasknn] started a LocalCluster of {workers} workers ({where})", file=sys.stderr)
+
+
 def _proba_block(block: np.ndarray, net: Net) -> np.ndarray:
     logits, _ = net.forward(block, train=False)
     return softmax(logits).astype(np.float32)
@@ -579,3 +857,62 @@ def _proba_block(block: np.ndarray, net: Net) -> np.ndarray:
 def _label_index(labels: np.ndarray, classes: np.ndarray) -> np.ndarray:
     """Positions of labels in the sorted `classes_` (the class index the net is trained on)."""
     return np.searchsorted(classes, labels).astype(np.int64)
+
+
+def _in_dask_task() -> bool:
+    """True when called from a task running on a dask worker."""
+    from distributed import get_worker
+
+    try:
+        get_worker()
+    except ValueError:
+        return False
+    return True
+
+
+def _in_daemon_process() -> bool:
+    """True where a nanny cannot start worker processes: a daemonic process (multiprocessing pools),
+    or one whose start method is not the standard library's (joblib's loky workers set 'loky')."""
+    import multiprocessing
+
+    method = multiprocessing.get_start_method(allow_none=True)
+    standard = method is None or method in multiprocessing.get_all_start_methods()
+    return bool(multiprocessing.current_process().daemon) or not standard
+
+
+def _connect(address: str, security):
+    """A Client of the scheduler at `address`; SchedulerError (naming it) if it cannot be reached
+    within `distributed.comm.timeouts.connect` (`dasknn train --connect-timeout`)."""
+    from distributed import Client
+
+    from dasknn.engine.dask.recovery import SchedulerError
+
+    timeout = dask.config.get("distributed.comm.timeouts.connect")
+    try:
+        return Client(address, security=security)
+    except (OSError, TimeoutError) as err:
+        raise SchedulerError(
+            f"cannot reach the scheduler at {address} within {timeout} ({type(err).__name__}: {err}); "
+            "check that `dask scheduler` runs there and that the address, port and TLS settings are right"
+        ) from err
+
+
+def _scheduler_answers(client, timeout: float = 10.0) -> bool:
+    """True when the client's scheduler still answers (a bounded identity call)."""
+    if client.status not in ("running", "newly-created"):
+        return False
+    try:
+        client.sync(client.scheduler.identity, callback_timeout=timeout)
+    except Exception:
+        return False
+    return True
+
+
+def _scheduler_lost(client, err: BaseException):
+    from dasknn.engine.dask.recovery import SchedulerError
+
+    address = getattr(client.scheduler, "address", None) or "the client's address"
+    return SchedulerError(
+        f"lost the scheduler at {address} during the fit ({type(err).__name__}: {err}); restart "
+        "`dask scheduler` and its workers, then resume from the last checkpoint (checkpoint_dir, resume=True)"
+    )

@@ -104,16 +104,18 @@ def check_params(est, partial: bool = False) -> None:
     if est.checkpoint_dir is not None and not isinstance(est.checkpoint_dir, (str, os.PathLike)):
         kind = type(est.checkpoint_dir).__name__
         raise ValueError(f"checkpoint_dir must be None or a path, got {kind}")
+    _check_checkpoint_dir(est.checkpoint_dir)
     if isinstance(est.verbose, bool) or not (isinstance(est.verbose, numbers.Integral) and est.verbose >= 0):
         raise ValueError(f"verbose must be an integer >= 0, got {est.verbose!r}")
     if est.scheduler is not None and not isinstance(est.scheduler, str):
         raise ValueError(f"scheduler must be None or an address string, got {est.scheduler!r}")
-    for name in ("warm_start", "resume"):
+    for name in ("warm_start", "resume", "early_stopping"):
         if not isinstance(getattr(est, name), (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {getattr(est, name)!r}")
     if est.optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {est.optimizer!r}")
     _check_optimizer_options(est.optimizer_options, est.optimizer)
+    _check_validation(est)
     if est.resume and est.checkpoint_dir is None:
         raise ValueError("resume=True needs checkpoint_dir (where the checkpoints are)")
     if est.security is not None:
@@ -122,6 +124,7 @@ def check_params(est, partial: bool = False) -> None:
         if not isinstance(est.security, Security):
             kind = type(est.security).__name__
             raise ValueError(f"security must be None or a distributed.security.Security, got {kind}")
+    _check_tls(est)
     for name in (
         "weight_decay",
         "time_budget",
@@ -135,6 +138,11 @@ def check_params(est, partial: bool = False) -> None:
     rs = est.random_state
     if isinstance(rs, (bool, np.bool_)) or not (isinstance(rs, numbers.Integral) and 0 <= rs < 2**32):
         raise ValueError(f"random_state must be an integer in [0, 2**32), got {rs!r}")
+    sg = est.simulated_gflops
+    if not (isinstance(sg, str) and sg == "calibrate") and not (
+        isinstance(sg, numbers.Real) and not isinstance(sg, (bool, np.bool_)) and _positive_float(sg)
+    ):
+        raise ValueError(f"simulated_gflops must be a number > 0 or 'calibrate', got {sg!r}")
     _check_input_shape(est)
     _check_net_spec(est)
     if est.engine == "simulated" and est.n_groups != "auto" and int(est.n_groups) > (est.n_workers or 8):
@@ -142,6 +150,39 @@ def check_params(est, partial: bool = False) -> None:
             f"n_groups={est.n_groups} needs at least that many workers; the simulated cluster has "
             f"n_workers={est.n_workers or 8}"
         )
+
+
+HOOKS = ("on_fit_begin", "on_evaluation", "on_progress", "on_fit_end")
+
+
+def _check_validation(est) -> None:
+    """validation_data / validation_fraction, the selection part, early stopping and the callbacks."""
+    vd, vf = est.validation_data, est.validation_fraction
+    if vd is not None and not (isinstance(vd, (tuple, list)) and len(vd) == 2):
+        raise ValueError(f"validation_data must be None or a pair (X_val, y_val), got {type(vd).__name__}")
+    if vf is not None and (
+        isinstance(vf, (bool, np.bool_)) or not isinstance(vf, numbers.Real) or not 0 < vf < 1
+    ):
+        raise ValueError(f"validation_fraction must be None or a number in (0, 1), got {vf!r}")
+    if vd is not None and vf is not None:
+        raise ValueError("give validation_data or validation_fraction, not both")
+    sel = est.selection_size
+    if isinstance(sel, (bool, np.bool_)) or not (isinstance(sel, numbers.Integral) and sel >= 0):
+        raise ValueError(f"selection_size must be an integer >= 0, got {sel!r}")
+    n = est.n_iter_no_change
+    if isinstance(n, (bool, np.bool_)) or not (isinstance(n, numbers.Integral) and n >= 1):
+        raise ValueError(f"n_iter_no_change must be an integer >= 1, got {n!r}")
+    tol = est.tol
+    if isinstance(tol, (bool, np.bool_)) or not (isinstance(tol, numbers.Real) and 0 <= tol < math.inf):
+        raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
+    cbs = est.callbacks
+    if cbs is None:
+        return
+    if not isinstance(cbs, (list, tuple)):
+        raise ValueError(f"callbacks must be None or a list, got {type(cbs).__name__}")
+    for cb in cbs:
+        if not any(callable(getattr(cb, hook, None)) for hook in HOOKS):
+            raise ValueError(f"callback {cb!r} has none of the hooks {', '.join(HOOKS)}")
 
 
 def _check_input_shape(est) -> None:
@@ -171,3 +212,37 @@ def _check_net_spec(est) -> None:
 
     if spec.lower().replace("-", "_") not in NETS:
         raise ValueError(f"unknown net {spec!r}; available: {sorted(NETS)}")
+
+
+def _check_tls(est) -> None:
+    """A tls:// scheduler needs credentials: from `security`, else the dask config's."""
+    if not (isinstance(est.scheduler, str) and est.scheduler.startswith("tls://")):
+        return
+    from distributed.security import Security
+
+    security = est.security if est.security is not None else Security()
+    if not security.tls_ca_file:
+        raise ValueError(
+            f"scheduler {est.scheduler} speaks TLS but no TLS credentials are given: pass "
+            "`dasknn train --tls-ca-file --tls-cert --tls-key`, or "
+            "security=Security(tls_ca_file=..., tls_client_cert=..., tls_client_key=...), or set "
+            "distributed.comm.tls.{ca-file,client.cert,client.key} in the dask config"
+        )
+
+
+def _check_checkpoint_dir(directory) -> None:
+    """checkpoint_dir is a writable folder, or can be made one (checked before any training)."""
+    if directory is None:
+        return
+    from pathlib import Path
+
+    path = Path(directory).absolute()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"checkpoint_dir {os.fspath(directory)!r} exists and is not a directory")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"checkpoint_dir {os.fspath(directory)!r} is not writable ({parent} does not let this user write)"
+        )

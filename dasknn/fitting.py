@@ -2,9 +2,10 @@
 the history record, divergence rollback and checkpoints.
 
 The fixed loop runs the engine in chunks: each at most time_budget / 20 seconds (2 s
-without a time budget) and at most one epoch of iterations, and records the training accuracy
-after each. It checkpoints (when given a directory) at the end of every chunk that completes an
-epoch and at the end of the fit. The loop's own state (elapsed time, budgets spent, the current
+without a time budget) and at most one epoch of iterations, and evaluates after each (training
+samples and validation data, `Evaluator`), calling the callbacks (`dasknn.callbacks`). It
+checkpoints (when given a directory) at the end of every chunk that completes an epoch and at the
+end of the fit. The loop's own state (elapsed time, budgets spent, the current
 learning rate, history, trace, events) travels in the checkpoint's metadata, and the engines
 continue a `TrainState` exactly (the simulator carries its in-flight iterations, clock and random
 generators in `TrainState.extra`), so a fit resumed from a checkpoint on the simulated engine makes
@@ -29,11 +30,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dasknn.callbacks import EarlyStopping, call
 from dasknn.data.batching import n_batches
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import Budget, RunConfig, TrainState
 
-__all__ = ["CHECKPOINTS_KEPT", "MAX_ROLLBACKS", "PROBE_SAMPLES", "Evaluator", "Trainer", "runs_by_config"]
+__all__ = ["CHECKPOINTS_KEPT", "MAX_ROLLBACKS", "Evaluator", "Trainer", "runs_by_config"]
 
 CHECKPOINTS_KEPT = 3
 """Checkpoints kept in checkpoint_dir during a fit (older ones are deleted after each save)."""
@@ -44,26 +46,50 @@ DIVERGED_LOSS = 2.0
 uniform guessing) has blown up, even with finite numbers."""
 
 
-PROBE_SAMPLES = 512
-"""Evaluation samples the optimizer's probes are scored on (their end weights' loss, test mode)."""
-
-
 class Evaluator:
-    """(loss, accuracy) of a state on fixed training samples (the history's curve), and the
-    optimizer's `probe_score`: the loss on the first PROBE_SAMPLES of them (the samples are drawn at
-    random once, so a prefix is a random subset too)."""
+    """The scores of a state that the history records: `loss` and `accuracy` on fixed training
+    samples, and `val_loss` and `val_accuracy` on the validation data (all of it) when there is any.
 
-    def __init__(self, net, X_eval, y_eval, probe_samples: int = PROBE_SAMPLES) -> None:
-        from dasknn.optimizer.search import HeldOutLoss
+    The validation samples are never trained on; the training samples are a random subset of those
+    trained on (drawn once), so the two curves show generalisation side by side."""
 
+    def __init__(self, net, X_eval, y_eval, X_val=None, y_val=None) -> None:
         self.net, self.X, self.y = net.copy(), np.asarray(X_eval), np.asarray(y_eval)
-        self.probe_score = HeldOutLoss(net, self.X[:probe_samples], self.y[:probe_samples])
+        self.X_val = None if X_val is None else np.asarray(X_val)
+        self.y_val = None if y_val is None else np.asarray(y_val)
 
-    def __call__(self, state: TrainState) -> tuple[float, float]:
+    @property
+    def has_validation(self) -> bool:
+        return self.X_val is not None
+
+    def __call__(self, state: TrainState) -> dict[str, float]:
         from dasknn.nn.train import evaluate
 
         self.net.set_params(state.params)
-        return evaluate(self.net, self.X, self.y)
+        loss, acc = evaluate(self.net, self.X, self.y)
+        scores = {"loss": loss, "accuracy": acc}
+        if self.X_val is not None:
+            scores["val_loss"], scores["val_accuracy"] = evaluate(self.net, self.X_val, self.y_val)
+        return scores
+
+
+class _ReportingScore:
+    """The optimizer's probe score (the selection part's loss), telling the callbacks how far the
+    fit is after each probe: the search has no evaluations, but progress should still show."""
+
+    def __init__(self, trainer: Trainer, score) -> None:
+        self.trainer, self.score = trainer, score
+        self.n_samples = getattr(score, "n_samples", None)
+
+    def __call__(self, state: TrainState) -> float:
+        loss = self.score(state)
+        trainer = self.trainer
+        t = _clock(state)
+        if t is None:
+            t = trainer.wall_offset + time.perf_counter() - trainer.wall0
+        info = {"time": t, "epoch": state.batches_done / trainer.nb, "phase": "search"}
+        call(trainer.callbacks, "on_progress", trainer.est, info)
+        return loss
 
 
 def _clock(state: TrainState) -> float | None:
@@ -87,9 +113,13 @@ class Trainer:
         max_iterations: int | None,
         checkpoint_dir: str | Path | None = None,
         meta: dict[str, Any] | None = None,
+        selection_score=None,
+        callbacks=(),
     ) -> None:
         self.est, self.engine, self.net, self.X, self.y = est, engine, net, X, y
         self.evaluate = evaluate
+        self.selection_score = selection_score
+        self.callbacks = list(callbacks)
         self.nb = n_batches(X.shape[0], est.batch_size)
         self.max_iterations = max_iterations
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
@@ -100,34 +130,56 @@ class Trainer:
         self.wall0, self.wall_offset = time.perf_counter(), 0.0
         self.last_checkpoint: Path | None = None
         self.loss_limit = DIVERGED_LOSS * math.log(max(2, len(est.classes_)))
+        self.restorer = next(
+            (cb for cb in self.callbacks if isinstance(cb, EarlyStopping) and cb.restore_best), None
+        )
+        self.best_state: TrainState | None = None
+        self.stopped_by = ""
 
     # -- records ---------------------------------------------------------------------------------
     def record(
-        self, state: TrainState, t: float, scores: tuple[float, float] | None = None, **fields
+        self,
+        state: TrainState,
+        t: float,
+        scores: dict[str, float] | None = None,
+        phase: str = "train",
+        **fields,
     ) -> bool:
-        """Score `state` (unless `scores` are given), append a history row; True once at target_accuracy."""
+        """Score `state` (unless `scores` are given), append a history row and call the callbacks.
+
+        True when the fit should stop: the target accuracy reached (on the held-out metric when there
+        is validation data, else on training samples), or a callback's `on_evaluation` returned True.
+        """
         if scores is None:
             with np.errstate(over="ignore", invalid="ignore"):
                 scores = self.evaluate(state)
-        loss, acc = scores
         row = {
             "time": float(t),
             "iteration": state.iterations_done,
             "epoch": state.batches_done / self.nb,
-            "loss": loss,
-            "accuracy": acc,
+            "phase": phase,
+            **scores,
             "wall_time": self.wall_offset + time.perf_counter() - self.wall0,
             **fields,
         }
         self.history.append(row)
-        if self.est.verbose:
+        if self.est.verbose >= 2:
             note = f" {fields['event']}" if fields.get("event") else ""
+            val = f" val_accuracy={row['val_accuracy']:.2%}" if "val_accuracy" in row else ""
             print(
-                f"[dasknn] t={row['time']:7.1f}s it={state.iterations_done:6d} "
-                f"epoch={row['epoch']:5.2f} loss={loss:.4f} accuracy={acc:.2%}{note}"
+                f"[dasknn] t={row['time']:7.1f}s it={state.iterations_done:6d} epoch={row['epoch']:5.2f} "
+                f"loss={row['loss']:.4f} accuracy={row['accuracy']:.2%}{val}{note}"
             )
+        stop = call(self.callbacks, "on_evaluation", self.est, row)
+        r = self.restorer
+        if r is not None and r.no_change == 0 and r.best_iteration == state.iterations_done:
+            self.best_state = state.copy()  # the monitored value improved at this evaluation
+        if stop and not self.stopped_by:
+            self.stopped_by = f"a callback stopped the fit at iteration {state.iterations_done}"
         target = self.est.target_accuracy
-        return target is not None and acc >= target
+        metric = "val_accuracy" if "val_accuracy" in row else "accuracy"
+        reached = target is not None and row[metric] >= target
+        return stop or reached
 
     def recoveries(self, trace: pd.DataFrame, config: RunConfig) -> str:
         """The Dask engine's recoveries from lost workers in this run, as events and a history note."""
@@ -191,7 +243,7 @@ class Trainer:
                 "checkpoint_epoch": math.floor(state.batches_done / self.nb),
                 "finished": False,
             }
-            done = self.record(state, loop["elapsed"], lr=config.lr, event="start")
+            done = self.record(state, loop["elapsed"], phase="start", lr=config.lr, event="start")
             loop["finished"] = done
         else:
             config = RunConfig(**loop["config"])
@@ -266,7 +318,7 @@ class Trainer:
         if not diverged:
             with np.errstate(over="ignore", invalid="ignore"):
                 scores = self.evaluate(result.state)
-            diverged = not scores[0] <= self.loss_limit
+            diverged = not scores["loss"] <= self.loss_limit
         trace["phase"] = "rolled_back" if diverged else "train"
         self.traces.append(trace)
         if not diverged:
@@ -296,7 +348,7 @@ class Trainer:
                 "reason": why,
             }
         )
-        if est.verbose:
+        if est.verbose >= 2:
             print(f"[dasknn] {why}")
         event = f"rollback: lr {config.lr:g} -> {new.lr:g}"
         loop["finished"] = self.record(state, loop["elapsed"], lr=new.lr, event=event)
@@ -312,7 +364,7 @@ class Trainer:
         from dasknn.estimator_params import optimizer_class
 
         est = self.est
-        options: dict[str, Any] = {**(est.optimizer_options or {}), "verbose": est.verbose}
+        options: dict[str, Any] = {**(est.optimizer_options or {}), "verbose": max(0, est.verbose - 1)}
         # training is evaluated (and stops at the target) at least once per pass over the data, as
         # the fixed loop's chunks are: the two report time to accuracy at the same granularity
         if est.optimizer == "online":
@@ -323,9 +375,8 @@ class Trainer:
         for knob in ("n_groups", "learning_rate", "momentum"):
             if getattr(est, knob) != "auto":
                 options[knob] = getattr(est, knob)
-        probe_score = getattr(self.evaluate, "probe_score", None)
-        if probe_score is not None:  # probes judged on the same samples, not on their batches' losses
-            options["probe_score"] = probe_score
+        if self.selection_score is not None:  # probes judged on the selection part, not on their batches
+            options["probe_score"] = _ReportingScore(self, self.selection_score)
         optimizer = optimizer_class(est.optimizer)(self.engine, **options)
         final: dict[str, Any] = {"session": loop}
         if loop is not None and loop.get("finished"):  # the checkpointed fit had ended
@@ -351,7 +402,12 @@ class Trainer:
         if loop is not None and not loop.get("finished"):
             resume = {**loop, "trace": self.full_trace(), "decisions": pd.DataFrame(self.events)}
         elif not self.history:  # the curve starts at the starting weights, time 0
-            self.record(start if start is not None else TrainState.from_net(self.net), 0.0, event="start")
+            self.record(
+                start if start is not None else TrainState.from_net(self.net),
+                0.0,
+                phase="start",
+                event="start",
+            )
         result = optimizer.optimize(
             self.net,
             self.X,
@@ -368,7 +424,7 @@ class Trainer:
         )
         if not self.history or self.history[-1]["iteration"] != result.state.iterations_done:
             t_end = float(result.trace["t_end"].max()) if len(result.trace) else 0.0
-            self.record(result.state, t_end, event="end")  # the model returned, even mid-search
+            self.record(result.state, t_end, phase="end", event="end")  # the model returned, even mid-search
         session = {**(final["session"] or {"kind": "auto"}), "finished": True}
         session["config"] = asdict(result.chosen)
         self.traces, self.events = [result.trace], result.decisions.to_dict("records")

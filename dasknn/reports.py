@@ -18,31 +18,41 @@ RULES = ("first", "median5")
 DEFAULT_THRESHOLDS = (0.9, 0.95, 0.98, 0.99)
 
 
-def _evaluations(history) -> pd.DataFrame:
+METRICS = ("val_accuracy", "accuracy")
+"""Held-out accuracy (validation data, never trained on) and training accuracy (training samples)."""
+METRIC_LABELS = {"val_accuracy": "held-out accuracy", "accuracy": "training accuracy"}
+
+
+def _evaluations(history, metric: str = "accuracy") -> pd.DataFrame:
     df = history if isinstance(history, pd.DataFrame) else pd.DataFrame(list(history))
-    missing = {"time", "accuracy"} - set(df.columns)
+    missing = {"time", metric} - set(df.columns)
     if missing:
-        raise ValueError(f"history needs columns 'time' and 'accuracy'; missing {sorted(missing)}")
-    return df.dropna(subset=["accuracy"]).sort_values("time").reset_index(drop=True)
+        raise ValueError(f"history needs columns 'time' and {metric!r}; missing {sorted(missing)}")
+    return df.dropna(subset=[metric]).sort_values("time", kind="stable").reset_index(drop=True)
 
 
 def time_to_accuracy(
-    history, thresholds: Sequence[float] = DEFAULT_THRESHOLDS, rule: str = "first", run: str = "run"
+    history,
+    thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+    rule: str = "first",
+    run: str = "run",
+    metric: str = "accuracy",
 ) -> pd.DataFrame:
     """One row per threshold: seconds, iterations and epochs until the run reached it (NaN if never).
 
-    `history` is a DataFrame or a list of dicts with at least `time` and `accuracy` (one row per
-    evaluation); `iteration` and `epoch` columns are reported when present.
+    `history` is a DataFrame or a list of dicts with at least `time` and the `metric` column (one row
+    per evaluation): "accuracy" (training samples) or "val_accuracy" (held-out); `iteration` and
+    `epoch` columns are reported when present. Each row names its `metric` and `rule`.
     """
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
-    ev = _evaluations(history)
-    acc = ev["accuracy"].to_numpy(dtype=float)
-    score = acc if rule == "first" else ev["accuracy"].rolling(5, min_periods=5).median().to_numpy()
+    ev = _evaluations(history, metric)
+    acc = ev[metric].to_numpy(dtype=float)
+    score = acc if rule == "first" else ev[metric].rolling(5, min_periods=5).median().to_numpy()
     rows = []
     for x in thresholds:
         hits = np.flatnonzero(score >= x)
-        row = {"run": run, "threshold": float(x), "rule": rule, "reached": bool(hits.size)}
+        row = {"run": run, "metric": metric, "threshold": float(x), "rule": rule, "reached": bool(hits.size)}
         first = ev.iloc[hits[0]] if hits.size else None
         for col in ("time", "iteration", "epoch"):
             value = np.nan
@@ -58,10 +68,12 @@ def compare_runs(
     thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
     rule: str = "first",
     baseline: str | None = None,
+    metric: str = "accuracy",
 ) -> pd.DataFrame:
     """Time to accuracy of several runs side by side, with the speedup over `baseline` (a run name)."""
     table = pd.concat(
-        [time_to_accuracy(h, thresholds, rule, run=name) for name, h in histories.items()], ignore_index=True
+        [time_to_accuracy(h, thresholds, rule, run=name, metric=metric) for name, h in histories.items()],
+        ignore_index=True,
     )
     if baseline is not None:
         if baseline not in histories:
@@ -71,28 +83,106 @@ def compare_runs(
     return table
 
 
+def search_spans(
+    trace: pd.DataFrame | None, decisions: pd.DataFrame | None = None
+) -> list[tuple[float, float]]:
+    """The optimizer's search phases as (start, end) times on the trace's clock.
+
+    A search is a stretch of probe runs (the runs that `decisions` rows "probe" and "extend" name,
+    or else the trace's rows of phase "search") with no training run between them; the time spent
+    scoring probes between its runs belongs to it.
+    """
+    if trace is None or not len(trace) or "run" not in trace:
+        return []
+    runs = trace.groupby("run").agg(start=("t_start", "min"), end=("t_end", "max")).sort_values("start")
+    if decisions is not None and len(decisions) and {"run", "action"} <= set(decisions.columns):
+        probing = decisions[decisions["action"].isin(["probe", "extend"])]["run"].dropna()
+        searched = set(probing.astype(int))
+    elif "phase" in trace:
+        searched = set(trace.loc[trace["phase"] == "search", "run"].astype(int))
+    else:
+        return []
+    spans: list[tuple[float, float]] = []
+    previous = False
+    for run_id, row in runs.iterrows():
+        searching = int(run_id) in searched
+        if searching and previous:
+            spans[-1] = (spans[-1][0], float(row["end"]))
+        elif searching:
+            spans.append((float(row["start"]), float(row["end"])))
+        previous = searching
+    return spans
+
+
+def broken_line(times, values, spans: Sequence[tuple[float, float]] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """The points of a curve through evaluations, with NaN between two that a span separates.
+
+    A line is then drawn only between consecutive evaluations with no search between them, never
+    across a stretch where nothing was evaluated because the optimizer was searching."""
+    t = np.asarray(times, dtype=float)
+    v = np.asarray(values, dtype=float)
+    xs, ys = [], []
+    for i in range(len(t)):
+        if i and any(a < t[i] and b > t[i - 1] for a, b in spans):
+            xs.append(np.nan)
+            ys.append(np.nan)
+        xs.append(t[i])
+        ys.append(v[i])
+    return np.asarray(xs), np.asarray(ys)
+
+
 def plot_accuracy(
     histories: Mapping[str, object],
     path: str | Path | None = None,
     title: str = "Accuracy over time",
     simulated: bool = False,
+    metric: str | None = None,
+    target: float | None = None,
+    search: Mapping[str, Sequence[tuple[float, float]]] | None = None,
 ):
-    """Accuracy vs seconds for each run; saved to `path` as PNG when given. Returns the figure."""
+    """Accuracy (%) vs seconds for each run; saved to `path` as PNG when given. Returns the figure.
+
+    Each evaluation is a marker; a line joins two evaluations only when no search phase lies between
+    them. `metric`: "val_accuracy" (held-out) or "accuracy" (training); default held-out when every
+    run has it. `search`: each run's search spans (`search_spans`), shaded and labelled. `target`:
+    a horizontal line.
+    """
     import matplotlib
 
     if path is not None:
         matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
+    frames = {
+        name: h if isinstance(h, pd.DataFrame) else pd.DataFrame(list(h)) for name, h in histories.items()
+    }
+    if metric is None:
+        held_out = all("val_accuracy" in f and f["val_accuracy"].notna().any() for f in frames.values())
+        metric = "val_accuracy" if frames and held_out else "accuracy"
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; expected one of {METRICS}")
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for name, history in histories.items():
-        ev = _evaluations(history)
-        ax.plot(ev["time"], ev["accuracy"], label=name, marker=".", markersize=3)
-    ax.set_xlabel("simulated seconds" if simulated else "seconds")
-    ax.set_ylabel("accuracy")
+    search = search or {}
+    labelled = False
+    for i, (name, frame) in enumerate(frames.items()):
+        color = f"C{i % 10}"
+        spans = list(search.get(name, ()))
+        for a, b in spans:
+            label = None if labelled else "optimizer search (no evaluation)"
+            ax.axvspan(a, b, color=color if len(frames) > 1 else "0.6", alpha=0.15, lw=0, label=label)
+            labelled = True
+        ev = _evaluations(frame, metric)
+        x, y = broken_line(ev["time"], ev[metric] * 100, spans)
+        ax.plot(x, y, color=color, lw=1.2, label=name)
+        ax.plot(ev["time"], ev[metric] * 100, color=color, ls="none", marker="o", markersize=3.5)
+    if target is not None:
+        ax.axhline(target * 100, color="k", ls="--", lw=0.9, label=f"target {target:.1%}")
+    ax.set_xlabel("simulated seconds" if simulated else "seconds (search included)")
+    where = "validation data" if metric == "val_accuracy" else "training samples"
+    ax.set_ylabel(f"{METRIC_LABELS[metric]} (%, {where})")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=120)

@@ -39,7 +39,11 @@ adds ~0-6% (engine / worker train_step 0.91-1.06×); the loop gap between iterat
 and a run's setup ~0.07 s. An earlier run at load 3-6 gave the same picture (1.59× / 1.26× default,
 0.87× / 0.91× tuned).
 
-    python -m experiments.bench_overhead [--quick] [--reps 5] [--blas-threads 1]
+    python -m experiments.bench_overhead [--quick] [--reps 5] [--blas-threads 1] [--gpu]
+
+Every engine run also reads the worker's host↔device copies (`cluster_transfers`, the counter of
+`backend.to_device`/`to_numpy`) and reports them per iteration: real copies on a `--gpu` worker,
+on a numpy worker the copies a GPU worker would make.
 
 Writes bench_overhead_<time>.csv (medians), _raw.csv (every repetition) and _phases.csv under
 experiments/results/bench_overhead/ and prints the tables and the machine (`device_info()`).
@@ -63,9 +67,10 @@ import pandas as pd
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dasknn.backend import device_info  # noqa: E402
+from dasknn.backend import cupy_available, device_info  # noqa: E402
 from dasknn.data import epoch_indices, load, n_batches  # noqa: E402
 from dasknn.engine.dask import DaskEngine, local_client, tasks  # noqa: E402
+from dasknn.engine.dask.runs import cluster_transfers  # noqa: E402
 from dasknn.engine.servers import ConvModelServer, FCServer  # noqa: E402
 from dasknn.engine.trace import Budget, RunConfig  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
@@ -167,7 +172,7 @@ def phase_times(
                 t.append(time.perf_counter())
                 version, weights = conv_server.pull()
                 t.append(time.perf_counter())
-                acts = tasks.conv_forward(run_id, "bench", 0, conv, weights, xb, "cpu")
+                acts = tasks.conv_forward(run_id, "bench", 0, conv, weights, xb, "cpu", (config.seed, 0))
                 t.append(time.perf_counter())
                 out = fc_server.step(acts, yb, config.lr, config.momentum)
                 t.append(time.perf_counter())
@@ -190,8 +195,9 @@ def worker_blas_threads() -> list[int]:
 
 
 @contextmanager
-def cluster(environ: dict[str, Any]) -> Iterator[Any]:
-    """`local_client(n_workers=1)` with extra variables in the worker's pre-spawn environment.
+def cluster(environ: dict[str, Any], gpu: bool = False) -> Iterator[Any]:
+    """`local_client(n_workers=1)` with extra variables in the worker's pre-spawn environment
+    (`gpu`: the worker gets resource GPU=1 and the engine computes there with CuPy).
 
     The nanny lets the driver's os.environ override its config and then writes its values into the
     driver's os.environ, so a variable set here is taken out of os.environ again afterwards.
@@ -201,7 +207,8 @@ def cluster(environ: dict[str, Any]) -> Iterator[Any]:
     saved = {k: os.environ.pop(k, None) for k in environ}
     try:
         with dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in environ.items()}):
-            with local_client(n_workers=1, tune_malloc=False) as client:
+            resources = {"GPU": 1} if gpu else {}
+            with local_client(n_workers=1, tune_malloc=False, resources=resources) as client:
                 yield client
     finally:
         for k, v in saved.items():
@@ -210,11 +217,16 @@ def cluster(environ: dict[str, Any]) -> Iterator[Any]:
                 os.environ[k] = v
 
 
-def engine_run(engine: DaskEngine, case: Case, X, y, iterations: int) -> dict[str, float]:
-    """One engine run from a fresh net: steady period, inner time, loop gap, setup per run."""
+def engine_run(client, engine: DaskEngine, case: Case, X, y, iterations: int) -> dict[str, float]:
+    """One engine run from a fresh net: steady period, inner time, loop gap, setup per run, and the
+    worker's host↔device copies and bytes per iteration (`cluster_transfers`; a numpy worker
+    counts the copies a GPU worker would make)."""
+    before = cluster_transfers(client)
     t0 = time.perf_counter()
     trace = engine.run(case.make_net(), X, y, case.config(), Budget(iterations=iterations)).trace
     wall = time.perf_counter() - t0
+    after = cluster_transfers(client)
+    moved = {f"{k}_per_iter": (after[k] - before[k]) / len(trace) for k in after}
     steady = trace.sort_values("t_start").iloc[WARMUP_ITERATIONS:]
     gaps = steady["t_start"].to_numpy()[1:] - steady["t_end"].to_numpy()[:-1]
     return {
@@ -223,7 +235,17 @@ def engine_run(engine: DaskEngine, case: Case, X, y, iterations: int) -> dict[st
         "engine_gap_s": float(np.median(gaps)),
         "engine_setup_s": wall - float(trace["t_end"].max() - trace["t_start"].min()),
         "engine_run_s_per_iter": wall / len(trace),
+        **moved,
     }
+
+
+def transfers(row: dict[str, Any]) -> str:
+    """The per-iteration host↔device copies of an engine row, as text."""
+    kib = {k: row[f"{k}_bytes_per_iter"] / 1024 for k in ("to_device", "to_host")}
+    return (
+        f"{row['to_device_per_iter']:.1f} copies ({kib['to_device']:.0f} KiB) to device, "
+        f"{row['to_host_per_iter']:.1f} ({kib['to_host']:.0f} KiB) to host"
+    )
 
 
 def bench_case(client, engine: DaskEngine, case: Case, label: str, reps: int, quick: bool, threads: int):
@@ -240,18 +262,18 @@ def bench_case(client, engine: DaskEngine, case: Case, label: str, reps: int, qu
     # warm-up: imports, lowering workspaces, the worker's net cache, the actor classes
     train_loop(case, Xn, yn, batches[:2], threads)
     on_worker(train_loop, batches[:2], threads)
-    engine_run(engine, case, X, y, WARMUP_ITERATIONS + 2)
+    engine_run(client, engine, case, X, y, WARMUP_ITERATIONS + 2)
     raw = []
     for rep in range(reps):
         row = {"cluster": label, "net": case.name, "batch_size": case.batch_size, "rep": rep}
         row["in_process_s_per_iter"] = train_loop(case, Xn, yn, batches, threads)
         row["worker_train_step_s_per_iter"] = on_worker(train_loop, batches, threads)
-        row.update(engine_run(engine, case, X, y, iterations))
+        row.update(engine_run(client, engine, case, X, y, iterations))
         raw.append(row)
         print(
             f"  [{label}] {case.name} rep {rep}: in-process {row['in_process_s_per_iter'] * 1e3:.1f} ms, "
             f"worker train_step {row['worker_train_step_s_per_iter'] * 1e3:.1f} ms, "
-            f"engine {row['engine_s_per_iter'] * 1e3:.1f} ms",
+            f"engine {row['engine_s_per_iter'] * 1e3:.1f} ms; per iteration {transfers(row)}",
             flush=True,
         )
     n_phase = max(2, iterations // 2)
@@ -266,10 +288,10 @@ def bench_case(client, engine: DaskEngine, case: Case, label: str, reps: int, qu
     return raw, phases
 
 
-def bench_cluster(label: str, environ: dict[str, Any], reps: int, quick: bool, threads: int):
+def bench_cluster(label: str, environ: dict[str, Any], reps: int, quick: bool, threads: int, gpu: bool):
     """Every case on one cluster; returns raw rows, phase rows and the worker's BLAS threads."""
     raw, phases = [], []
-    with cluster(environ) as client:
+    with cluster(environ, gpu) as client:
         engine = DaskEngine(client, blas_threads=threads)
         for case in CASES:
             r, p = bench_case(client, engine, case, label, reps, quick, threads)
@@ -316,7 +338,10 @@ def show(summary: pd.DataFrame, phases: pd.DataFrame) -> None:
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     cli = common.parser(__doc__, quick="fewer iterations and 2 repetitions (~1 min)", reps=(5, 2))
     cli.add_argument("--blas-threads", type=int, default=1, help="BLAS threads on both sides (default 1)")
+    cli.add_argument("--gpu", action="store_true", help="the engine's worker has GPU=1 (CuPy)")
     args = cli.parse_args(argv)
+    if args.gpu and not cupy_available():
+        cli.error("--gpu needs CuPy and a CUDA GPU on this machine")
     reps = common.repetitions(args)
     info = device_info()
     load_avg = os.getloadavg()
@@ -327,7 +352,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     raw_rows, phase_rows = [], []
     for label, environ in CLUSTERS.items():
         print(f"cluster: {label}", flush=True)
-        raw, phases, blas = bench_cluster(label, environ, reps, args.quick, args.blas_threads)
+        raw, phases, blas = bench_cluster(label, environ, reps, args.quick, args.blas_threads, args.gpu)
         print(f"  worker BLAS threads after the runs: {blas}")
         raw_rows += raw
         phase_rows += phases

@@ -43,7 +43,11 @@ not count. Since the remote shard runs on a ShardServer actor (direct worker-to-
 The worker and in-process calibrations agree within ~10% now that `local_client` tunes the
 workers' malloc (see bench_overhead).
 
-    python -m experiments.he_check [--quick]
+    python -m experiments.he_check [--quick] [--gpu]
+
+Each run also records the workers' host↔device copies and bytes per iteration (`cluster_transfers`,
+the counter of `backend.to_device`/`to_numpy`): real copies with `--gpu` (GPU=1 workers computing
+with CuPy), with numpy the copies GPU workers would make.
 
 Writes experiments/results/he_check/{he_check.nc, he_check.png, table.md}; prints the table. The
 machine has 2 cores shared with other users: the load average is recorded, and every number is a
@@ -65,9 +69,10 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dasknn import __version__  # noqa: E402
-from dasknn.backend import device_info  # noqa: E402
+from dasknn.backend import cupy_available, device_info  # noqa: E402
 from dasknn.data import load  # noqa: E402
 from dasknn.engine.dask import DaskEngine, cluster_workers, local_client, tasks  # noqa: E402
+from dasknn.engine.dask.runs import cluster_transfers  # noqa: E402
 from dasknn.engine.servers import ConvModelServer, FCServer  # noqa: E402
 from dasknn.engine.trace import Budget, RunConfig  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
@@ -140,7 +145,7 @@ def phase_seconds(case: Case, X: np.ndarray, y: np.ndarray, threads: int) -> dic
                 xb, yb = X[i * b : (i + 1) * b], y[i * b : (i + 1) * b]
                 t0 = time.perf_counter()
                 version, weights = conv_server.pull()
-                acts = tasks.conv_forward(run_id, "bench", 0, conv, weights, xb, "cpu")
+                acts = tasks.conv_forward(run_id, "bench", 0, conv, weights, xb, "cpu", (config.seed, 0))
                 t1 = time.perf_counter()
                 out = fc_server.step(acts, yb, config.lr, config.momentum)
                 t2 = time.perf_counter()
@@ -197,29 +202,45 @@ def model_of(cal: dict[str, float], in_process: bool = False) -> HEModel:
     )
 
 
-def measure(client, case: Case, X, y, reps: int) -> np.ndarray:
-    """Measured time per iteration, shape (len(GROUPS), reps): g values interleaved per repetition."""
+TRANSFERS = ("to_device", "to_device_bytes", "to_host", "to_host_bytes")
+
+
+def measure(client, case: Case, X, y, reps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Measured time per iteration, shape (len(GROUPS), reps), g values interleaved per repetition;
+    and the workers' host↔device transfers per iteration (`cluster_transfers`), (len(GROUPS), 4)."""
     engine = DaskEngine(client, blas_threads=BLAS_THREADS, timeout=120)
     engine.run(case.make_net(), X, y, case.config(2), Budget(iterations=2 * WARMUP + 2))  # warm-up
     out = np.full((len(GROUPS), reps), np.nan)
+    moved = np.zeros((len(GROUPS), len(TRANSFERS)))
     for r in range(reps):
         for i, g in enumerate(GROUPS):
+            before = cluster_transfers(client)
             trace = engine.run(
                 case.make_net(), X, y, case.config(g), Budget(iterations=case.iterations)
             ).trace
+            after = cluster_transfers(client)
             out[i, r] = time_per_iteration(trace, warmup=WARMUP)
+            moved[i] = [(after[k] - before[k]) / len(trace) for k in TRANSFERS]
             assert engine.placement_ is not None and engine.placement_.n_groups == g
-            print(f"  {case.name} g={g} rep {r}: {out[i, r] * 1e3:.1f} ms/iteration", flush=True)
-    return out
+            print(
+                f"  {case.name} g={g} rep {r}: {out[i, r] * 1e3:.1f} ms/iteration; per iteration "
+                f"{moved[i, 0]:.1f} copies ({moved[i, 1] / 1024:.0f} KiB) to device, "
+                f"{moved[i, 2]:.1f} ({moved[i, 3] / 1024:.0f} KiB) to host",
+                flush=True,
+            )
+    return out, moved
 
 
-def run(quick: bool, reps: int) -> xr.Dataset:
-    """Calibrate, predict and measure every case; the record as a Dataset (dims net, groups, rep)."""
+def run(quick: bool, reps: int, gpu: bool = False) -> xr.Dataset:
+    """Calibrate, predict and measure every case; the record as a Dataset (dims net, groups, rep).
+
+    `gpu`: the workers get resource GPU=1 and compute with CuPy (the calibration stays on numpy)."""
     cases = CASES[quick]
     info = device_info()
     load_start = os.getloadavg()[0]
-    cal_rows, measured = [], []
-    with local_client(n_workers=N_WORKERS, threads_per_worker=1) as client:
+    cal_rows, measured, transfers = [], [], []
+    resources = {"GPU": 1} if gpu else {}
+    with local_client(n_workers=N_WORKERS, threads_per_worker=1, resources=resources) as client:
         for case in cases:
             X, y = client.persist(list(case.data()))
             Xn, yn = X.compute(), y.compute()
@@ -230,7 +251,9 @@ def run(quick: bool, reps: int) -> xr.Dataset:
                 f"(worker); in this process t_conv(1) = {cal_rows[-1]['t_conv_1_in_process'] * 1e3:.1f} ms",
                 flush=True,
             )
-            measured.append(measure(client, case, X, y, reps))
+            times, moved = measure(client, case, X, y, reps)
+            measured.append(times)
+            transfers.append(moved)
             client.cancel([X, y])
     models = [model_of(c) for c in cal_rows]
     models_here = [model_of(c, in_process=True) for c in cal_rows]
@@ -271,6 +294,15 @@ def run(quick: bool, reps: int) -> xr.Dataset:
                 {"units": "s", "description": "every repetition"},
             ),
             "ratio": (ng, median / predicted, {"units": "1", "description": "measured / predicted"}),
+            "transfers_per_iter": (
+                (*ng, "transfer"),
+                np.stack(transfers),
+                {
+                    "units": "copies or bytes per iteration",
+                    "description": "host-device copies of all workers (backend.transfer_counts), last "
+                    "repetition; numpy workers count the copies a GPU worker would make",
+                },
+            ),
             "k": (
                 ng,
                 np.array([[m.group_size(g) for g in GROUPS] for m in models], dtype=np.int64),
@@ -302,13 +334,15 @@ def run(quick: bool, reps: int) -> xr.Dataset:
             "net": [c.name for c in cases],
             "groups": np.array(GROUPS, dtype=np.int64),
             "rep": np.arange(reps, dtype=np.int64),
+            "transfer": list(TRANSFERS),
         },
     )
     ds.attrs = {
         "experiment": "he_check",
         "mirrors": "Omnivore §IV-B HE model; Fig. 5(b) / Fig. 7(a) predicted vs measured time per iteration",
         "engine": "dask",
-        "cluster": f"local_client(n_workers={N_WORKERS}, threads_per_worker=1), worker processes",
+        "cluster": f"local_client(n_workers={N_WORKERS}, threads_per_worker=1), worker processes"
+        + (", GPU=1 each (CuPy)" if gpu else ", numpy"),
         "n_workers": N_WORKERS,
         "blas_threads": BLAS_THREADS,
         "time_unit": "s",
@@ -328,8 +362,9 @@ def table(ds: xr.Dataset) -> str:
 
     lines = [
         "| net | g | k | t_conv(k) (ms) | t_fc (ms) | HE predicted (ms) | measured (ms) | "
-        "measured / predicted | FC saturated | predicted, in-process calibration (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "measured / predicted | FC saturated | predicted, in-process calibration (ms) | "
+        "to device per iteration (copies / KiB) | to host (copies / KiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for net in ds["net"].values:
         for g in ds["groups"].values:
@@ -338,6 +373,10 @@ def table(ds: xr.Dataset) -> str:
             cells += [ms(s["time_per_iter_predicted"]), ms(s["time_per_iter_measured"])]
             cells += [f"{float(s['ratio']):.2f}", "yes" if int(s["fc_saturated"]) else "no"]
             cells += [ms(s["time_per_iter_predicted_in_process"])]
+            t = s["transfers_per_iter"]
+            for way in ("to_device", "to_host"):
+                copies, nbytes = float(t.sel(transfer=way)), float(t.sel(transfer=f"{way}_bytes"))
+                cells.append(f"{copies:.1f} / {nbytes / 1024:.0f}")
             lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -386,9 +425,12 @@ def plot(ds: xr.Dataset, fig) -> None:
 
 def main(argv: list[str] | None = None) -> xr.Dataset:
     cli = parser(__doc__, quick="fewer iterations and 2 repetitions (~1 min)", reps=(3, 2))
+    cli.add_argument("--gpu", action="store_true", help="GPU=1 workers computing with CuPy")
     args = cli.parse_args(argv)
+    if args.gpu and not cupy_available():
+        cli.error("--gpu needs CuPy and a CUDA GPU on this machine")
     t0 = time.perf_counter()
-    ds = run(args.quick, repetitions(args))
+    ds = run(args.quick, repetitions(args), gpu=args.gpu)
     text = table(ds)
     result = Experiment(ds, text, plot, figsize=(4.5 * ds.sizes["net"], 3.6))
     paths = write(NAME, result, title="HE model vs measured Dask-engine runs")

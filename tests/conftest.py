@@ -1,8 +1,12 @@
-"""Shared fixtures: the Caffe model files beside the repo, and GPU availability."""
+"""Shared fixtures: the Caffe model files beside the repo, GPU availability, a CPU hog."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,3 +31,15 @@ def caffe_models() -> Path:
     if path is None:
         pytest.skip("Caffe model files not found: set DASKNN_CAFFE_MODELS or clone with ../shared beside")
     return path
+
+
+@contextlib.contextmanager
+def cpu_hogs(n: int = 1) -> Iterator[list[subprocess.Popen]]:
+    """`n` real CPU-bound processes (`while True: pass`) running for the duration, killed at the end."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()

@@ -369,3 +369,39 @@ def test_summary_num_classes_is_checked_by_argparse():
 def test_summary_of_an_absurd_input_shape_exits_2_instead_of_exhausting_memory():
     code, err = cli("summary", "lenet", "--input-shape", "1", "100000", "100000")
     assert code == 2 and "input" in err
+
+
+# -- checked before any work: the checkpoint folder, the split, the first forward pass ----------------
+NO_SCHEDULER = "tcp://127.0.0.1:9"  # nothing listens: a check that came after connecting would fail there
+
+
+def test_a_checkpoint_dir_that_is_a_file_is_rejected_before_training(tmp_path):
+    X, y = tiny()
+    (tmp_path / "file").write_text("not a folder")
+    rejected(X, y, names=["is not a directory"], max_computes=0, checkpoint_dir=tmp_path / "file")
+    below_a_file = tmp_path / "file" / "ckpt"
+    rejected(X, y, names=["checkpoint_dir"], max_computes=0, checkpoint_dir=below_a_file)
+
+
+@pytest.mark.parametrize("split", ["nolayer", "conv1"])
+def test_a_split_the_net_cannot_take_is_named_before_a_cluster_starts(split, digits28):
+    X, y = digits28
+    with pytest.raises(ValueError, match=f"split={split!r}"):
+        DistributedCNN(net="lenet", engine="dask", scheduler=NO_SCHEDULER, split=split, **KNOBS).fit(X, y)
+
+
+def test_values_that_overflow_the_first_forward_pass_are_named_before_a_cluster_starts(digits28):
+    X, y = digits28
+    with pytest.raises(ValueError, match="overflows net 'LeNet'.*scale X"):
+        DistributedCNN(net="lenet", engine="dask", scheduler=NO_SCHEDULER, **KNOBS).fit(X * 1e30, y)
+
+
+KNOBS = dict(n_groups=1, learning_rate=0.01, momentum=0.9, max_epochs=1, time_budget=None, eval_size=64)
+
+
+@pytest.fixture(scope="module")
+def digits28():
+    from dasknn.data import load
+
+    X, y = load("digits", size=28)
+    return X[:128].compute(), y[:128].compute()

@@ -69,15 +69,19 @@ def test_latest_skips_corrupted_truncated_and_partial_checkpoints(tmp_path):
             checkpoint.load(broken)
     (tmp_path / ".tmp-ckpt-999999999-dead").mkdir()  # a dead writer's temporary: not a checkpoint
     (tmp_path / "ckpt-000000000009").mkdir()  # empty: not complete
-    ck = checkpoint.latest(tmp_path)
+    with pytest.warns(UserWarning, match="damaged") as said:
+        ck = checkpoint.latest(tmp_path)
     assert ck.state.iterations_done == 1 and float(ck.state.params["w"][0]) == 1.0
+    (message,) = [str(w.message) for w in said]  # names the newest and the one loaded instead
+    assert "ckpt-000000000009" in message and str(paths[0]) in message and "iteration 1" in message
     checkpoint.save(tmp_path, TrainState({"w": np.zeros(3)}, iterations_done=5), keep=1)
     assert not (tmp_path / ".tmp-ckpt-999999999-dead").exists()  # cleaned by the next save
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == [
         "ckpt-000000000005",
         "ckpt-000000000009",
     ]
-    assert checkpoint.latest(tmp_path).state.iterations_done == 5
+    with pytest.warns(UserWarning, match="ckpt-000000000009 is damaged"):
+        assert checkpoint.latest(tmp_path).state.iterations_done == 5
 
 
 WRITER = textwrap.dedent(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import xarray as xr
 
@@ -25,17 +26,20 @@ def test_train_with_fixed_knobs_reaches_its_target_and_writes_the_report(tmp_pat
         "--eval-size", "500", "--output", str(run), "-q",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "time to accuracy" in out.stdout
+    assert "time to held-out accuracy (20% of digits" in out.stdout
+    assert "time to training accuracy" in out.stdout
     report = pd.read_csv(run / "report.csv")
-    assert list(report["threshold"]) == [0.9, 0.95, 0.98, 0.99]
+    assert list(report["threshold"]) == [0.9, 0.95, 0.98, 0.99] * 2
+    assert list(report["metric"]) == ["val_accuracy"] * 4 + ["accuracy"] * 4
     assert bool(report.loc[0, "reached"]) and report.loc[0, "seconds"] > 0
     history = pd.read_csv(run / "history.csv")
-    assert history["accuracy"].max() >= 0.9 and history["iteration"].is_monotonic_increasing
+    assert history["val_accuracy"].max() >= 0.9 and history["iteration"].is_monotonic_increasing
+    assert out.stderr.count("[dasknn] started a LocalCluster") == 0  # -q: silent
     assert (run / "accuracy.png").stat().st_size > 1000
     trace = pd.read_csv(run / "trace.csv")
     assert len(trace) == history["iteration"].iloc[-1] and (trace["staleness"] == 0).all()
     with xr.open_dataset(run / "experiment.nc") as ds:
-        assert ds.attrs["engine"] == "dask" and "P_HE" in ds
+        assert ds.attrs["engine"] == "dask" and "P_HE" in ds and ds.attrs["dataset"] == "digits"
 
 
 def test_bad_options_exit_2_with_the_problem_named(tmp_path):
@@ -49,6 +53,10 @@ def test_bad_options_exit_2_with_the_problem_named(tmp_path):
     assert out.returncode == 2 and "expected 'auto' or a number" in out.stderr
     out = dasknn("train", "--lr-grid", "0.1,-0.01")
     assert out.returncode == 2 and "--lr-grid" in out.stderr and "must be > 0" in out.stderr
+    out = dasknn("train", "--dataset", "digits", "--val-split", "test", "-q", "--output", str(tmp_path / "v"))
+    assert out.returncode == 2 and "--val-split test needs a dataset with a test split" in out.stderr
+    out = dasknn("train", "--validation-fraction", "1")
+    assert out.returncode == 2 and "--validation-fraction" in out.stderr
 
 
 def test_summary_prints_layers_and_costs():
@@ -62,7 +70,7 @@ def test_train_with_a_replica_strategy_on_the_simulator(tmp_path):
     run = tmp_path / "sma"
     out = dasknn(
         "train", "--dataset", "digits", "--engine", "simulated", "--strategy", "sma",
-        "--n-groups", "2", "--lr", "0.05", "--momentum", "0.9", "--max-epochs", "2",
+        "--n-groups", "2", "--lr", "0.05", "--momentum", "0.9", "--max-epochs", "4",
         "--target-accuracy", "0.9", "--eval-size", "300", "--output", str(run), "-q",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -104,3 +112,22 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err.decode()
     assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
+
+
+def test_val_split_test_holds_out_the_datasets_test_split(tmp_path):
+    from tests.data.files import write_mnist
+
+    write_mnist(tmp_path / "mnist", n_train=128, n_test=64)
+    run = tmp_path / "run"
+    out = dasknn(
+        "train", "--dataset", "mnist", "--data-dir", str(tmp_path / "mnist"), "--val-split", "test",
+        "--engine", "simulated", "--n-groups", "1", "--lr", "0.01", "--momentum", "0.9", "--max-epochs", "1",
+        "--target-accuracy", "0.999", "--eval-size", "64", "--output", str(run),
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr  # random images: the target is not reached, a clean exit
+    assert "held out: the mnist test split (64 samples)" in out.stdout
+    assert "dasknn:" in out.stderr and "/240 sim s" in out.stderr  # the bar over the time budget
+    history = pd.read_csv(run / "history.csv")
+    assert history["val_accuracy"].notna().all() and len(history) >= 2
+    # every held-out accuracy is a count of the 64 test samples
+    assert np.allclose(history["val_accuracy"] * 64, np.round(history["val_accuracy"] * 64))

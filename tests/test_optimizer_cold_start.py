@@ -1,5 +1,5 @@
 """The optimizer's cold start as appendix E-D describes it (g tuned too, compared at equal time),
-probes scored on held-out samples, the µ early stop, and the estimator's optimizer_options; real
+probes scored on the selection part, the µ early stop, and the estimator's optimizer_options; real
 training on the SimulatedEngine with planted timings and probe losses."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dasknn.engine.trace import TrainState
 from dasknn.nn.train import evaluate
 from dasknn.optimizer import OmnivoreOptimizer
 from dasknn.optimizer.cold_start import ladder
-from dasknn.optimizer.search import HeldOutLoss, state_hash
+from dasknn.optimizer.search import SelectionLoss, state_hash
 from dasknn.tradeoff.hardware import HEModel
 from tests.planted import implicit_momentum_losses, small_net
 
@@ -105,36 +105,38 @@ def test_equal_time_lets_the_faster_g_win_when_every_g_learns_alike(digits8):
     assert abs(spent[2] - spent[4]) <= 2 * slowest_iteration and spent[4] >= second - slowest_iteration
 
 
-def test_held_out_scores_judge_the_probes_and_their_time_is_charged(digits8):
+def test_selection_scores_judge_the_probes_and_their_time_is_charged(digits8):
     X, y = digits8
     net = small_net()
-    held = HeldOutLoss(net, X[:96], y[:96])
+    selection = SelectionLoss(net, X[:96], y[:96])
     start = TrainState.from_net(net)
     scratch = net.copy()
     scratch.set_params(start.params)
-    assert held.n_samples == 96 and held(start) == pytest.approx(evaluate(scratch, X[:96], y[:96])[0])
+    assert selection.n_samples == 96 and selection(start) == pytest.approx(
+        evaluate(scratch, X[:96], y[:96])[0]
+    )
 
     calls: dict[str, float] = {}
 
     def score(state: TrainState) -> float:
-        calls[state_hash(state)] = value = held(state)
+        calls[state_hash(state)] = value = selection(state)
         return value
 
-    score.n_samples = held.n_samples
+    score.n_samples = selection.n_samples
     opt = OmnivoreOptimizer(SimulatedEngine(PLANTED, verbose=0), probe_iterations=10, probe_score=score)
     result = opt.optimize(net, X, y, batch_size=32, max_epochs=2)
     d, trace = result.decisions, result.trace
     probed = d[d["action"].isin(["probe", "extend"]) & ~d["diverged"]]
     assert len(calls) == len(probed)
     np.testing.assert_allclose(sorted(probed["score"]), sorted(calls.values()))
-    assert "held-out loss" in " ".join(d["reason"])
+    assert "selection loss" in " ".join(d["reason"])
     # scoring is charged to the simulated clock: gaps between the runs, so the runs' spans add up
     # to less than the clock
     spans = trace.groupby("run")["t_end"].max() - trace.groupby("run")["t_start"].min()
     assert d["time"].iloc[-1] > spans.sum() * 1.005
 
 
-def test_the_estimator_scores_probes_on_its_evaluation_samples_and_passes_optimizer_options():
+def test_the_estimator_scores_probes_on_its_selection_part_and_passes_optimizer_options():
     digits = load_digits()
     X, y = digits.data.astype(np.float32) / 16, digits.target
     options = {"lr_grid": (0.3, 0.03, 0.003), "probe_iterations": 12}
@@ -146,7 +148,7 @@ def test_the_estimator_scores_probes_on_its_evaluation_samples_and_passes_optimi
     cold = rows(d, "probe")[lambda r: r["n_groups"] == 1]
     assert set(cold["lr"]) <= {0.3, 0.03, 0.003} and cold["lr"].iloc[0] == 0.3
     assert (rows(d, "probe")["iterations"] == 12).all()
-    assert "held-out loss" in " ".join(d["reason"]), "the estimator judges probes on held-out samples"
+    assert "selection loss" in " ".join(d["reason"]), "the estimator judges probes on its selection part"
 
 
 @pytest.mark.parametrize(

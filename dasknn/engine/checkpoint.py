@@ -33,6 +33,7 @@ import math
 import os
 import shutil
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -301,12 +302,25 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
 
 
 def latest(directory: str | os.PathLike) -> Checkpoint | None:
-    """The newest checkpoint in `directory` that loads (broken ones skipped); None if there is none."""
+    """The newest checkpoint in `directory` that loads; None if there is none.
+
+    Damaged ones are skipped, and when an older checkpoint is loaded because of that a warning names
+    both: the run goes back to the older one's iteration."""
+    damaged: list[tuple[Path, CheckpointError]] = []
     for path in reversed(list_checkpoints(directory)):
         try:
-            return load(path)
-        except CheckpointError:
+            found = load(path)
+        except CheckpointError as err:
+            damaged.append((path, err))
             continue
+        if damaged:
+            newest, why = damaged[0]
+            warnings.warn(
+                f"the newest checkpoint {newest} is damaged ({why}); loaded the older {path} "
+                f"instead: the run goes back to iteration {found.state.iterations_done}",
+                stacklevel=2,
+            )
+        return found
     return None
 
 

@@ -13,14 +13,19 @@ from typing import Any
 
 import numpy as np
 
-from dasknn.backend import to_numpy
-from dasknn.nn.loss import accuracy, softmax, softmax_with_loss
+from dasknn.backend import device_scope, to_device, to_numpy
+from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
 
 
 class ConvModelServer:
     """Conv-phase weights, their momentum buffers and a version counter.
+
+    It also keeps BatchNorm's running statistics (`Net.statistics`) as plain blobs beside the
+    weights: a push carries the sum of the group's shards' contributions, accumulated as
+    blob ← moving_average_fraction·blob + contribution (no rate, momentum or decay), so groups'
+    statistics combine in the order their updates arrive, exactly as their gradients do.
 
     `pull()` returns (version, weights); `push(grads, version_read, lr, momentum)` applies ONE update
     (a compute group's summed gradient) and returns its staleness: the number of updates other groups
@@ -38,10 +43,14 @@ class ConvModelServer:
         lr_mult: dict[str, float] | None = None,
         decay_mult: dict[str, float] | None = None,
         weight_decay: float = 0.0,
+        statistics: dict[str, float] | None = None,
     ) -> None:
         self.params = {k: np.array(v, copy=True) for k, v in params.items()}
         self.solver = SGD(
-            weight_decay=weight_decay, lr_mult=dict(lr_mult or {}), decay_mult=dict(decay_mult or {})
+            weight_decay=weight_decay,
+            lr_mult=dict(lr_mult or {}),
+            decay_mult=dict(decay_mult or {}),
+            statistics=dict(statistics or {}),
         )
         self.version = 0
         self.stopped = False
@@ -100,9 +109,8 @@ class ConvModelServer:
         with self._lock:
             if self.stopped:
                 return None
-            self.solver.step(
-                self.params, {k: to_numpy(g) for k, g in grads.items()}, lr=lr, momentum=momentum
-            )
+            host = {k: np.asarray(g) for k, g in grads.items()}  # the shards send host arrays
+            self.solver.step(self.params, host, lr=lr, momentum=momentum)
             self.version += 1
             written = self.version
             out = {
@@ -139,24 +147,28 @@ NOISE_EVERY = 4
 batch (one more FC backward on half of the batch each time)."""
 
 
-def grad_norms(net: Net, dlogits, caches, grads: dict[str, Any]) -> tuple[float, float]:
+def grad_norms(net: Net, dheads: dict[str, Any], caches, grads: dict[str, Any]) -> tuple[float, float]:
     """(|G_B|², mean of |G_B/2|² over the two halves) of one batch's FC-phase gradient.
 
     The two-batch-size estimator of the gradient noise scale (McCandlish et al. 2018, appendix A)
-    needs only these squared norms. The loss is a mean over the B samples, so the backward of
-    `dlogits` with one half zeroed is that half's sum over B; rescaled, each half is an estimate of
-    the gradient from B/2 samples.
+    needs only these squared norms. The loss is a mean over the B samples, so the backward of the
+    loss heads' gradients with one half zeroed is that half's sum over B; rescaled, each half is an
+    estimate of the gradient from B/2 samples. Running statistics (`Net.statistics`) are not
+    gradients and are left out.
     """
-    n = dlogits.shape[0]
+    n = next(iter(dheads.values())).shape[0]
     half = n // 2
     if half < 1:
         return float("nan"), float("nan")
-    first = dlogits.copy()
-    first[half:] = 0
+    first = {}
+    for blob, d in dheads.items():
+        first[blob] = d.copy()
+        first[blob][half:] = 0
     _, g_first = net.backward(first, caches)
-    big = sum(float((g * g).sum()) for g in grads.values())
-    a = sum(float(((g * (n / half)) ** 2).sum()) for g in g_first.values())
-    b = sum(float((((grads[k] - g) * (n / (n - half))) ** 2).sum()) for k, g in g_first.items())
+    learned = [k for k in g_first if k not in net.statistics]
+    big = sum(float((grads[k] * grads[k]).sum()) for k in learned)
+    a = sum(float(((g_first[k] * (n / half)) ** 2).sum()) for k in learned)
+    b = sum(float((((grads[k] - g_first[k]) * (n / (n - half))) ** 2).sum()) for k in learned)
     return big, (a + b) / 2
 
 
@@ -168,10 +180,19 @@ class FCServer:
     serialised (one batch at a time), so the FC model is never stale. Every NOISE_EVERY-th batch it
     also returns the squared gradient norms of the whole batch and of its halves (`grad_sq`,
     `grad_sq_half`, `grad_norms`): what the gradient noise scale is estimated from.
+
+    The FC model and its momentum live on `device` ('cpu', 'gpu' or 'gpu:N': CuPy on a GPU worker),
+    and a step moves only the activations and labels in and d(activations) out. Its dropout draws
+    from the host generator `rng` (`dasknn.nn.randomness`), and `get_state` is numpy on the host,
+    so snapshots and checkpoints do not depend on the device. With device 'cpu' the server computes
+    on `fc_net` itself; on a GPU, on a device copy of it.
     """
 
-    def __init__(self, fc_net: Net, weight_decay: float = 0.0, seed: int = 0) -> None:
-        self.net = fc_net
+    def __init__(self, fc_net: Net, weight_decay: float = 0.0, seed: int = 0, device: str = "cpu") -> None:
+        self.device = device
+        with device_scope(device) as xp:
+            self.xp = xp
+            self.net = fc_net if xp is np else fc_net.copy().to(xp)
         self.solver = SGD.for_net(fc_net, weight_decay=weight_decay)
         self.rng = np.random.default_rng([seed, 2])
         self.version = 0
@@ -184,24 +205,26 @@ class FCServer:
             self.stopped = True
 
     def step(self, acts, labels, lr: float, momentum: float) -> dict[str, Any] | None:
-        """One batch through the FC phase; returns {"dacts", "loss", "accuracy", "version"}, or None
-        once stopped."""
-        with self._lock:
+        """One batch through the FC phase; returns {"dacts", "loss" (weighted total over the loss
+        heads), "main_loss", "accuracy" (main head), "version"}, or None once stopped."""
+        with self._lock, device_scope(self.device):
             if self.stopped:
                 return None
-            logits, caches = self.net.forward(acts, train=True, rng=self.rng)
-            loss, dlogits = softmax_with_loss(logits, labels)
-            dacts, grads = self.net.backward(dlogits, caches, need_dx=True)
-            acc = accuracy(logits, labels)
+            acts, labels = to_device(acts, self.xp), to_device(np.asarray(labels), self.xp)
+            heads, caches = self.net.forward_heads(acts, train=True, rng=self.rng)
+            out = self.net.loss(heads, labels)
+            dheads = out.pop("dheads")
+            dacts, grads = self.net.backward(dheads, caches, need_dx=True)
             norms = (float("nan"), float("nan"))
             if self.solver.iter % NOISE_EVERY == 0:
-                norms = grad_norms(self.net, dlogits, caches, grads)
+                norms = grad_norms(self.net, dheads, caches, grads)
             self.solver.step(self.net.params, grads, lr=lr, momentum=momentum)
             self.version += 1
             return {
-                "dacts": dacts,
-                "loss": loss,
-                "accuracy": acc,
+                "dacts": to_numpy(dacts),
+                "loss": float(out["loss"]),
+                "main_loss": float(out["main_loss"]),
+                "accuracy": float(out["accuracy"]),
                 "version": self.version,
                 "grad_sq": norms[0],
                 "grad_sq_half": norms[1],
@@ -209,12 +232,13 @@ class FCServer:
 
     def predict_proba(self, acts) -> np.ndarray:
         """Class probabilities for conv-phase activations (test mode, no update)."""
-        with self._lock:
-            logits, _ = self.net.forward(acts, train=False)
-        return to_numpy(softmax(logits))
+        with self._lock, device_scope(self.device):
+            logits, _ = self.net.forward(to_device(acts, self.xp), train=False)
+            return to_numpy(softmax(logits))
 
     def get_state(self) -> dict[str, Any]:
-        with self._lock:
+        """Weights, momentum buffers (numpy, on the host), version and the dropout rng's state."""
+        with self._lock, device_scope(self.device):
             return {
                 "params": self.net.get_params(),
                 "solver": self.solver.state_dict(),
@@ -223,8 +247,9 @@ class FCServer:
             }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        with self._lock:
+        """Restore a `get_state()`; weights and momentum move to the server's device."""
+        with self._lock, device_scope(self.device):
             self.net.set_params(state["params"])
-            self.solver.load_state_dict(state["solver"])
+            self.solver.load_state_dict(state["solver"], like=self.net.params)
             self.version = int(state["version"])
             self.rng.bit_generator.state = state["rng"]

@@ -114,13 +114,33 @@ def ralp_split(net: Net, batch_size: int) -> str:
 
     Layer-placement §3. Candidates keep at least one layer on each side (the engines need a conv
     phase and an FC server); ties go to the earliest layer, which puts the most work on the server.
-    Returns a layer name, ready for `Net.split_phases(at=...)`.
+    Returns a layer name, ready for `Net.split_phases(at=...)`. On a graph net the candidates are
+    the main path's layers, each costed by the split it makes: every blob crossing it (branches and
+    auxiliary heads included) plus the parameters left on the workers.
     """
+    if not net.is_chain:
+        return _ralp_split_graph(net, int(batch_size))
     costs = layer_costs(net, batch_size)
     if len(costs) < 2:
         raise ValueError(f"net {net.name!r} has {len(costs)} layer(s); a split needs two")
     i = int(costs["cost"].iloc[:-1].to_numpy().argmin())
     return str(costs.index[i + 1])
+
+
+def _ralp_split_graph(net: Net, batch_size: int) -> str:
+    """RALP's rule on a graph: the main-path layer whose split moves the fewest bytes one way."""
+    s = net.summary()
+    itemsize = net.dtype.itemsize
+    best = None
+    for i in sorted(net.main_path())[1:]:
+        conv, _, boundary = net._split_sets(net.layers[i].name)
+        moved = sum(math.prod(net.blob_shapes[b]) for b in boundary) * itemsize * batch_size
+        moved += float(s["param_bytes"].iloc[sorted(conv)].sum())
+        if best is None or moved < best[0]:
+            best = (moved, net.layers[i].name)
+    if best is None:
+        raise ValueError(f"net {net.name!r} has one layer on its main path; a split needs two")
+    return best[1]
 
 
 def split_layer(net: Net, strategy: Strategy, batch_size: int) -> str | None:

@@ -48,7 +48,10 @@ class Layer(ABC):
 
     @abstractmethod
     def forward(self, x, train: bool = True, rng: np.random.Generator | None = None):
-        """(N, *in_shape) → (output (N, *out_shape), cache for `backward`)."""
+        """(N, *in_shape) → (output (N, *out_shape), cache for `backward`).
+
+        `rng` is the only source of randomness a layer may use in training (`dasknn.nn.randomness`
+        draws from it on every device); layers that draw refuse to train without one."""
 
     @abstractmethod
     def backward(self, dy, cache, need_dx: bool = True):

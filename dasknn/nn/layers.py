@@ -19,6 +19,7 @@ from dasknn.nn.base import Layer, Shape, pair
 from dasknn.nn.fillers import Filler
 from dasknn.nn.lowering import LOWERINGS, conv_backward, conv_forward, conv_output_size
 from dasknn.nn.pooling import LRN, Pooling
+from dasknn.nn.randomness import bernoulli
 
 __all__ = [
     "LAYER_TYPES",
@@ -72,7 +73,8 @@ class Convolution(_Weighted):
     """2-D convolution with bias, computed by batched lowering + one GEMM (Caffe con Troll §2).
 
     `lowering` is one of `lowering.LOWERINGS` or "auto"; `bp` is how many images are lowered
-    together per GEMM (None: the whole batch, the best choice on CPUs per Omnivore §III-A).
+    together per GEMM (None: `lowering.default_bp`, a cache-sized partition on CPUs, the whole
+    batch on GPUs). The bias is added while the output is lifted.
     `group` splits channels into independent convolutions, as Caffe's (CaffeNet uses 2).
     """
 
@@ -132,16 +134,18 @@ class Convolution(_Weighted):
     def forward(self, x, train=True, rng=None):
         xp = array_module(x)
         w = self.params["weight"]
+        b = self.params["bias"] if self.bias_term else None
         g, cg, og = self.group, x.shape[1] // self.group, self.num_output // self.group
         ys, caches = [], []
         for i in range(g):
             xi = x if g == 1 else x[:, i * cg : (i + 1) * cg]
-            yi, ci = conv_forward(xi, w[i * og : (i + 1) * og], self.stride, self.pad, self.lowering, self.bp)
+            bi = None if b is None else b[i * og : (i + 1) * og]
+            yi, ci = conv_forward(
+                xi, w[i * og : (i + 1) * og], self.stride, self.pad, self.lowering, self.bp, bi
+            )
             ys.append(yi)
             caches.append(ci)
         y = ys[0] if g == 1 else xp.concatenate(ys, axis=1)
-        if self.bias_term:
-            y += self.params["bias"].reshape(1, -1, 1, 1)
         return y, caches
 
     def backward(self, dy, cache, need_dx=True):
@@ -253,15 +257,16 @@ class ReLU(Layer):
 
     def forward(self, x, train=True, rng=None):
         xp = array_module(x)
+        if self.negative_slope == 0.0:  # y > 0 exactly where x > 0: y is the cache, no mask pass
+            y = xp.maximum(x, 0, dtype=x.dtype)
+            return y, y
         positive = x > 0
-        if self.negative_slope == 0.0:
-            return xp.maximum(x, 0, dtype=x.dtype), positive
         return xp.where(positive, x, x * x.dtype.type(self.negative_slope)), positive
 
     def backward(self, dy, cache, need_dx=True):
         xp = array_module(dy)
         if self.negative_slope == 0.0:
-            return dy * cache, {}
+            return dy * (cache > 0), {}
         return xp.where(cache, dy, dy * dy.dtype.type(self.negative_slope)), {}
 
     def config(self):
@@ -270,7 +275,8 @@ class ReLU(Layer):
 
 class Dropout(Layer):
     """Inverted dropout as Caffe: in training keep each unit with probability 1 − ratio and scale
-    it by 1/(1 − ratio); identity at test time."""
+    it by 1/(1 − ratio); identity at test time. The mask comes from the `rng` of `forward`
+    (`dasknn.nn.randomness`): the same on numpy and cupy, and training without one is an error."""
 
     type = "Dropout"
 
@@ -283,12 +289,8 @@ class Dropout(Layer):
     def forward(self, x, train=True, rng=None):
         if not train or self.dropout_ratio == 0.0:
             return x, None
-        xp = array_module(x)
-        if xp is np:
-            u = (rng if rng is not None else np.random.default_rng()).random(x.shape, dtype=np.float32)
-        else:
-            u = xp.random.random(x.shape, dtype=xp.float32)
-        mask = (u >= self.dropout_ratio).astype(x.dtype) * x.dtype.type(1.0 / (1.0 - self.dropout_ratio))
+        keep = bernoulli(rng, x.shape, self.dropout_ratio, x, self.name)
+        mask = keep.astype(x.dtype) * x.dtype.type(1.0 / (1.0 - self.dropout_ratio))
         return x * mask, mask
 
     def backward(self, dy, cache, need_dx=True):

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from dasknn.backend import array_module
+from dasknn.backend import array_module, to_device
+
+
+def _labels_like(labels, logits):
+    """`labels` on the device of `logits` (one copy when they are not there already)."""
+    xp = array_module(logits)
+    return labels if array_module(labels) is xp else to_device(labels, xp)
 
 
 def softmax(logits):
@@ -22,6 +28,7 @@ def softmax_with_loss(logits, labels):
     """
     xp = array_module(logits)
     n = logits.shape[0]
+    labels = _labels_like(labels, logits)
     if labels.shape != (n,):
         raise ValueError(f"labels must have shape ({n},), got {labels.shape}")
     z = logits - logits.max(axis=1, keepdims=True)
@@ -37,4 +44,4 @@ def softmax_with_loss(logits, labels):
 
 def accuracy(logits, labels) -> float:
     """Fraction of rows whose arg-max equals the label (Caffe's Accuracy, top_k = 1)."""
-    return float((logits.argmax(axis=1) == labels).mean())
+    return float((logits.argmax(axis=1) == _labels_like(labels, logits)).mean())

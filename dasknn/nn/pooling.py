@@ -142,12 +142,13 @@ class Pooling(Layer):
         if self.pool == "max":
             # the gradient goes to the first maximum of each window in window order (as Caffe's argmax)
             xpad, y = cache
-            claimed = xp.zeros(y.shape, dtype=bool)
-            for _, sl in _windows(dxpad, kh, kw, sh, sw, oh, ow):
-                hit = xpad[sl] == y
-                hit &= ~claimed
-                claimed |= hit
-                dxpad[sl] += dy * hit
+            claimed, hit, g = xp.zeros(y.shape, dtype=bool), xp.empty(y.shape, dtype=bool), xp.empty_like(dy)
+            for _, sl in _windows(dxpad, kh, kw, sh, sw, oh, ow):  # buffers reused: no temporaries
+                xp.equal(xpad[sl], y, out=hit)
+                xp.greater(hit, claimed, out=hit)  # hit and not claimed
+                xp.logical_or(claimed, hit, out=claimed)
+                xp.multiply(dy, hit, out=g)
+                dxpad[sl] += g
         else:
             g = dy / self._divisor(xp, dy.dtype)
             for _, sl in _windows(dxpad, kh, kw, sh, sw, oh, ow):

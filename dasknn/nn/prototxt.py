@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from dasknn.nn.layers import LRN, Convolution, Dropout, Filler, Flatten, InnerProduct, Pooling, ReLU
+from dasknn.nn.merge import Concat, Eltwise
 from dasknn.nn.net import Net
+from dasknn.nn.normalization import BatchNorm, Scale
 from dasknn.nn.textformat import (
     PrototxtError,
     get_all_typed,
@@ -28,7 +30,19 @@ from dasknn.nn.textformat import (
 
 __all__ = ["PrototxtError", "get_one", "parse_prototxt", "read_net", "read_net_and_solver", "read_solver"]
 
-SUPPORTED_TYPES = ("Convolution", "Pooling", "ReLU", "LRN", "Dropout", "InnerProduct", "Flatten")
+SUPPORTED_TYPES = (
+    "Convolution",
+    "Pooling",
+    "ReLU",
+    "LRN",
+    "Dropout",
+    "InnerProduct",
+    "Flatten",
+    "Concat",
+    "Eltwise",
+    "BatchNorm",
+    "Scale",
+)
 DATA_TYPES = ("Data", "ImageData", "HDF5Data", "MemoryData", "DummyData", "Input")
 OUTPUT_TYPES = ("SoftmaxWithLoss", "Softmax")  # the net's loss: dropped, `Net` computes it
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
@@ -304,6 +318,56 @@ def _weighted(layer: dict, param: dict, where: str) -> dict[str, Any]:
     return {"bias_term": get_typed(param, "bias_term", "bool", True, where), **fillers, **mults}
 
 
+def _concat(layer: dict, name: str, where: str) -> Concat:
+    p, pw = get_typed(layer, "concat_param", "msg", {}, where), f"{where} concat_param"
+    axis = get_typed(p, "axis", "int", get_typed(p, "concat_dim", "uint", 1, pw), pw)
+    if axis != 1:
+        raise PrototxtError(f"{pw}: only axis 1 (channels) is supported, got {axis}")
+    return Concat(name)
+
+
+def _eltwise(layer: dict, name: str, where: str) -> Eltwise:
+    p, pw = get_typed(layer, "eltwise_param", "msg", {}, where), f"{where} eltwise_param"
+    operation = get_typed(p, "operation", ("PROD", "SUM", "MAX"), "SUM", pw).lower()
+    return Eltwise(name, operation, tuple(get_all_typed(p, "coeff", "float", pw)))
+
+
+def _batch_norm(layer: dict, name: str, where: str) -> BatchNorm:
+    """Caffe's BatchNorm; its `param { lr_mult: 0 }` blocks are accepted (the blobs are never learned)."""
+    p, pw = get_typed(layer, "batch_norm_param", "msg", {}, where), f"{where} batch_norm_param"
+    specs = get_all_typed(layer, "param", "msg", where)
+    if any(get_typed(s, "lr_mult", "float", 0.0, where) != 0 for s in specs):
+        raise PrototxtError(f"{where}: BatchNorm's blobs are statistics, not learned: lr_mult must be 0")
+    return BatchNorm(
+        name,
+        use_global_stats=get_typed(p, "use_global_stats", "bool", None, pw),
+        moving_average_fraction=get_typed(p, "moving_average_fraction", "float", 0.999, pw),
+        eps=get_typed(p, "eps", "float", 1e-5, pw),
+    )
+
+
+def _scale(layer: dict, name: str, where: str) -> Scale:
+    """Caffe's Scale with one bottom, axis 1 and num_axes 1 (per-channel γ, optional β)."""
+    p, pw = get_typed(layer, "scale_param", "msg", {}, where), f"{where} scale_param"
+    if (get_typed(p, "axis", "int", 1, pw), get_typed(p, "num_axes", "int", 1, pw)) != (1, 1):
+        raise PrototxtError(f"{pw}: only axis 1 and num_axes 1 (one factor per channel) are supported")
+    fillers = {}
+    for field, default in (("filler", Filler("constant", value=1.0)), ("bias_filler", Filler())):
+        given = get_typed(p, field, "msg", None, pw)
+        fillers[field] = default if given is None else Filler(**_fields(given, _FILLER, f"{pw} {field}"))
+    specs = get_all_typed(layer, "param", "msg", where)
+    if len(specs) > 2 or any("name" in spec for spec in specs):
+        raise PrototxtError(f"{where}: at most 2 param blocks (scale, bias) without shared names")
+    mults = {
+        m: tuple(get_typed(s, m, "float", 1.0, where) for s in specs) + (1.0,) * (2 - len(specs))
+        for m in ("lr_mult", "decay_mult")
+    }
+    return Scale(name, bias_term=get_typed(p, "bias_term", "bool", False, pw), **mults, **fillers)
+
+
+_GRAPH_LAYERS = {"Concat": _concat, "Eltwise": _eltwise, "BatchNorm": _batch_norm, "Scale": _scale}
+
+
 def _build(layer: dict, ltype: str, name: str, where: str) -> Any:
     """The dasknn layer for one Caffe layer of a supported type (fillers default to constant 0)."""
     if ltype in _SIMPLE_LAYERS:
@@ -315,6 +379,8 @@ def _build(layer: dict, ltype: str, name: str, where: str) -> Any:
                 f"got alpha={values['alpha']}, k={values['k']}"
             )
         return cls(name, **values)
+    if ltype in _GRAPH_LAYERS:
+        return _GRAPH_LAYERS[ltype](layer, name, where)
     field = "inner_product_param" if ltype == "InnerProduct" else f"{ltype.lower()}_param"
     p, pw = get_typed(layer, field, "msg", {}, where), f"{where} {field}"
     if ltype == "InnerProduct":
@@ -355,20 +421,6 @@ def _build(layer: dict, ltype: str, name: str, where: str) -> Any:
     )
 
 
-def _chain_error(where: str, loss: str | None, bottoms: list, tops: list, blob: str | None) -> str | None:
-    """Why a compute layer cannot extend the chain that ends in `blob`; None when it can."""
-    if loss:
-        return f"{where}: comes after the loss ({loss})"
-    if len(bottoms) != 1 or len(tops) != 1:
-        return f"{where}: needs one bottom and one top, got bottom {bottoms} and top {tops}"
-    if blob is not None and bottoms[0] != blob:
-        return (
-            f"{where}: reads '{bottoms[0]}' but the chain's last blob is '{blob}': branches (DAG nets) "
-            "are not supported, only a chain of layers"
-        )
-    return None
-
-
 def read_net(
     path_or_text: str | os.PathLike | Mapping,
     phase: str = "TRAIN",
@@ -377,16 +429,19 @@ def read_net(
     level: int = 0,
     stages: Sequence[str] = (),
 ) -> Net:
-    """A `Net` from a Caffe NetParameter: the layers active in `phase`, in file order, as a chain.
+    """A `Net` from a Caffe NetParameter: the layers active in `phase`, in file order, as a graph.
 
     Caffe's include/exclude rules pick the layers (`level` and `stages` as in caffe.proto's
     NetState). One data layer (Data, ImageData, HDF5Data, MemoryData, DummyData, Input) or the
-    legacy top-level `input` starts the chain; its transform_param becomes `Net.transform`. Input,
-    DummyData, MemoryData and legacy `input_shape`/`input_dim` give the input shape (C, H, W);
-    `input_shape` overrides it and is required for the others. Each layer must read the blob the
-    previous one wrote (in-place layers such as ReLU included). SoftmaxWithLoss/Softmax at the end
-    are the net's loss and Accuracy layers are metrics: both dropped. `path_or_text` is a path,
-    prototxt text, or a message from `parse_prototxt`. Errors name the layer: PrototxtError.
+    legacy top-level `input` (with `input_shape` or the old `input_dim` ×4 header of deploy files)
+    gives the input blob; its transform_param becomes `Net.transform`. Input, DummyData, MemoryData
+    and the legacy header give the input shape (C, H, W); `input_shape` overrides it and is required
+    for the others. Layers read any blob written before them (branches, Concat, Eltwise, in-place
+    layers). Each SoftmaxWithLoss is a loss head with its `loss_weight`; the one with the largest
+    weight (the last on ties) is the main head, whose scores the net outputs. A Softmax on the last
+    layer's output is a deploy net's output (dropped: `Net.predict_proba` applies it); Accuracy
+    layers are metrics (dropped). `path_or_text` is a path, prototxt text, or a message from
+    `parse_prototxt`. Errors name the layer: PrototxtError.
     """
     if str(phase).upper() not in PHASES:
         raise ValueError(f"phase must be 'TRAIN' or 'TEST', got {phase!r}")
@@ -395,7 +450,7 @@ def read_net(
         raise PrototxtError(
             "net uses the deprecated V1 'layers' field; upgrade it with Caffe's upgrade_net_proto_text tool"
         )
-    blob, shape, transform, data_layer = None, None, None, None
+    blob, shape, transform, data_layer, label = None, None, None, None, None
     inputs = get_all_typed(net, "input", "str", "net")
     if len(inputs) > 1:
         raise PrototxtError(f"net: one input blob is supported, got {inputs}")
@@ -408,7 +463,10 @@ def read_net(
             else get_all_typed(net, "input_dim", "int", "net")
         )
         shape = _chw(dims, "net: input") if dims else None
-    layers, loss = [], None
+    entries: list = []
+    written = {blob} if blob else set()
+    heads: list[tuple[str, float, str]] = []  # (blob, loss weight, where)
+    deploy_output = None
     for index, layer in enumerate(get_all_typed(net, "layer", "msg", "net")):
         name = get_typed(layer, "name", "str", "", f"layer #{index}") or f"layer{index}"
         where = f"layer '{name}'"
@@ -420,35 +478,59 @@ def read_net(
             get_all_typed(layer, "top", "str", where),
         )
         if ltype in DATA_TYPES:
-            if data_layer or layers or not tops:
+            if data_layer or entries or not tops:
                 raise PrototxtError(
                     f"{where}: a data layer must have a top, come first and be the only one "
                     f"in phase {phase}" + (f" (already: {data_layer})" if data_layer else "")
                 )
             blob, data_layer = tops[0], where
+            label = tops[1] if len(tops) > 1 else None
+            written = {blob}
             shape, transform = _data_shape(layer, ltype, where), _transform(layer, where)
-        elif ltype in OUTPUT_TYPES:
-            if not layers or bottoms[:1] != [blob]:
-                raise PrototxtError(f"{where}: {ltype} must read the output of the last layer ('{blob}')")
-            loss = where
-        elif ltype.endswith("Loss"):
+            continue
+        if blob is None:
+            raise PrototxtError(f"{where}: comes before any data layer or net input")
+        if ltype in OUTPUT_TYPES or ltype == "Accuracy":
+            if not bottoms or bottoms[0] not in written:
+                raise PrototxtError(f"{where}: {ltype} must read a blob written by an earlier layer")
+            if ltype == "Softmax" and (not entries or bottoms[0] != entries[-1][2]):
+                last = entries[-1][2] if entries else blob
+                raise PrototxtError(f"{where}: Softmax must read the output of the last layer ('{last}')")
+            if ltype == "SoftmaxWithLoss":
+                weights = get_all_typed(layer, "loss_weight", "float", where)
+                weight = weights[0] if weights else 1.0
+                if not (math.isfinite(weight) and weight >= 0):
+                    raise PrototxtError(f"{where}: loss_weight must be finite and >= 0, got {weight}")
+                heads.append((bottoms[0], weight, where))
+            elif ltype == "Softmax":
+                deploy_output = (bottoms[0], where)
+            continue
+        if ltype.endswith("Loss"):
             raise PrototxtError(
                 f"{where}: loss type '{ltype}' is not supported; dasknn trains with SoftmaxWithLoss"
             )
-        elif ltype not in SUPPORTED_TYPES + ("Accuracy",):
+        if ltype not in SUPPORTED_TYPES:
             raise PrototxtError(
                 f"{where}: type '{ltype}' is not supported; supported: "
                 f"{', '.join(SUPPORTED_TYPES + DATA_TYPES + OUTPUT_TYPES)}, Accuracy"
             )
-        elif ltype != "Accuracy":
-            problem = _chain_error(where, loss, bottoms, tops, blob)
-            if problem:
-                raise PrototxtError(problem)
-            try:
-                layers.append(_build(layer, ltype, name, where))
-            except ValueError as err:  # the layer's own checks, e.g. an even LRN local_size
-                raise PrototxtError(str(err) if str(err).startswith(where) else f"{where}: {err}") from err
-            blob = tops[0]
+        after = [(b, w) for b, _, w in heads if b in bottoms or b in tops]
+        if after:
+            raise PrototxtError(
+                f"{where}: comes after the loss ({after[0][1]}) on its blob '{after[0][0]}': a loss "
+                "head's scores end their branch"
+            )
+        unknown = [b for b in bottoms if b not in written]
+        if not bottoms or unknown or len(tops) != 1:
+            raise PrototxtError(
+                f"{where}: needs bottoms written by earlier layers and one top; got bottom {bottoms} "
+                f"and top {tops}" + (f" ('{label}' is the labels)" if label in unknown else "")
+            )
+        try:
+            entries.append((_build(layer, ltype, name, where), bottoms, tops[0]))
+        except ValueError as err:  # the layer's own checks, e.g. an even LRN local_size
+            raise PrototxtError(str(err) if str(err).startswith(where) else f"{where}: {err}") from err
+        written.add(tops[0])
     if input_shape is not None:
         try:
             shape = tuple(operator.index(d) for d in input_shape)  # ints, numpy ints included
@@ -466,12 +548,35 @@ def read_net(
             f"{data_layer}: {len(transform['mean_value'])} mean_value for {shape[0]} "
             "channels (give 1 or one per channel)"
         )
+    if not entries:
+        raise PrototxtError("net: no layers to train (only data, loss and accuracy layers)")
+    entries, loss_weights = _outputs(entries, heads, deploy_output)
     name = get_typed(net, "name", "str", "net", "net") or "net"
+    kw = {"name": name, "input_blob": blob, "loss_weights": loss_weights}
     try:
-        _check_size(Net(layers, shape, name=name, init_params=False))  # shapes only, nothing allocated
-        return Net(layers, shape, name=name, transform=transform)
+        _check_size(Net(entries, shape, init_params=False, **kw))  # shapes only, nothing allocated
+        return Net(entries, shape, transform=transform, **kw)
     except ValueError as err:  # e.g. a kernel larger than its input, or repeated layer names
         raise PrototxtError(err.args[0] if isinstance(err, PrototxtError) else f"net: {err}") from err
+
+
+def _outputs(entries: list, heads: list, deploy_output: tuple | None) -> tuple[list, dict[str, float]]:
+    """(entries with the main head's layer last, {blob: loss weight}): the main head is the loss
+    with the largest weight (the last on ties), else a deploy net's Softmax input, else the last
+    layer's output. Its producer moves to the end (a net's main output is its last layer's top),
+    which keeps a valid order as nothing reads a head's scores."""
+    if heads:
+        main = max(reversed(heads), key=lambda h: h[1])[0]
+    else:
+        main = deploy_output[0] if deploy_output else entries[-1][2]
+    producers = [i for i, (_, _, top) in enumerate(entries) if top == main]
+    if not producers:
+        raise PrototxtError(f"net: the loss reads '{main}', which no compute layer writes")
+    last = producers[-1]
+    if any(main in ([b] if isinstance(b, str) else b) for _, b, _ in entries[last + 1 :]):
+        raise PrototxtError(f"net: the main output '{main}' is read by later layers")
+    entries = entries[:last] + entries[last + 1 :] + [entries[last]]
+    return entries, {blob: weight for blob, weight, _ in heads}
 
 
 def _check_size(net: Net) -> None:

@@ -2,6 +2,9 @@
 
 The update, per parameter W with momentum buffer V (Caffe's SGDSolver, written with V's sign as in
 the Omnivore paper): V ← µV − η·lr_mult·(∇ + λ·decay_mult·W);  W ← W + V.
+
+Running statistics (BatchNorm's blobs, `Net.statistics`) are not learned: their "gradient" is a
+batch's contribution, accumulated as W ← fraction·W + contribution with no rate, momentum or decay.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ class SGD:
     max_iter: int | None = None
     lr_mult: dict[str, float] = field(default_factory=dict)
     decay_mult: dict[str, float] = field(default_factory=dict)
+    statistics: dict[str, float] = field(default_factory=dict)
     iter: int = 0
     history: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -97,7 +101,7 @@ class SGD:
     @classmethod
     def for_net(cls, net, **settings) -> SGD:
         """A solver with the net's per-parameter multipliers (Caffe's `param { lr_mult decay_mult }`)."""
-        return cls(lr_mult=net.lr_mult, decay_mult=net.decay_mult, **settings)
+        return cls(lr_mult=net.lr_mult, decay_mult=net.decay_mult, statistics=net.statistics, **settings)
 
     @classmethod
     def from_caffe(cls, settings: dict[str, Any], net=None) -> SGD:
@@ -132,11 +136,16 @@ class SGD:
         lr: float | None = None,
         momentum: float | None = None,
     ) -> None:
-        """Apply one update to every parameter that has a gradient; advance the iteration."""
+        """Apply one update to every parameter that has a gradient (and accumulate every running
+        statistic that has a contribution); advance the iteration."""
         lr = self.current_lr() if lr is None else lr
         momentum = self.momentum if momentum is None else momentum
         for key, grad in grads.items():
             w = params[key]
+            if key in self.statistics:
+                w *= w.dtype.type(self.statistics[key])
+                w += grad
+                continue
             v = self.history.get(key)
             if v is None:
                 v = self.history[key] = array_module(w).zeros_like(w)
@@ -154,6 +163,12 @@ class SGD:
         """Iteration and momentum buffers as numpy arrays (for checkpoints)."""
         return {"iter": self.iter, "history": {k: to_numpy(v).copy() for k, v in self.history.items()}}
 
-    def load_state_dict(self, state: dict[str, Any], xp=np) -> None:
+    def load_state_dict(self, state: dict[str, Any], like: dict[str, Any] | None = None) -> None:
+        """Restore a `state_dict()`; each momentum buffer goes to the device of the parameter of its
+        name in `like` (the net's live params; numpy when absent), with one copy."""
         self.iter = int(state["iter"])
-        self.history = {k: to_device(v, xp).copy() for k, v in state["history"].items()}
+        history = {}
+        for k, v in state["history"].items():
+            xp = array_module(like[k]) if like is not None and k in like else np
+            history[k] = to_device(v, xp) if array_module(v) is not xp else v.copy()
+        self.history = history

@@ -35,6 +35,11 @@ def train_step(
     return loss, acc
 
 
+def _module_of(net: Net):
+    """The array module the net's parameters live in (numpy for a net without any)."""
+    return array_module(next(iter(net.params.values()), None))
+
+
 def shuffled_batches(n: int, batch_size: int, seed: int = 0) -> Iterator[tuple[int, np.ndarray]]:
     """Endless (epoch, indices) batches: a new seeded permutation each epoch, last partial batch dropped."""
     if batch_size > n:
@@ -59,20 +64,22 @@ def train_arrays(
 ) -> list[dict[str, Any]]:
     """Train on in-memory arrays (numpy or cupy) for `iterations` SGD steps; returns the history.
 
+    Each batch moves to the net's device (no copy when data and net share one).
     X is already transformed (scaled) float data of shape (N, *net.input_shape); y integer labels.
     One history row per iteration: iteration, epoch, time (s since start), loss, accuracy, lr.
     """
-    xp = array_module(X)
-    y = to_device(np.asarray(y) if xp is np else y, xp)
+    xp, data_xp = _module_of(net), array_module(X)
+    y = np.asarray(y) if data_xp is np else y
     rng = np.random.default_rng([seed, 1])
     history: list[dict[str, Any]] = []
     start = time.perf_counter()
     batches = shuffled_batches(X.shape[0], batch_size, seed)
     for _ in range(iterations):
         epoch, idx = next(batches)
-        idx = to_device(idx, xp)
+        idx = idx if data_xp is np else data_xp.asarray(idx)
         lr = solver.current_lr()
-        loss, acc = train_step(net, solver, X[idx], y[idx], rng=rng)
+        xb, yb = to_device(X[idx], xp), to_device(y[idx], xp)
+        loss, acc = train_step(net, solver, xb, yb, rng=rng)
         row = {
             "iteration": solver.iter,
             "epoch": epoch,
@@ -88,11 +95,15 @@ def train_arrays(
 
 
 def evaluate(net: Net, X, y, batch_size: int = 256) -> tuple[float, float]:
-    """(mean loss, accuracy) of the net on in-memory data, in test mode."""
+    """(mean loss, accuracy) of the net on in-memory data (numpy or cupy), in test mode.
+
+    Each batch of images and labels moves to the net's device first, so numpy data meets a CuPy
+    net (and the reverse) without mixing array modules."""
+    xp = _module_of(net)
     total_loss, correct, n = 0.0, 0, X.shape[0]
     for i in range(0, n, batch_size):
-        logits, _ = net.forward(X[i : i + batch_size], train=False)
-        yb = y[i : i + batch_size]
+        logits, _ = net.forward(to_device(X[i : i + batch_size], xp), train=False)
+        yb = to_device(y[i : i + batch_size], xp)
         loss, _ = softmax_with_loss(logits, yb)
         total_loss += loss * yb.shape[0]
         correct += int((logits.argmax(axis=1) == yb).sum())

@@ -1,4 +1,5 @@
-"""The networks of the papers' experiments, as Caffe defines them (BVLC reference models).
+"""The networks of the papers' experiments, as Caffe defines them (BVLC reference models), and
+ResNet-20 (He et al. 2016, §4.2), a graph net with residual sums and batch normalisation.
 
 Each takes the per-image input shape and the number of classes, so the same architecture serves
 small stand-in data (e.g. 8×8 digits padded to 28×28) and the real datasets.
@@ -9,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dasknn.nn.layers import LRN, Convolution, Dropout, Filler, InnerProduct, Pooling, ReLU
+from dasknn.nn.merge import Eltwise
 from dasknn.nn.net import Net
+from dasknn.nn.normalization import BatchNorm, Scale
 
 
 def _conv(name, n, k, std=None, pad=0, stride=1, group=1, bias=0.0, decay=(1.0, 1.0)):
@@ -155,19 +158,81 @@ def mlp(
     return Net(layers, input_shape, name="MLP", seed=seed)
 
 
+def residual_block(name: str, bottom: str, n_in: int, n_out: int, stride: int) -> tuple[list, str]:
+    """One basic residual block of He et al. 2016 (§3.3, Fig. 2) in Caffe's layers: two 3×3
+    convolutions, each followed by BatchNorm + Scale, the first by ReLU; the shortcut is the identity,
+    or a 1×1 convolution + BatchNorm + Scale where the shape changes (option B, §3.3); Eltwise SUM,
+    then ReLU. Returns ((layer, bottom, top) entries, the top blob)."""
+
+    def conv_bn(tag, src, n, k, s):
+        conv = Convolution(
+            f"{name}/{tag}",
+            n,
+            k,
+            stride=s,
+            pad=k // 2,
+            bias_term=False,
+            weight_filler=Filler("msra"),
+        )
+        return [
+            (conv, src, f"{name}/{tag}"),
+            (BatchNorm(f"{name}/{tag}/bn", moving_average_fraction=0.9), f"{name}/{tag}", f"{name}/{tag}"),
+            (Scale(f"{name}/{tag}/scale"), f"{name}/{tag}", f"{name}/{tag}"),
+        ]
+
+    entries = conv_bn("conv1", bottom, n_out, 3, stride)
+    entries.append((ReLU(f"{name}/relu1"), f"{name}/conv1", f"{name}/conv1"))
+    entries += conv_bn("conv2", f"{name}/conv1", n_out, 3, 1)
+    shortcut = bottom
+    if stride != 1 or n_in != n_out:
+        entries += conv_bn("proj", bottom, n_out, 1, stride)
+        shortcut = f"{name}/proj"
+    entries.append((Eltwise(f"{name}/sum"), [f"{name}/conv2", shortcut], name))
+    entries.append((ReLU(f"{name}/relu"), name, name))
+    return entries, name
+
+
+def resnet20(
+    input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, seed: int = 0, n: int = 3
+) -> Net:
+    """ResNet-20 for CIFAR-sized input (He et al. 2016, §4.2): a 3×3 convolution with 16 filters,
+    three stages of `n` = 3 residual blocks with 16, 32 and 64 filters (stride 2 entering stages 2
+    and 3), global average pooling and an InnerProduct classifier: 6n + 2 = 20 weighted layers.
+    The shortcuts that change shape are 1×1 projections (option B), which Caffe's layers express."""
+    entries = [
+        (Convolution("conv1", 16, 3, pad=1, bias_term=False, weight_filler=Filler("msra")), "data", "conv1"),
+        (BatchNorm("conv1/bn", moving_average_fraction=0.9), "conv1", "conv1"),
+        (Scale("conv1/scale"), "conv1", "conv1"),
+        (ReLU("conv1/relu"), "conv1", "conv1"),
+    ]
+    blob, width = "conv1", 16
+    for stage, n_out in enumerate((16, 32, 64), 1):
+        for block in range(1, n + 1):
+            stride = 2 if stage > 1 and block == 1 else 1
+            more, blob = residual_block(f"res{stage}.{block}", blob, width, n_out, stride)
+            entries += more
+            width = n_out
+    entries += [
+        (Pooling("pool", "ave", global_pooling=True), blob, "pool"),
+        (_ip("fc", num_classes), "pool", "fc"),
+    ]
+    return Net(entries, input_shape, name="ResNet-20" if n == 3 else f"ResNet-{6 * n + 2}", seed=seed)
+
+
 NETS: dict[str, Callable[..., Net]] = {
     "mlp": mlp,
     "lenet": lenet,
     "cifar10_quick": cifar10_quick,
     "cifar10_full": cifar10_full,
     "caffenet": caffenet,
+    "resnet20": resnet20,
 }
 
 
 def get_net(
     name: str, input_shape: tuple[int, int, int] | None = None, num_classes: int = 10, seed: int = 0
 ) -> Net:
-    """A zoo net by name ("lenet", "cifar10_quick", "cifar10_full", "caffenet", "mlp")."""
+    """A zoo net by name ("lenet", "cifar10_quick", "cifar10_full", "caffenet", "mlp", "resnet20")."""
     key = name.lower().replace("-", "_")
     if key not in NETS:
         raise ValueError(f"unknown net {name!r}; available: {sorted(NETS)}")

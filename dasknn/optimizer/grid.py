@@ -62,7 +62,7 @@ class OmnivoreOptimizer:
     conv workers of its `placement_` after a run); `max_groups`: the largest g (default N, else 32).
     `probe_losses(trace, config)`: the per-iteration losses probes are judged by (default: the
     training loss column; e.g. a planted or validation loss); `probe_score(state)`: judge probes by
-    the loss of their end weights instead (e.g. `optimizer.search.HeldOutLoss` on fixed samples;
+    the loss of their end weights instead (e.g. `optimizer.search.SelectionLoss` on the selection part;
     its time is charged to the clock). `cold_start_groups`: tune g during the cold start too
     (appendix E-D; False: the cold-start epoch runs at g = 1). `momentum_early_stop`: each rate's
     momenta are probed from the highest down, stopping at the first worse one (the cold start's rule

@@ -3,8 +3,9 @@
 Omnivore §V-B (Algorithm 1) and appendix E. A probe is one short engine run of a
 configuration from a checkpoint; its score is the smoothed loss at its end (the trailing mean of
 the last 10 logged losses, `tradeoff.statistical.final_loss`, as in the reference implementation),
-or, with a `HeldOutLoss` scorer, the loss of its end weights on fixed samples: every probe is then
-judged on the same images, so the batch noise of 20-iteration probes does not pick the winner.
+or, with a `SelectionLoss` scorer, the loss of its end weights on the selection part (samples set
+aside from training): every probe is then judged on the same images, so the batch noise of
+20-iteration probes does not pick the winner.
 `SearchLog` keeps the time account: each run is charged its span in the engine's clock (its
 wall-clock time on a real cluster, start-up included), so the returned trace counts the search.
 """
@@ -28,11 +29,11 @@ from dasknn.tradeoff.statistical import final_loss
 
 __all__ = [
     "DECISION_COLUMNS",
-    "HeldOutLoss",
     "Judge",
     "Probe",
     "Prober",
     "SearchLog",
+    "SelectionLoss",
     "check",
     "check_values",
     "clear_winner",
@@ -49,7 +50,7 @@ DECISION_COLUMNS = tuple(
     "phase action n_groups lr momentum score window_loss iterations seconds time diverged chosen "
     "start_hash run reason".split()
 )
-"""One row per probe or decision. `score`: smoothed loss at the probe's end, or the held-out loss
+"""One row per probe or decision. `score`: smoothed loss at the probe's end, or the selection loss
 of its end weights when the optimizer has a `probe_score`; `window_loss`: mean training loss over
 its last `winner_window` iterations; `iterations`: the probe's so far (a train epoch's);
 `seconds`: time charged to the row's engine run (probe and extend rows add up to the search time);
@@ -113,19 +114,20 @@ Judge = Callable[[pd.DataFrame, RunConfig], Sequence[float]]
 """Per-iteration losses a probe is judged by, from its trace and config (default: the `loss` column)."""
 
 
-class HeldOutLoss:
-    """A probe score: the mean loss of a state's weights on fixed samples (test mode).
+class SelectionLoss:
+    """A probe score: the mean loss of a state's weights on the selection part (test mode).
 
     Probes judged by their last training losses see different batches, and at 20 iterations the
     batch noise can exceed the difference between configurations; a fixed sample removes that
-    noise from the comparison. `n_samples` lets the optimizer charge the forward passes to a
-    simulated clock."""
+    noise from the comparison. The samples are never trained on, and are not the validation data
+    that held-out accuracy is reported on (`dasknn.data.split`), so no choice is made on those.
+    `n_samples` lets the optimizer charge the forward passes to a simulated clock."""
 
     def __init__(self, net, X, y, batch_size: int = 256) -> None:
         X, y = np.asarray(X), np.asarray(y)
         check(
             X.ndim >= 2 and len(X) == len(y) and len(y) > 0,
-            f"HeldOutLoss needs matching X, y; got {X.shape}, {y.shape}",
+            f"SelectionLoss needs matching X, y; got {X.shape}, {y.shape}",
         )
         self.net, self.X, self.y, self.batch_size = net.copy(), X, y, int(batch_size)
         self.n_samples = len(y)
@@ -151,7 +153,7 @@ class Probe:
     state: TrainState | None = None
     diverged: bool = False
     runs: list[int] = field(default_factory=list)
-    held_out: float | None = None  # the probe_score of its end state, when the optimizer has one
+    selection_loss: float | None = None  # the probe_score of its end state, when the optimizer has one
 
     def losses(self) -> np.ndarray:
         if self.diverged or len(self.trace) == 0:
@@ -162,17 +164,17 @@ class Probe:
 
     @property
     def score(self) -> float:
-        """The held-out loss of the end state when scored, else the smoothed training loss at the end
+        """The selection loss of the end state when scored, else the smoothed training loss at the end
         (mean of the last 10 losses); +inf if diverged or empty."""
-        if self.held_out is not None and not self.diverged:
-            return self.held_out
+        if self.selection_loss is not None and not self.diverged:
+            return self.selection_loss
         value = final_loss(self.losses())
         return value if math.isfinite(value) else math.inf
 
     def judged(self, window: int) -> float:
-        """What the clear-winner test compares: the held-out loss, else `window_loss(window)`."""
-        if self.held_out is not None and not self.diverged:
-            return self.held_out
+        """What the clear-winner test compares: the selection loss, else `window_loss(window)`."""
+        if self.selection_loss is not None and not self.diverged:
+            return self.selection_loss
         return self.window_loss(window)
 
     def window_loss(self, window: int) -> float:
@@ -196,7 +198,7 @@ def momentum_lr_grid(
 def clear_winner(probes: Sequence[Probe], threshold: float, window: int) -> tuple[Probe, list[Probe]]:
     """The lowest-score probe and those it does not clearly beat (Omnivore appendix E-D).
 
-    The winner is clear when its mean loss over the last `window` iterations (its held-out loss
+    The winner is clear when its mean loss over the last `window` iterations (its selection loss
     when scored) is at least `threshold` (5%) below every other finite probe's; the others are
     returned as tied.
     """
@@ -308,7 +310,8 @@ class SearchLog:
         diverged, seconds, run id).
 
         Charged: the run's span in the engine's clock, or on a real clock its wall time (start-up
-        included); a run with no iteration done its seconds budget; a raising run its wall time.
+        included); a run with no iteration done its seconds budget; a raising run its wall time
+        (on a simulated clock its seconds budget: nothing read from the wall clock is charged there).
         A FloatingPointError, a non-finite loss, `attrs["diverged"]` or weights that are non-finite
         or beyond `checkpoint.WEIGHT_LIMIT` is divergence.
         """
@@ -325,7 +328,13 @@ class SearchLog:
         diverged = state is None or bool(trace.attrs.get("diverged")) or not np.isfinite(losses).all()
         diverged = diverged or not healthy(state)  # exploding weights
         span = float(trace["t_end"].max() - trace["t_start"].min()) if len(trace) else 0.0
-        seconds = span if trace.attrs.get("time_unit") == "simulated s" else max(span, wall)
+        simulated = getattr(self.engine, "time_unit", None) == "simulated s"
+        if trace.attrs.get("time_unit") == "simulated s":
+            seconds = span
+        elif simulated:  # a raising simulated run: its budget, never the wall clock
+            seconds = budget.seconds or 0.0
+        else:
+            seconds = max(span, wall)
         if result is not None and not len(trace) and budget.seconds is not None:
             seconds = max(seconds, budget.seconds)  # the engine waited out its budget
         run_id = len(self.segments)
@@ -491,7 +500,7 @@ class Prober:
         p.runs.append(run)
         if self.scorer is not None and not p.diverged and p.state is not None:
             t0 = time.perf_counter()
-            p.held_out = self.scorer(p.state)
+            p.selection_loss = self.scorer(p.state)
             self.log.charge(self.scoring_seconds(time.perf_counter() - t0, seg))
 
     def scoring_seconds(self, wall: float, seg: pd.DataFrame) -> float:
@@ -519,5 +528,5 @@ class Prober:
             winner, tied = clear_winner([winner, *tied], self.threshold, self.window)
         if tied:
             return winner, 1 + extensions, f"no clear winner after {extensions} extension(s): lowest score"
-        over = "on the held-out loss" if self.scorer is not None else f"over {self.window} iterations"
+        over = "on the selection loss" if self.scorer is not None else f"over {self.window} iterations"
         return winner, 1 + extensions, f"clear winner ({self.threshold:.0%} {over})"

@@ -39,7 +39,8 @@ def phase_costs(net, batch_size: int) -> dict[str, float]:
 
     From `net.summary()`: forward FLOPs ×3 for forward + backward; `conv_model_bytes` and
     `fc_model_bytes` are parameter bytes; `split_activation_bytes` is what crosses from the conv
-    phase to the FC server for the whole batch (the same again travels back as its gradient).
+    phase to the FC server for the whole batch (the same again travels back as its gradient): on a
+    graph, every blob that crosses the split (the main path's and the auxiliary heads').
     """
     s = net.summary()
     conv, fc = s[s["phase"] == "conv"], s[s["phase"] == "fc"]
@@ -49,7 +50,7 @@ def phase_costs(net, batch_size: int) -> dict[str, float]:
         "fc_flops": float(FWD_BWD_FACTOR * fc["flops"].sum() * b),
         "conv_model_bytes": float(conv["param_bytes"].sum()),
         "fc_model_bytes": float(fc["param_bytes"].sum()),
-        "split_activation_bytes": float(conv["activation_bytes"].iloc[-1] * b),
+        "split_activation_bytes": float(conv.loc[conv["to_fc"], "activation_bytes"].sum() * b),
     }
 
 

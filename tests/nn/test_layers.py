@@ -205,3 +205,12 @@ def test_bad_layer_options_are_named():
     assert Pooling("p", "max", 1, stride=2).setup((1, 3, 3)) == (1, 2, 2)  # kernel < stride, all in
     with pytest.raises(ValueError, match="local_size must be a positive odd"):
         LRN("n", local_size=4)
+
+
+def test_max_pooling_gradient_goes_to_the_first_maximum_of_each_window_like_caffe():
+    layer = build(Pooling("p", "max", 2, stride=1), (1, 2, 3))
+    x = np.array([[[[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]]])  # ties: the first in window order wins
+    y, cache = layer.forward(x)
+    np.testing.assert_array_equal(y, [[[[1.0, 1.0]]]])
+    dx, _ = layer.backward(np.array([[[[10.0, 100.0]]]]), cache)
+    np.testing.assert_array_equal(dx, [[[[10.0, 100.0, 0.0], [0.0, 0.0, 0.0]]]])

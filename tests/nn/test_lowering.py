@@ -7,8 +7,10 @@ import functools
 import numpy as np
 import pytest
 
+import dasknn.nn.lowering as lowering_module
 from dasknn.nn.lowering import (
     LOWERINGS,
+    PARTITION_BYTES,
     TYPE1_MAX_D_OVER_O,
     TYPE3_MIN_D_OVER_O,
     choose_lowering,
@@ -16,6 +18,8 @@ from dasknn.nn.lowering import (
     conv_direct,
     conv_forward,
     conv_output_size,
+    default_bp,
+    dx_by_convolution,
     largest_bp,
     lowered_bytes,
 )
@@ -221,3 +225,62 @@ def test_lowering_on_cupy_matches_numpy(name, lowering):
         assert isinstance(y, cp.ndarray) and isinstance(dx, cp.ndarray) and isinstance(dw, cp.ndarray)
         for got, ref in ((y, y_ref), (dx, dx_ref), (dw, dw_ref)):
             np.testing.assert_allclose(cp.asnumpy(got), ref, rtol=rtol, atol=rtol * np.abs(ref).max())
+
+
+def test_default_bp_keeps_a_partition_within_the_budget_on_the_cpu_and_takes_the_batch_on_a_gpu():
+    args = ((128, 32, 16, 16), (32, 32, 5, 5), 1, 2)  # CIFAR-10 quick conv2
+    per_image = lowered_bytes((32, 16, 16), (32, 32, 5, 5), 1, 2, bp=1)
+    bp = default_bp(*args)
+    assert bp == PARTITION_BYTES // per_image and 1 <= bp < 128
+    assert lowered_bytes((32, 16, 16), (32, 32, 5, 5), 1, 2, bp=bp) <= PARTITION_BYTES
+    assert default_bp(*args, itemsize=8) == PARTITION_BYTES // (2 * per_image)
+    assert default_bp(*args, device="gpu") == 128
+    assert default_bp((4, 2, 6, 6), (3, 2, 3, 3)) == 4  # small layers: the whole batch
+    assert default_bp((2, 96, 227, 227), (96, 96, 11, 11), 1, 0) == 1  # one image over the budget
+
+
+def test_partitions_of_the_default_bp_match_the_direct_convolution(monkeypatch):
+    x, w, stride, pad, dy, y_ref, dx_ref, dw_ref = _case("C8-slab-col2im")
+    per_image = lowered_bytes(x.shape[1:], w.shape, stride, pad, 1, itemsize=8)
+    monkeypatch.setattr(lowering_module, "PARTITION_BYTES", 3 * per_image)
+    y, cache = conv_forward(x, w, stride, pad, lowering="type1")
+    dx, dw = conv_backward(dy, cache)
+    assert cache.bp == 3 and cache.lowered is None  # 4 images: partitions of 3 and 1
+    for got, ref in ((y, y_ref), (dx, dx_ref), (dw, dw_ref)):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.parametrize("lowering", LOWERINGS)
+def test_bias_is_added_to_each_output_channel(lowering):
+    x, w, stride, pad, _, y_ref, *_ = _case("stride2-pad1")
+    bias = np.array([0.5, -2.0, 3.0])
+    y, _ = conv_forward(x, w, stride, pad, lowering=lowering, bp=3, bias=bias)
+    np.testing.assert_allclose(y, y_ref + bias.reshape(1, -1, 1, 1), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="one per output channel"):
+        conv_forward(x, w, stride, pad, bias=np.zeros(4))
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, stride, pad, expected",
+    [
+        ((128, 32, 16, 16), (32, 32, 5, 5), 1, 2, True),  # CIFAR-10 quick conv2: "same", 32 channels
+        ((64, 20, 12, 12), (50, 20, 5, 5), 1, 0, False),  # LeNet conv2: pad 0, dx has more rows than dy
+        ((128, 3, 32, 32), (32, 3, 5, 5), 1, 2, False),  # first layer: too few input channels
+        ((64, 96, 27, 27), (256, 96, 5, 5), 2, 2, False),  # strided
+        ((64, 256, 13, 13), (384, 256, 3, 3), 1, 1, True),  # CaffeNet conv3
+    ],
+)
+def test_dx_by_convolution_for_same_stride1_convolutions_with_enough_channels(
+    x_shape, w_shape, stride, pad, expected
+):
+    assert dx_by_convolution(x_shape, w_shape, stride, pad) is expected
+
+
+def test_dx_as_a_convolution_equals_col2im(monkeypatch):
+    x, w, stride, pad, dy, _, dx_ref, dw_ref = _case("C8-slab-col2im")
+    assert dx_by_convolution(x.shape, w.shape, stride, pad)
+    by_convolution = conv_backward(dy, conv_forward(x, w, stride, pad, lowering="type1")[1])
+    monkeypatch.setattr(lowering_module, "DX_CONV_MIN_CHANNELS", 10**9)
+    by_col2im = conv_backward(dy, conv_forward(x, w, stride, pad, lowering="type1")[1])
+    for got, ref in zip(by_convolution + by_col2im, (dx_ref, dw_ref, dx_ref, dw_ref), strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-12)

@@ -493,14 +493,14 @@ CONV = layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel
     "layers, message",
     [
         (
-            [layer("bn1", "BatchNorm", top="data")],
-            "^layer 'bn1': type 'BatchNorm' is not supported; supported: Convolution, Pooling, ReLU",
+            [layer("d1", "Deconvolution", top="data")],
+            "^layer 'd1': type 'Deconvolution' is not supported; supported: Convolution, Pooling, ReLU",
         ),
         (
             [CONV, 'name: "l" type: "EuclideanLoss" bottom: "c" bottom: "label" top: "l"'],
             "^layer 'l': loss type 'EuclideanLoss' is not supported",
         ),
-        ([CONV, layer("x", "ReLU")], "^layer 'x': reads 'data' but the chain's last blob is 'c': branches"),
+        ([CONV, layer("x", "ReLU")], "^net: net 't': blobs \\['c'\\] are computed but never used"),
         (
             [
                 CONV,
@@ -514,8 +514,11 @@ CONV = layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel
             "^layer 's': Softmax must read the output of the last layer \\('c'\\)",
         ),
         (
-            ['name: "e" type: "Eltwise" bottom: "data" bottom: "data" top: "e"'],
-            "type 'Eltwise' is not supported",
+            [
+                'name: "e" type: "Eltwise" bottom: "data" bottom: "data" top: "e" '
+                "eltwise_param { operation: MAX coeff: 1 coeff: 2 }"
+            ],
+            "^layer 'e': coeff applies to operation 'sum' only",
         ),
         (
             [layer("p", "Pooling", extra="pooling_param { pool: STOCHASTIC kernel_size: 2 }")],
@@ -578,7 +581,7 @@ CONV = layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel
         ),
         (
             ['name: "r" type: "ReLU" bottom: "data" bottom: "x" top: "r"'],
-            "^layer 'r': needs one bottom and one top",
+            "^layer 'r': needs bottoms written by earlier layers and one top",
         ),
         (
             [layer("i", "InnerProduct", extra='param { name: "w" } inner_product_param { num_output: 2 }')],

@@ -25,9 +25,10 @@ import numpy as np
 
 from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.dask import tasks
-from dasknn.engine.dask.placement import Placement, plan, replan
+from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
 from dasknn.engine.dask.recovery import Recovery, lost_error, resume_batches
 from dasknn.engine.dask.replicas import run_replicas
+from dasknn.engine.dask.restart import run_restarting
 from dasknn.engine.dask.runs import cluster_workers, engine_client, persist_data
 from dasknn.engine.dask.segment import Segment, SegmentFailed, await_data
 from dasknn.engine.dask.unmerged import run_unmerged
@@ -122,7 +123,8 @@ class DaskEngine:
     `strategy` (`engine.strategy.Strategy`): on this engine, `aggregation` ('tree' with `branching`, or
     'ps': summed on the conv model server's worker, FireCaffe §6) and `split` (None, 'auto' for
     RALP's rule, or a layer name). SMA and model averaging run in `replicas` (learners='auto':
-    `engine.autotune` first), the unmerged map in `unmerged`; neither has the fault tolerance above.
+    `engine.autotune` first), the unmerged map in `unmerged`; they recover from a lost worker by
+    running again from the run's start state on the workers left (`restart`).
 
     `throughput` (worker address → GFLOP/s) sets the FLOPS-proportional shard sizes by hand
     (Caffe con Troll §2.3), overriding `calibrate()`; a worker left out counts as the median one.
@@ -187,11 +189,11 @@ class DaskEngine:
         recovery (recovery.Recovery) and the `recovered` column marks rows trained after one.
         """
         if self.strategy.synchronous:  # SMA (Crossbow §3.2) or model averaging (SparkNet)
-            if self.strategy.learners == "auto":  # Crossbow §3.4: tune the learners, then train
-                return run_auto_learners(self, net, X, y, config, budget, start)
-            return run_replicas(self, net, X, y, config, budget, start)
+            # Crossbow §3.4 with learners='auto': tune the learners, then train
+            runner = run_auto_learners if self.strategy.learners == "auto" else run_replicas
+            return run_restarting(self, runner, net, X, y, config, budget, start, keep_groups=True)
         if self.strategy.physical_map == "unmerged":  # Omnivore appendix C
-            return run_unmerged(self, net, X, y, config, budget, start)
+            return run_restarting(self, run_unmerged, net, X, y, config, budget, start, keep_groups=False)
         client = engine_client(self)
         data = persist_data(self, client, X, y, config)
         X, y = data.X, data.y
@@ -239,8 +241,9 @@ class DaskEngine:
                     if len(recoveries) >= self.max_recoveries or not await_data(self, client, X, y):
                         alive = cluster_workers(client)
                         raise lost_error(
-                            lost_all, seg.version, len(recoveries), self.max_recoveries, alive, placement
-                        ) from failure
+                            lost_all, seg.version, len(recoveries), self.max_recoveries, alive, placement,
+                            state.iterations_done,
+                        ) from failure  # fmt: skip
                     seg_state, version, kept, redone = seg.resume_point(failure)
                     seg.release()
                     rows.extend(dict(r, recovered=bool(recoveries)) for r in kept)
@@ -249,8 +252,9 @@ class DaskEngine:
                     alive = cluster_workers(client)
                     if not alive:
                         raise lost_error(
-                            lost_all, seg.version, len(recoveries), self.max_recoveries, alive, placement
-                        ) from failure
+                            lost_all, seg.version, len(recoveries), self.max_recoveries, alive, placement,
+                            state.iterations_done,
+                        ) from failure  # fmt: skip
                     # the conv-phase template again: its copies may all have been on lost workers
                     template = client.scatter(conv_net.copy(), broadcast=True, hash=False)
                     placement = replan(alive, placement, self._throughput(client))
@@ -309,9 +313,9 @@ class DaskEngine:
         client = engine_client(self)
         workers = cluster_workers(client)
         out = {}
-        for addr, info in workers.items():
-            device = "gpu" if float(info.get("resources", {}).get("GPU", 0)) > 0 else "cpu"
-            out[addr] = client.submit(sgemm_gflops, device, workers=[addr], pure=False).result(
+        devices = worker_devices(workers)
+        for addr in workers:
+            out[addr] = client.submit(sgemm_gflops, devices[addr], workers=[addr], pure=False).result(
                 timeout=self.timeout
             )
         self.throughput_ = out

@@ -54,6 +54,26 @@ def device_of(info: Mapping[str, Any]) -> str:
     return "gpu" if _has(info, "GPU") else "cpu"
 
 
+def _host(address: str) -> str:
+    return address.split("://", 1)[-1].rsplit(":", 1)[0]
+
+
+def worker_devices(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """address → 'cpu' or 'gpu:N', N the worker's index among the GPU workers of its host.
+
+    Several `GPU=1` workers on one multi-GPU host so use different GPUs (`backend.device_scope`
+    takes N modulo the GPUs a worker sees; one whose CUDA_VISIBLE_DEVICES names a single GPU uses
+    that one)."""
+    out, per_host = {}, {}
+    for a in sorted(workers):
+        if device_of(workers[a]) == "gpu":
+            i = per_host[_host(a)] = per_host.get(_host(a), -1) + 1
+            out[a] = f"gpu:{i}"
+        else:
+            out[a] = "cpu"
+    return out
+
+
 def plan(
     workers: Mapping[str, Mapping[str, Any]],
     n_groups: int,
@@ -97,7 +117,7 @@ def plan(
         conv_server_worker=groups[0][0],
         groups=groups,
         shares=shares,
-        devices={a: device_of(workers[a]) for a in addrs},
+        devices=worker_devices(workers),
         oversubscribed=oversubscribed,
     )
 

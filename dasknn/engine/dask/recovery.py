@@ -36,8 +36,16 @@ _LOSS_TEXT = (
 )
 
 
-class WorkerLostError(RuntimeError):
+class ClusterError(RuntimeError):
+    """The Dask cluster failed under a run: a worker or the scheduler was lost or cannot be reached."""
+
+
+class WorkerLostError(ClusterError):
     """A worker the run depends on left the cluster (or stopped answering), and the run cannot go on."""
+
+
+class SchedulerError(ClusterError):
+    """The scheduler cannot be reached, or stopped answering during the fit (its address is named)."""
 
 
 def lost_error(
@@ -47,8 +55,12 @@ def lost_error(
     max_recoveries: int,
     alive: dict[str, Any],
     placement: Placement,
+    iterations0: int = 0,
 ) -> WorkerLostError:
-    """The error that ends a run: which workers (and roles) were lost, and why there is no recovery."""
+    """The error that ends a run: which workers (and roles) were lost, and why there is no recovery.
+
+    `version`: the updates of this run the driver has seen (a lower bound); `iterations0`: the
+    iterations trained before this run (a fit runs the engine many times)."""
     if not alive:
         lost = {**placement.roles(), **lost}
         why = "no worker is left in the cluster"
@@ -58,7 +70,8 @@ def lost_error(
         why = f"{n_recoveries} recoveries already (max_recoveries={max_recoveries})"
     what = "; ".join(f"worker {w} ({', '.join(roles)})" for w, roles in lost.items())
     return WorkerLostError(
-        f"{what} left the cluster after about {version} updates of this run; {why}, so the run stops"
+        f"{what} left the cluster after at least {version} updates of this run "
+        f"({iterations0 + version} iterations of training in all); {why}, so the run stops"
     )
 
 

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from dasknn.backend import array_module, get_xp, to_device
+from dasknn.backend import array_module, device_scope, get_xp, to_device
 from dasknn.engine.dask import tasks
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
-from dasknn.engine.dask.placement import Placement, device_of
+from dasknn.engine.dask.placement import Placement, worker_devices
 from dasknn.engine.dask.runs import cluster_workers, engine_client, persist_data, wait_for_loops
 from dasknn.engine.strategy import Strategy
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
@@ -181,6 +181,11 @@ def learner_loop(spec: LearnerSpec, template: Net, average) -> list[dict[str, An
 
     client = get_client()
     secede()  # long-running: several learners share a worker, each in its own thread
+    with device_scope(spec.device):  # this thread's CUDA device for the whole loop
+        return _learn(spec, template, average, client)
+
+
+def _learn(spec: LearnerSpec, template: Net, average, client) -> list[dict[str, Any]]:
     reader = tasks.BatchReader(client, spec)
     xp = get_xp(spec.device)
     net = template.copy().to(xp)
@@ -275,7 +280,7 @@ def run_replicas(
         conv_server_worker=home,
         groups=[[w] for w in where],
         shares={w: 1.0 for w in where},
-        devices={a: device_of(info) for a, info in workers.items()},
+        devices=worker_devices(workers),
         oversubscribed=k > len(workers),
     )
     if engine.blas_threads:

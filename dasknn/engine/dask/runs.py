@@ -24,6 +24,7 @@ __all__ = [
     "as_dask",
     "check_alive",
     "chunk_futures",
+    "cluster_transfers",
     "cluster_workers",
     "engine_client",
     "loop_result",
@@ -56,6 +57,18 @@ def chunk_futures(arr) -> list:
             key = key[0]
         out.append(by_key[key])
     return out
+
+
+def cluster_transfers(client) -> dict[str, int]:
+    """Host↔device copies and bytes made so far by all the client's workers together (the sum of
+    `backend.transfer_counts()` in each worker process); two readings around a run give its traffic."""
+    from dasknn.backend import transfer_counts
+
+    total: dict[str, int] = {}
+    for counts in client.run(transfer_counts).values():
+        for k, v in counts.items():
+            total[k] = total.get(k, 0) + int(v)
+    return total
 
 
 def cluster_workers(client) -> dict[str, dict[str, Any]]:
@@ -116,10 +129,12 @@ def check_alive(client, roles: Mapping[str, Sequence[str]], done: int) -> None:
     alive = set(cluster_workers(client))
     for worker, what in roles.items():
         if worker not in alive:
-            raise WorkerLostError(
-                f"worker {worker} ({', '.join(what)}) left the cluster after {done} iterations; "
-                "the run cannot continue on this placement"
+            err = WorkerLostError(
+                f"worker {worker} ({', '.join(what)}) left the cluster after at least {done} updates "
+                "of this run; the run cannot continue on this placement"
             )
+            err.updates = done
+            raise err
 
 
 def wait_for_loops(
@@ -154,9 +169,13 @@ def wait_for_loops(
             if any(f.status == "error" for f in loops):
                 break
             check_alive(client, roles, shown)
-            if bar is not None:
-                done = progress()
-                bar.update(done - shown)
+            if progress is not None:  # every poll: a loss message counts the updates done so far
+                try:
+                    done = progress()
+                except Exception:  # its server's worker is going: the next check names it
+                    done = shown
+                if bar is not None:
+                    bar.update(done - shown)
                 shown = done
             if budget.seconds is not None and time.time() - t0 > budget.seconds + engine.timeout:
                 raise TimeoutError(f"the run is {engine.timeout:.0f} s past its budget; a loop is stuck")
@@ -182,5 +201,7 @@ def loop_result(engine, fut, client, roles, done: int) -> list[dict[str, Any]]:
             "CancelledError",
         ):
             check_alive(client, roles, done)
-            raise WorkerLostError(f"a worker of the run was lost after {done} iterations: {err}") from err
+            lost = WorkerLostError(f"a worker of the run was lost after at least {done} updates: {err}")
+            lost.updates = done
+            raise lost from err
         raise

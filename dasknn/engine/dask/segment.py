@@ -121,10 +121,17 @@ class Segment:
             conv_net.lr_mult,
             conv_net.decay_mult,
             config.weight_decay,
+            conv_net.statistics,
             worker=p.conv_server_worker,
         )
         self.fc_future = submit_actor(
-            client, FCServer, fc_net, config.weight_decay, config.seed, worker=p.fc_worker
+            client,
+            FCServer,
+            fc_net,
+            config.weight_decay,
+            config.seed,
+            p.devices.get(p.fc_worker, "cpu"),
+            worker=p.fc_worker,
         )
         self.conv_server = self._await(self.conv_future, p.conv_server_worker)
         self.fc_server = self._await(self.fc_future, p.fc_worker)

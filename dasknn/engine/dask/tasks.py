@@ -27,16 +27,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dasknn.backend import get_xp, to_device, to_numpy
 from dasknn.data.batching import BatchOrder
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
 from dasknn.engine.dask.placement import Placement, shard_sizes
+from dasknn.engine.streams import shard_rng
+from dasknn.nn.device import DeviceNet
 
 if TYPE_CHECKING:
     from dasknn.engine.dask.runs import Data
     from dasknn.engine.trace import RunConfig
 
-_NETS: dict[tuple[str, int], Any] = {}
+_NETS: dict[str, DeviceNet] = {}  # run → this worker's one device copy of its net
 _NETS_LOCK = threading.Lock()
 _CACHES: dict[tuple[str, str, int], Any] = {}  # (run, token, shard) → a forward cache
 STOP_CHECK_SECONDS = 0.5
@@ -139,13 +140,13 @@ def _call(actor, method: str, *args, timeout: float = 120.0):
         ) from err
 
 
-def _net(run_id: str, template, device: str):
-    """This thread's private copy of the conv-phase net for a run, on the worker's device."""
-    key = (run_id, threading.get_ident())
+def _net(run_id: str, template, device: str) -> DeviceNet:
+    """This worker's one copy of a run's net (conv phase, or whole net unmerged) on its device,
+    shared by the worker's threads."""
     with _NETS_LOCK:
-        net = _NETS.get(key)
+        net = _NETS.get(run_id)
         if net is None:
-            net = _NETS[key] = template.copy().to(get_xp(device))
+            net = _NETS[run_id] = DeviceNet(template, device)
     return net
 
 
@@ -153,12 +154,10 @@ def forget_run(run_id: str) -> int:
     """Drop a finished run's cached nets and forward caches from this worker process; returns how
     many nets."""
     with _NETS_LOCK:
-        keys = [k for k in _NETS if k[0] == run_id]
-        for k in keys:
-            del _NETS[k]
+        dropped = int(_NETS.pop(run_id, None) is not None)
         for k in [k for k in _CACHES if k[0] == run_id]:
             del _CACHES[k]
-    return len(keys)
+    return dropped
 
 
 def set_blas_threads(n: int) -> int:
@@ -211,31 +210,25 @@ class BatchReader:
         return x, y
 
 
-def _forward(net, weights, x, device):
-    net.set_params(weights)
-    acts, caches = net.forward(to_device(x, get_xp(device)), train=True)
-    return to_numpy(acts), caches
+def _forward(net: DeviceNet, weights, x, seed: int, batch: int, shard: int):
+    """One shard's conv forward: (host activations, caches), its dropout drawn from the run's
+    stream for (batch, shard) (`streams.shard_rng`), so a run is reproducible from its seed."""
+    return net.forward(weights, x, shard_rng(seed, batch, shard))
 
 
-def _backward(net, weights, caches, dacts, device):
-    net.set_params(weights)
-    _, grads = net.backward(to_device(dacts, get_xp(device)), caches)
-    return {k: to_numpy(g) for k, g in grads.items()}
+def _backward(net: DeviceNet, weights, caches, dacts) -> dict[str, np.ndarray]:
+    """One shard's conv backward from its forward's caches (which hold the lowered weights)."""
+    return net.backward(weights, caches, dacts)
 
 
-def _whole_net(net, weights, x, y, device: str, rng_key, weight: float = 1.0) -> dict[str, Any]:
+def _whole_net(net: DeviceNet, weights, x, y, rng_key, weight: float = 1.0) -> dict[str, Any]:
     """Forward and backward of a whole net (conv + FC) on one shard: {"grads", "loss", "accuracy"},
     each × `weight` (the shard's n_i / B), so k shards' results sum to the full batch's."""
-    net.set_params(weights)
-    xp = get_xp(device)
-    rng = np.random.default_rng(list(rng_key))
-    loss, acc, grads = net.loss_and_grads(to_device(x, xp), to_device(np.asarray(y), xp), rng=rng)
-    w = np.float32(weight)
-    return {
-        "grads": {k: to_numpy(g) * w if weight != 1.0 else to_numpy(g) for k, g in grads.items()},
-        "loss": float(loss) * weight,
-        "accuracy": float(acc) * weight,
-    }
+    loss, acc, grads = net.loss_and_grads(weights, x, y, np.random.default_rng(list(rng_key)))
+    if weight != 1.0:
+        w = np.float32(weight)
+        grads = {k: g * w for k, g in grads.items()}
+    return {"grads": grads, "loss": float(loss) * weight, "accuracy": float(acc) * weight}
 
 
 def _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row) -> dict[str, Any] | None:
@@ -245,13 +238,17 @@ def _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row) -> 
     tmo = spec.timeout
     version, weights = _call(conv_server, "pull", timeout=tmo)
     net = _net(spec.run_id, template, spec.devices[0])
-    acts, caches = _forward(net, weights, x, spec.devices[0])
+    acts, caches = _forward(net, weights, x, spec.seed, row["batch"], 0)
     fc = _call(fc_server, "step", acts, y, spec.lr, spec.momentum, timeout=tmo)
     if fc is None:
         return None
-    grads = _backward(net, weights, caches, fc["dacts"], spec.devices[0])
+    grads = _backward(net, weights, caches, fc["dacts"])
     row.update(
-        loss=fc["loss"], accuracy=fc["accuracy"], grad_sq=fc["grad_sq"], grad_sq_half=fc["grad_sq_half"]
+        loss=fc["loss"],
+        main_loss=fc["main_loss"],
+        accuracy=fc["accuracy"],
+        grad_sq=fc["grad_sq"],
+        grad_sq_half=fc["grad_sq_half"],
     )
     return _call(conv_server, "push", grads, version, spec.lr, spec.momentum, row, timeout=tmo)
 
@@ -286,8 +283,9 @@ def _wait(futures: list, spec: GroupSpec, conv_server) -> bool:
 class ShardServer:
     """The conv shard of one (non-lead) worker of a group, served as a dask actor on that worker.
 
-    `forward(token, weights, x)` runs the shard's conv forward with batched lowering and keeps its
-    cache (and the weights it used) under `token`; `backward(token, dacts)` runs the conv backward
+    `forward(token, weights, x, seed, batch, shard)` runs the shard's conv forward with batched
+    lowering, its dropout drawn from the run's stream for (batch, shard), and keeps its cache (and
+    the weights it used) under `token`; `backward(token, dacts)` runs the conv backward
     from that cache and returns the weight gradient, or with `keep=True` keeps it for a reduction
     tree: `absorb(token, *servers)` adds the kept gradients of other ShardServers (fetched from
     their workers with `take`) to this one's. Its methods are coroutines that compute in the
@@ -299,7 +297,7 @@ class ShardServer:
         from concurrent.futures import ThreadPoolExecutor
 
         self.device = device
-        self.net = template.copy().to(get_xp(device))
+        self.net = DeviceNet(template, device)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="dasknn-shard")
         self._caches: dict[str, Any] = {}
         self._grads: dict[str, dict[str, np.ndarray]] = {}
@@ -309,8 +307,8 @@ class ShardServer:
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    def _forward(self, token: str, weights, x):
-        acts, caches = _forward(self.net, weights, x, self.device)
+    def _forward(self, token: str, weights, x, seed: int, batch: int, shard: int):
+        acts, caches = _forward(self.net, weights, x, seed, batch, shard)
         self._caches[token] = (weights, caches)
         return acts
 
@@ -318,20 +316,20 @@ class ShardServer:
         cached = self._caches.pop(token, None)
         if cached is None:
             raise RuntimeError(f"no forward cache for {token} on this shard server")
-        grads = _backward(self.net, cached[0], cached[1], dacts, self.device)
+        grads = _backward(self.net, cached[0], cached[1], dacts)
         if keep:
             self._grads[token] = grads
             return None
         return grads
 
-    async def forward(self, token: str, weights, x) -> np.ndarray:
-        return await self._compute(self._forward, token, weights, x)
+    async def forward(self, token: str, weights, x, seed: int, batch: int, shard: int) -> np.ndarray:
+        return await self._compute(self._forward, token, weights, x, seed, batch, shard)
 
     async def backward(self, token: str, dacts, keep: bool = False) -> dict[str, np.ndarray] | None:
         return await self._compute(self._backward, token, dacts, keep)
 
     def _whole(self, token: str, weights, x, y, rng_key, weight: float, keep: bool):
-        out = _whole_net(self.net, weights, x, y, self.device, rng_key, weight)
+        out = _whole_net(self.net, weights, x, y, rng_key, weight)
         if keep:
             self._grads[token] = out.pop("grads")
         return out
@@ -418,11 +416,13 @@ def _actor_iteration(
     version, weights = _call(conv_server, "pull", timeout=tmo)
     bounds = np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
     token = f"{spec.run_id}-{spec.group}-{row['batch']}"
+    b = row["batch"]
     fwd = [
-        srv.forward(token, weights, x[bounds[i] : bounds[i + 1]]) for i, srv in enumerate(shard_servers, 1)
+        srv.forward(token, weights, x[bounds[i] : bounds[i + 1]], spec.seed, b, i)
+        for i, srv in enumerate(shard_servers, 1)
     ]
     lead = _net(spec.run_id, template, spec.devices[0])
-    acts0, caches0 = _forward(lead, weights, x[bounds[0] : bounds[1]], spec.devices[0])
+    acts0, caches0 = _forward(lead, weights, x[bounds[0] : bounds[1]], spec.seed, b, 0)
     remote_acts = _actor_results(fwd, spec, conv_server)
     if remote_acts is None:
         return None
@@ -436,7 +436,7 @@ def _actor_iteration(
     bwd = [
         srv.backward(token, dacts[bounds[i] : bounds[i + 1]], tree) for i, srv in enumerate(shard_servers, 1)
     ]
-    total = _backward(lead, weights, caches0, dacts[bounds[0] : bounds[1]], spec.devices[0])
+    total = _backward(lead, weights, caches0, dacts[bounds[0] : bounds[1]])
     parts = _actor_results(bwd, spec, conv_server)
     if parts is None:
         return None
@@ -446,7 +446,11 @@ def _actor_iteration(
             return None
     total = sum_grads(total, *parts)
     row.update(
-        loss=fc["loss"], accuracy=fc["accuracy"], grad_sq=fc["grad_sq"], grad_sq_half=fc["grad_sq_half"]
+        loss=fc["loss"],
+        main_loss=fc["main_loss"],
+        accuracy=fc["accuracy"],
+        grad_sq=fc["grad_sq"],
+        grad_sq_half=fc["grad_sq_half"],
     )
     return _call(conv_server, "push", total, version, spec.lr, spec.momentum, row, timeout=tmo)
 
@@ -476,12 +480,22 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
     token = f"{spec.group}-{row['batch']}"
     fwd = {
         i: submit_pinned(
-            client, conv_forward, spec.run_id, token, i, template_f, w_futures[i], shards[i], device, worker=w
+            client,
+            conv_forward,
+            spec.run_id,
+            token,
+            i,
+            template_f,
+            w_futures[i],
+            shards[i],
+            device,
+            (spec.seed, row["batch"]),
+            worker=w,
         )
         for i, w, device in remote
     }
     lead = _net(spec.run_id, template, spec.devices[0])
-    acts0, caches0 = _forward(lead, weights, x[bounds[0] : bounds[1]], spec.devices[0])
+    acts0, caches0 = _forward(lead, weights, x[bounds[0] : bounds[1]], spec.seed, row["batch"], 0)
     if not _wait(list(fwd.values()), spec, conv_server):
         return None
     acts = np.concatenate([acts0, *client.gather([fwd[i] for i, _, _ in remote])])
@@ -508,7 +522,7 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
         )
         for i, w, device in remote
     ]
-    grads0 = _backward(lead, weights, caches0, fc["dacts"][bounds[0] : bounds[1]], spec.devices[0])
+    grads0 = _backward(lead, weights, caches0, fc["dacts"][bounds[0] : bounds[1]])
     summed, total = aggregate(client, grads, spec.aggregation, spec.branching, spec.ps_worker, local=grads0)
     if summed is not None:
         if not _wait([summed], spec, conv_server):
@@ -516,7 +530,11 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
         part = summed.result(timeout=tmo)
         total = part if total is None else sum_grads(total, part)
     row.update(
-        loss=fc["loss"], accuracy=fc["accuracy"], grad_sq=fc["grad_sq"], grad_sq_half=fc["grad_sq_half"]
+        loss=fc["loss"],
+        main_loss=fc["main_loss"],
+        accuracy=fc["accuracy"],
+        grad_sq=fc["grad_sq"],
+        grad_sq_half=fc["grad_sq_half"],
     )
     pushed = _call(conv_server, "push", total, version, spec.lr, spec.momentum, row, timeout=tmo)
     del shards, dacts, w_futures, fwd
@@ -567,11 +585,12 @@ def group_loop(spec: GroupSpec, template, conv_server, fc_server, shard_servers=
 # -- the shard tasks of a group of k > 1 workers -------------------------------------------------
 
 
-def conv_forward(run_id, token, shard, template, weights, x, device) -> np.ndarray:
+def conv_forward(run_id, token, shard, template, weights, x, device, iteration_key) -> np.ndarray:
     """One shard's conv forward with batched lowering; returns the activations and keeps the cache
-    in this worker process for the shard's `conv_backward` (same run, token and shard)."""
+    in this worker process for the shard's `conv_backward` (same run, token and shard).
+    `iteration_key`: (seed, batch), whose stream for this shard the forward draws from."""
     net = _net(run_id, template, device)
-    acts, caches = _forward(net, weights, x, device)
+    acts, caches = _forward(net, weights, x, *iteration_key, shard)
     with _NETS_LOCK:
         _CACHES[(run_id, token, shard)] = caches
     return acts
@@ -585,7 +604,7 @@ def conv_backward(run_id, token, shard, template, weights, fwd_done, dacts, devi
     if caches is None:
         raise RuntimeError(f"no forward cache for shard {shard} of {token} in run {run_id} on this worker")
     net = _net(run_id, template, device)
-    return _backward(net, weights, caches, dacts, device)
+    return _backward(net, weights, caches, dacts)
 
 
 def sum_grads(*grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -40,7 +40,7 @@ def whole_net_step(run_id: str, template, weights, x, y, device: str, rng_key, w
     Returns {"grads", "loss", "accuracy"}, each multiplied by `weight` (the shard's n_i / B), so the
     k shards' results sum to the full batch's (SoftmaxWithLoss averages over the shard).
     """
-    return tasks._whole_net(tasks._net(run_id, template, device), weights, x, y, device, rng_key, weight)
+    return tasks._whole_net(tasks._net(run_id, template, device), weights, x, y, rng_key, weight)
 
 
 def _grads_of(out: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -206,7 +206,14 @@ def unmerged_loop(
 def _model_server(client, engine, params, net: Net, state: TrainState, config: RunConfig, worker: str):
     """A ConvModelServer actor on `worker` holding `params` with their momentum from `state`."""
     fut = submit_actor(
-        client, ConvModelServer, params, net.lr_mult, net.decay_mult, config.weight_decay, worker=worker
+        client,
+        ConvModelServer,
+        params,
+        net.lr_mult,
+        net.decay_mult,
+        config.weight_decay,
+        net.statistics,
+        worker=worker,
     )
     server = fut.result(timeout=engine.timeout)
     history = {k: v for k, v in state.momentum.items() if k in params}

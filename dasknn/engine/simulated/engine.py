@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
+from dasknn.backend import blas_threads
 from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.simulated.events import Simulation
 from dasknn.engine.simulated.strategies import ReplicaSimulation, UnmergedSimulation
@@ -57,6 +58,9 @@ class SimulatedEngine:
     `t_sync` simulated seconds when the replicas synchronise). `aggregation` does not change the
     simulated maths (a sum is a sum); model its time through t_conv.
     """
+
+    time_unit = "simulated s"
+    """The unit of this engine's clock, even for a run that raised before writing a trace."""
 
     def __init__(
         self,
@@ -111,8 +115,9 @@ class SimulatedEngine:
         if g > n_workers:
             raise ValueError(f"n_groups={g} needs at least {g} workers; the timing model has {n_workers}")
         state = TrainState.from_net(net) if start is None else start
-        sim = self._simulation(net, X, y, config, n_workers // g, state)
-        rows = sim.advance(budget)
+        with blas_threads(1):  # one process computes for all groups: one BLAS thread, never spinning
+            sim = self._simulation(net, X, y, config, n_workers // g, state)
+            rows = sim.advance(budget)
         new_state = sim.train_state()
         net.set_params(new_state.params)
         attrs = {

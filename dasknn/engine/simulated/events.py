@@ -31,6 +31,7 @@ from tqdm import tqdm
 from dasknn.data.batching import BatchOrder
 from dasknn.data.chunks import sample_chunks
 from dasknn.engine.servers import ConvModelServer, FCServer
+from dasknn.engine.streams import shard_rng
 from dasknn.engine.trace import Budget, RunConfig, TrainState
 from dasknn.nn.net import Net
 
@@ -48,9 +49,11 @@ def shard_slices(batch_size: int, k: int) -> list[slice]:
     return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def conv_forward_shards(conv_net: Net, xb, slices: list[slice], rng: np.random.Generator | None = None):
-    """Conv-phase forward of each shard; returns (activations of the whole batch, per-shard caches)."""
-    outs = [conv_net.forward(xb[s], train=True, rng=rng) for s in slices]
+def conv_forward_shards(conv_net: Net, xb, slices: list[slice], seed: int = 0, batch: int = 0):
+    """Conv-phase forward of each shard; returns (activations of the whole batch, per-shard caches).
+
+    Shard i draws from `streams.shard_rng(seed, batch, i)`, as the Dask engine's shard i does."""
+    outs = [conv_net.forward(xb[s], train=True, rng=shard_rng(seed, batch, i)) for i, s in enumerate(slices)]
     acts = outs[0][0] if len(outs) == 1 else np.concatenate([a for a, _ in outs])
     return acts, [c for _, c in outs]
 
@@ -114,7 +117,11 @@ class Simulation:
         conv_keys = set(conv.params)
         fc_keys = set(fc.params)
         self.conv_server = ConvModelServer(
-            conv.get_params(), conv.lr_mult, conv.decay_mult, weight_decay=config.weight_decay
+            conv.get_params(),
+            conv.lr_mult,
+            conv.decay_mult,
+            weight_decay=config.weight_decay,
+            statistics=conv.statistics,
         )
         self.fc_server = FCServer(fc, weight_decay=config.weight_decay, seed=config.seed)
         self.group_nets = [conv.copy() for _ in range(config.n_groups)]
@@ -204,8 +211,9 @@ class Simulation:
         if grp not in self.caches:
             gs = self.groups[grp]
             xb, yb = self.data.get(gs["batch"])
-            rng = np.random.default_rng([self.config.seed, 4, gs["batch"]])
-            acts, caches = conv_forward_shards(self.group_nets[grp], xb, self.slices, rng)
+            acts, caches = conv_forward_shards(
+                self.group_nets[grp], xb, self.slices, self.config.seed, gs["batch"]
+            )
             self.caches[grp] = (acts, caches, yb)
         return self.caches[grp]
 
@@ -213,7 +221,12 @@ class Simulation:
         acts, _, yb = self._forward(grp)
         out = self.fc_server.step(acts, yb, lr=self.config.lr, momentum=self.config.momentum)
         gs = self.groups[grp]
-        gs.update(dacts=out["dacts"], loss=float(out["loss"]), accuracy=float(out["accuracy"]))
+        gs.update(
+            dacts=out["dacts"],
+            loss=float(out["loss"]),
+            main_loss=float(out["main_loss"]),
+            accuracy=float(out["accuracy"]),
+        )
         gs.update(grad_sq=out["grad_sq"], grad_sq_half=out["grad_sq_half"])
         self.fc_busy = None
         if self.fc_queue:
@@ -238,6 +251,7 @@ class Simulation:
             "t_end": t,
             **info,
             "loss": gs["loss"],
+            "main_loss": gs["main_loss"],
             "accuracy": gs["accuracy"],
             "grad_sq": gs.get("grad_sq", math.nan),
             "grad_sq_half": gs.get("grad_sq_half", math.nan),

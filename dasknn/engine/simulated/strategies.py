@@ -23,7 +23,6 @@ from dasknn.engine.servers import ConvModelServer
 from dasknn.engine.simulated.events import Batches, Simulation
 from dasknn.engine.strategy import Strategy
 from dasknn.engine.trace import Budget, RunConfig, TrainState
-from dasknn.nn.loss import accuracy, softmax_with_loss
 from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
 
@@ -51,7 +50,11 @@ class UnmergedSimulation(Simulation):
         fc = self.fc_server.net
         fc_keys = set(fc.params)
         self.fc_model = ConvModelServer(
-            fc.get_params(), fc.lr_mult, fc.decay_mult, weight_decay=config.weight_decay
+            fc.get_params(),
+            fc.lr_mult,
+            fc.decay_mult,
+            weight_decay=config.weight_decay,
+            statistics=fc.statistics,
         )
         self.fc_model.solver.load_state_dict(
             {
@@ -75,12 +78,16 @@ class UnmergedSimulation(Simulation):
         gs = self.groups[grp]
         fc = self.group_fc[grp]
         fc.set_params(gs["fc_weights"])
-        logits, caches = fc.forward(
-            acts, train=True, rng=np.random.default_rng([self.config.seed, 5, gs["batch"]])
+        out = fc.train_step(
+            acts, yb, rng=np.random.default_rng([self.config.seed, 5, gs["batch"]]), need_dx=True
         )
-        loss, dlogits = softmax_with_loss(logits, yb)
-        dacts, grads = fc.backward(dlogits, caches, need_dx=True)
-        gs.update(dacts=dacts, fc_grads=grads, loss=float(loss), accuracy=float(accuracy(logits, yb)))
+        gs.update(
+            dacts=out["dx"],
+            fc_grads=out["grads"],
+            loss=float(out["loss"]),
+            main_loss=float(out["main_loss"]),
+            accuracy=float(out["accuracy"]),
+        )
         self._schedule(t + (1.0 - self.engine.forward_fraction) * gs["t_conv"], "push", grp)
 
     def _push(self, t: float, grp: int) -> dict[str, Any]:

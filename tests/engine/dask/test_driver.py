@@ -55,7 +55,8 @@ def test_shard_gradients_sum_to_the_full_batch_gradient(digits):
     server = FCServer(fc.copy())
     shards = [(0, 40), (40, 64)]
     fwd = [
-        tasks.conv_forward("t", "0-0", i, conv, weights, xb[a:b], "cpu") for i, (a, b) in enumerate(shards)
+        tasks.conv_forward("t", "0-0", i, conv, weights, xb[a:b], "cpu", (0, 0))
+        for i, (a, b) in enumerate(shards)
     ]
     out = server.step(np.concatenate(fwd), yb, 0.0, 0.0)
     grads = [
@@ -169,7 +170,10 @@ def test_shard_servers_compute_the_shard_tasks_maths_and_sum_by_absorbing(digits
     shards = [(0, 20), (20, 44), (44, 64)]
 
     async def iteration():
-        acts = [await s.forward("b0", weights, xb[a:b]) for s, (a, b) in zip(servers, shards, strict=True)]
+        acts = [
+            await s.forward("b0", weights, xb[a:b], 0, 0, i)
+            for i, (s, (a, b)) in enumerate(zip(servers, shards, strict=True))
+        ]
         out = FCServer(fc.copy()).step(np.concatenate(acts), yb, 0.0, 0.0)
         for s, (a, b) in zip(servers, shards, strict=True):
             assert await s.backward("b0", out["dacts"][a:b], True) is None  # kept for the tree

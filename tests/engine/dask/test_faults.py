@@ -48,12 +48,15 @@ def _no_restart(dask_worker) -> None:
 
 class Killer(threading.Thread):
     """Kills the worker `pick(placement)` (and its nanny when `machine`) once the run has written
-    `at` updates; records the kill time. Bounded: gives up after `limit` seconds."""
+    `at` updates (as `probe`, run on every worker, counts them); records the kill time. Bounded:
+    gives up after `limit` seconds."""
 
-    def __init__(self, client, engine, pick, at: int, machine: bool, limit: float = 60.0) -> None:
+    def __init__(
+        self, client, engine, pick, at: int, machine: bool, limit: float = 300.0, probe=_conv_versions
+    ) -> None:
         super().__init__(daemon=True)
         self.client, self.engine, self.pick, self.at = client, engine, pick, at
-        self.machine, self.limit = machine, limit
+        self.machine, self.limit, self.probe = machine, limit, probe
         self.victims: list[str] = []
         self.killed_at: float | None = None
         self.pids = client.run(os.getpid)
@@ -63,7 +66,7 @@ class Killer(threading.Thread):
         while time.monotonic() < deadline:
             placement = self.engine.placement_
             if placement is not None:
-                versions = self.client.run(_conv_versions, on_error="ignore")
+                versions = self.client.run(self.probe, on_error="ignore")
                 if (
                     max((v for vs in versions.values() if isinstance(vs, list) for v in vs), default=0)
                     >= self.at

@@ -23,8 +23,26 @@ def test_fc_resource_gets_the_fc_server_and_no_conv_work():
 def test_gpu_worker_hosts_fc_without_fc_resource_and_computes_with_cupy():
     p = plan(workers({}, {"GPU": 1}), n_groups=1)
     assert p.fc_worker == "tcp://10.0.0.1:1"
-    assert p.devices == {"tcp://10.0.0.0:1": "cpu", "tcp://10.0.0.1:1": "gpu"}
+    assert p.devices == {"tcp://10.0.0.0:1": "cpu", "tcp://10.0.0.1:1": "gpu:0"}
     assert p.groups == [["tcp://10.0.0.0:1", "tcp://10.0.0.1:1"]]
+
+
+def test_gpu_workers_of_one_host_get_different_device_indices():
+    gpu = {"resources": {"GPU": 1}, "nthreads": 1}
+    hosts = {
+        "tcp://10.0.0.1:4001": gpu,
+        "tcp://10.0.0.1:4000": gpu,
+        "tcp://10.0.0.1:4002": {"resources": {}, "nthreads": 1},
+        "tcp://10.0.0.2:4000": gpu,
+        "tcp://10.0.0.1:4003": gpu,
+    }
+    assert plan(hosts, n_groups=1).devices == {
+        "tcp://10.0.0.1:4000": "gpu:0",
+        "tcp://10.0.0.1:4001": "gpu:1",
+        "tcp://10.0.0.1:4002": "cpu",
+        "tcp://10.0.0.1:4003": "gpu:2",
+        "tcp://10.0.0.2:4000": "gpu:0",
+    }
 
 
 def test_groups_of_k_workers_and_oversubscription():

@@ -1,0 +1,216 @@
+"""Callbacks of `DistributedCNN.fit`: hooks at the start, at every evaluation and at the end of a fit.
+
+A callback is any object with some of these methods (`Callback` has them all, doing nothing):
+
+- `on_fit_begin(est)`: before the first evaluation;
+- `on_evaluation(est, record)`: after each evaluation, with its history row (`time`, `iteration`,
+  `epoch`, `loss`, `accuracy`, and with validation data `val_loss`, `val_accuracy`; `phase`,
+  `lr`, `event`); returning True stops the fit cleanly after this evaluation;
+- `on_progress(est, info)`: while the optimizer searches (no evaluation then), with `time`,
+  `epoch` and `phase`, so that progress shows between evaluations;
+- `on_fit_end(est)`: after the last evaluation, also when the fit raised.
+
+Shipped: `EarlyStopping` (sklearn's `n_iter_no_change` / `tol`, restoring the best model),
+`ProgressBar` (tqdm) and `CSVLogger`. The same conventions as Keras' and skorch's callbacks.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CSVLogger", "Callback", "EarlyStopping", "ProgressBar", "call"]
+
+
+class Callback:
+    """A callback that does nothing; subclass it and override the hooks you need."""
+
+    def on_fit_begin(self, est) -> None:
+        """Before the first evaluation of a fit."""
+
+    def on_evaluation(self, est, record: dict[str, Any]) -> bool | None:
+        """After each evaluation; True stops the fit."""
+        return None
+
+    def on_progress(self, est, info: dict[str, Any]) -> None:
+        """Between evaluations, while the optimizer searches."""
+
+    def on_fit_end(self, est) -> None:
+        """After the fit's last evaluation (also when it raised)."""
+
+
+def call(callbacks, hook: str, *args) -> bool:
+    """Call `hook` on every callback that has it; True when any returned True (a stop request)."""
+    stop = False
+    for cb in callbacks:
+        method = getattr(cb, hook, None)
+        if method is not None:
+            stop = bool(method(*args)) or stop
+    return stop
+
+
+def _finite(value) -> bool:
+    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+class EarlyStopping(Callback):
+    """Stop when `monitor` has not improved by more than `tol` for `n_iter_no_change` evaluations.
+
+    sklearn's `MLPClassifier(early_stopping=True)` rule, counted in evaluations. `monitor`: a history
+    column, "val_loss" (default; lower is better) or "val_accuracy", "loss", "accuracy" (accuracies:
+    higher is better). With `restore_best` the fit ends with the weights of the best evaluation.
+    """
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        n_iter_no_change: int = 10,
+        tol: float = 1e-4,
+        restore_best: bool = True,
+    ) -> None:
+        if monitor not in ("val_loss", "val_accuracy", "loss", "accuracy"):
+            raise ValueError(
+                f"EarlyStopping: monitor must be val_loss, val_accuracy, loss or accuracy, got {monitor!r}"
+            )
+        if not (isinstance(n_iter_no_change, int) and n_iter_no_change >= 1):
+            raise ValueError(f"n_iter_no_change must be an integer >= 1, got {n_iter_no_change!r}")
+        if not (isinstance(tol, (int, float)) and tol >= 0):
+            raise ValueError(f"tol must be a number >= 0, got {tol!r}")
+        self.monitor, self.n_iter_no_change, self.tol = monitor, n_iter_no_change, float(tol)
+        self.restore_best = restore_best
+        self._reset()
+
+    def _reset(self) -> None:
+        self.best: float | None = None
+        self.best_iteration: int | None = None
+        self.no_change = 0
+        self.stopped_iteration: int | None = None
+
+    def on_fit_begin(self, est) -> None:
+        self._reset()
+
+    def improved(self, value: float) -> bool:
+        """Whether `value` beats the best so far by more than tol."""
+        if self.best is None:
+            return True
+        if self.monitor.endswith("loss"):
+            return value < self.best - self.tol
+        return value > self.best + self.tol
+
+    def on_evaluation(self, est, record: dict[str, Any]) -> bool:
+        value = record.get(self.monitor)
+        if not _finite(value):
+            return False
+        if self.improved(value):
+            self.best, self.best_iteration, self.no_change = float(value), int(record["iteration"]), 0
+            return False
+        self.no_change += 1
+        if self.no_change >= self.n_iter_no_change:
+            self.stopped_iteration = int(record["iteration"])
+            return True
+        return False
+
+
+class ProgressBar(Callback):
+    """A tqdm bar (`tqdm.auto`: a widget in notebooks) over the time budget, or else the epochs.
+
+    It moves at every evaluation and while the optimizer searches; its postfix shows the phase, the
+    training loss and the held-out accuracy (the training accuracy without validation data). Drawn
+    on `file` (default: stderr).
+    """
+
+    def __init__(self, file=None) -> None:
+        self.file = file
+        self.bar = None
+
+    def on_fit_begin(self, est) -> None:
+        from tqdm.auto import tqdm
+
+        self.close()
+        simulated = getattr(est, "engine", "dask") == "simulated"
+        if est.time_budget is not None:
+            self.key, total, unit = "time", float(est.time_budget), "sim s" if simulated else "s"
+        else:
+            self.key, total, unit = "epoch", float(est.max_epochs or 1.0), "epoch"
+        self.origin = None
+        self.bar = tqdm(
+            total=total,
+            unit=unit,
+            desc="dasknn",
+            file=self.file if self.file is not None else sys.stderr,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} "
+            + unit
+            + " [{elapsed}{postfix}]",
+            dynamic_ncols=True,
+            leave=True,
+        )
+
+    def _move(self, value) -> None:
+        if self.bar is None or not _finite(value):
+            return
+        if self.origin is None:
+            self.origin = float(value)
+        position = min(float(self.bar.total), float(value) - self.origin)
+        if position > self.bar.n:
+            self.bar.update(position - self.bar.n)
+
+    def on_progress(self, est, info: dict[str, Any]) -> None:
+        self._move(info.get(self.key))
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"phase={info.get('phase', 'search')}", refresh=True)
+
+    def on_evaluation(self, est, record: dict[str, Any]) -> bool:
+        self._move(record.get(self.key))
+        if self.bar is not None:
+            parts = [f"phase={record.get('phase', 'train')}", f"loss={record['loss']:.3f}"]
+            if _finite(record.get("val_accuracy")):
+                parts.append(f"val_acc={record['val_accuracy']:.2%}")
+            else:
+                parts.append(f"acc={record['accuracy']:.2%}")
+            self.bar.set_postfix_str(", ".join(parts), refresh=True)
+        return False
+
+    def on_fit_end(self, est) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class CSVLogger(Callback):
+    """Appends each evaluation's history row to a CSV file as it happens (one row per evaluation).
+
+    The columns are fixed (`COLUMNS`; empty where a fit has no such value), so a file can be read
+    while the fit runs. A fresh fit overwrites the file; `append=True` adds to it (warm starts).
+    """
+
+    COLUMNS = ("time", "wall_time", "iteration", "epoch", "phase", "loss", "accuracy", "val_loss",
+               "val_accuracy", "lr", "event")  # fmt: skip
+
+    def __init__(self, path, append: bool = False) -> None:
+        self.path, self.append = Path(path), append
+        self._file = None
+
+    def on_fit_begin(self, est) -> None:
+        self.on_fit_end(est)
+        fresh = not self.append or not self.path.exists() or self.path.stat().st_size == 0
+        self._file = open(self.path, "w" if not self.append else "a", newline="")  # noqa: SIM115
+        self._writer = csv.DictWriter(self._file, fieldnames=self.COLUMNS, extrasaction="ignore")
+        if fresh:
+            self._writer.writeheader()
+
+    def on_evaluation(self, est, record: dict[str, Any]) -> bool:
+        if self._file is not None:
+            self._writer.writerow({k: record.get(k, "") for k in self.COLUMNS})
+            self._file.flush()
+        return False
+
+    def on_fit_end(self, est) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
