@@ -46,6 +46,9 @@ __all__ = [
     "state_hash",
 ]
 
+TIME_RESOLUTION = 1e-9
+"""The fraction of a time budget below which what is left of it counts as spent."""
+
 DECISION_COLUMNS = tuple(
     "phase action n_groups lr momentum score window_loss iterations seconds time diverged chosen "
     "start_hash run reason".split()
@@ -286,12 +289,18 @@ class SearchLog:
 
     # -- budgets ---------------------------------------------------------------------------------
     def exhausted(self) -> bool:
-        return (self.time_budget is not None and self.elapsed >= self.time_budget) or (
+        return (self.time_budget is not None and self.time_left() <= 0) or (
             self.max_iterations is not None and self.iterations >= self.max_iterations
         )
 
     def time_left(self) -> float:
-        return math.inf if self.time_budget is None else self.time_budget - self.elapsed
+        """Seconds left of the time budget; a remainder below `TIME_RESOLUTION` of the budget is none
+        (a float remainder of a sum of charges, such as 1e-17 s, cannot advance the clock: each run
+        charged it would leave the clock where it was, and a loop of such runs would never end)."""
+        if self.time_budget is None:
+            return math.inf
+        left = self.time_budget - self.elapsed
+        return left if left > TIME_RESOLUTION * self.time_budget else 0.0
 
     def budget(self, iterations: int | None = None, seconds: float | None = None) -> Budget | None:
         """`iterations`/`seconds` clipped to what is left of the optimizer's budgets; None if spent."""

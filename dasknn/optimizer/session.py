@@ -271,6 +271,7 @@ class _Session:
             budget = log.budget(seconds=min(chunk, end_time - log.elapsed), iterations=per_check)
             if budget is None:
                 break
+            before = log.elapsed
             seg, end, diverged, _, run = log.run(config, budget, state, phase)
             if diverged:
                 config = config.with_(lr=config.lr / 10)
@@ -282,7 +283,7 @@ class _Session:
             if checking and self.should_stop(state, log.trace()):
                 self.stopped = "should_stop returned True"
                 break
-            if not len(seg):  # a run that did no iteration: its time is spent, nothing to go on with
+            if not len(seg) or log.elapsed <= before:  # no iteration, or a clock that cannot advance
                 break
         done = pd.concat(trained) if trained else pd.DataFrame({"loss": [], "accuracy": []})
         self.history.append(
