@@ -272,6 +272,19 @@ def initial_groups(model: HEModel, candidates: Sequence[int], fixed_workers: boo
     return max(candidates), "the FC server never saturates: start at the largest g (Algorithm 1, g = CG)"
 
 
+def _one_iteration(engine, config: RunConfig, budget: Budget) -> float:
+    """What a simulated run that raised is charged: the modelled time of the one iteration in which
+    it failed (conv phase of a group of N/g workers plus the FC step), at most its seconds budget;
+    never the wall clock, so the charge is the same on any machine. The whole seconds budget would
+    charge an iteration-bounded trial the rest of the run."""
+    conv_time = getattr(engine, "conv_time", None)
+    if conv_time is None:
+        return budget.seconds or 0.0
+    k = max(1, (getattr(engine, "n_workers", None) or config.n_groups) // config.n_groups)
+    seconds = float(conv_time(k)) + float(getattr(engine, "t_fc", 0.0))
+    return seconds if budget.seconds is None else min(seconds, budget.seconds)
+
+
 class SearchLog:
     """The optimizer's clock, budgets, engine runs (stitched into one trace) and decision rows."""
 
@@ -340,8 +353,8 @@ class SearchLog:
         simulated = getattr(self.engine, "time_unit", None) == "simulated s"
         if trace.attrs.get("time_unit") == "simulated s":
             seconds = span
-        elif simulated:  # a raising simulated run: its budget, never the wall clock
-            seconds = budget.seconds or 0.0
+        elif simulated:  # a raising simulated run: one modelled iteration, never the wall clock
+            seconds = _one_iteration(self.engine, config, budget)
         else:
             seconds = max(span, wall)
         if result is not None and not len(trace) and budget.seconds is not None:
