@@ -370,10 +370,12 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         first = np.asarray(first.compute() if isinstance(first, da.Array) else first, dtype=np.float32)
         labels = np.zeros(len(first), dtype=np.int64)  # any labels: the size of the step is the point
         with np.errstate(all="ignore"):
-            logits, _ = net.copy().forward(first, train=False)
-            _, _, grads = net.copy().loss_and_grads(first, labels, rng=np.random.default_rng(0))
-        step = self._smallest_rate() * max((float(np.max(np.abs(g))) for g in grads.values()), default=0.0)
-        if not (np.isfinite(logits).all() and math.isfinite(step) and step < checkpoint.WEIGHT_LIMIT):
+            # the training forward pass: a test-mode pass of an untrained net with BatchNorm divides
+            # by running statistics that are still zero, which overflows whatever X is
+            loss, _, grads = net.copy().loss_and_grads(first, labels, rng=np.random.default_rng(0))
+        learned = [g for k, g in grads.items() if k not in net.statistics]  # statistics: no rate
+        step = self._smallest_rate() * max((float(np.max(np.abs(g))) for g in learned), default=0.0)
+        if not (math.isfinite(float(loss)) and math.isfinite(step) and step < checkpoint.WEIGHT_LIMIT):
             raise ValueError(
                 f"the first batch of X (largest |value| {float(np.max(np.abs(first))):.3g}) overflows "
                 f"net {net.name!r}: the forward pass or the first update at learning rate "
