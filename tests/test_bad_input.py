@@ -405,3 +405,15 @@ def digits28():
 
     X, y = load("digits", size=28)
     return X[:128].compute(), y[:128].compute()
+
+
+def test_an_untrained_batchnorm_net_on_unit_scale_data_passes_the_overflow_check():
+    # BatchNorm's running statistics start at zero: only a training-mode pass says whether X overflows;
+    from dasknn.nn.zoo import get_net
+
+    net = get_net("resnet20")
+    X = np.random.default_rng(0).random((8, 3, 32, 32), dtype=np.float32)
+    est = DistributedCNN(net="resnet20", batch_size=8)
+    est._check_net_on_data(net, X)  # a test-mode pass divided by the zero running variance: NaN
+    # and BatchNorm normalises any scale away: large values reach it finite and leave it unit-sized
+    est._check_net_on_data(net, X * np.float32(1e6))
