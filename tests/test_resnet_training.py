@@ -18,7 +18,7 @@ def cifar_shaped_digits():
     """scikit-learn's bundled digits at 32×32 (each pixel 4×4) repeated over 3 channels: CIFAR-10's
     (3, 32, 32) input shape from a dataset that ships with the dependencies; the last 297 images
     are held out (never trained on), the first 640 are trained on (two cores must train ResNet-20
-    for 10 epochs within minutes)."""
+    for 30 epochs within minutes)."""
     X, y = load("digits", size=32, batch_size=32)
     X = da.concatenate([X, X, X], axis=1).rechunk({1: -1})
     n = X.shape[0] - HELD_OUT
@@ -34,7 +34,7 @@ def test_resnet20_beats_cifar10_quick_on_the_same_data_and_budget():
             net=net,
             batch_size=32,
             time_budget=None,
-            max_epochs=10,
+            max_epochs=30,
             engine="dask",
             n_workers=2,
             random_state=0,
