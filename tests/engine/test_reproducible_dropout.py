@@ -35,8 +35,10 @@ def test_two_synchronous_runs_with_dropout_in_the_conv_phase_train_the_same_weig
         engine = DaskEngine(client2)
         engine.run(net, X, y, CFG, Budget(iterations=6))
         assert len(engine.placement_.groups[0]) == 2  # g = 1, k = 2: two shards, two streams
+    # the same masks give the same weights up to the order of float sums (about 1 run in 3 differs
+    # in the 8th digit on a 2-core machine); different masks move them by more than 1e-3 (below)
     for k, v in nets[0].params.items():
-        np.testing.assert_array_equal(nets[1].params[k], v, err_msg=k)
+        np.testing.assert_allclose(nets[1].params[k], v, rtol=1e-5, atol=1e-7, err_msg=k)
     simulated = dropout_net()
     SimulatedEngine(HEModel(1.0, 0.01, 0.1, 2), verbose=0).run(simulated, X, y, CFG, Budget(iterations=6))
     undropped = dropout_net()

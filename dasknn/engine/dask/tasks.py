@@ -231,6 +231,11 @@ def _whole_net(net: DeviceNet, weights, x, y, rng_key, weight: float = 1.0) -> d
     return {"grads": grads, "loss": float(loss) * weight, "accuracy": float(acc) * weight}
 
 
+FC_RECORD = ("loss", "main_loss", "accuracy", "grad_sq", "grad_sq_half")
+"""What a Trace row takes from the FC server's step: the weighted total loss, the main head's loss
+and accuracy, and the squared gradient norms the noise scale is estimated from."""
+
+
 def _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row) -> dict[str, Any] | None:
     """A whole iteration of a one-worker group, no task: pull, forward, FC step, backward, push.
 
@@ -243,13 +248,7 @@ def _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row) -> 
     if fc is None:
         return None
     grads = _backward(net, weights, caches, fc["dacts"])
-    row.update(
-        loss=fc["loss"],
-        main_loss=fc["main_loss"],
-        accuracy=fc["accuracy"],
-        grad_sq=fc["grad_sq"],
-        grad_sq_half=fc["grad_sq_half"],
-    )
+    row.update({k: fc[k] for k in FC_RECORD})
     return _call(conv_server, "push", grads, version, spec.lr, spec.momentum, row, timeout=tmo)
 
 
@@ -445,13 +444,7 @@ def _actor_iteration(
         if parts is None:
             return None
     total = sum_grads(total, *parts)
-    row.update(
-        loss=fc["loss"],
-        main_loss=fc["main_loss"],
-        accuracy=fc["accuracy"],
-        grad_sq=fc["grad_sq"],
-        grad_sq_half=fc["grad_sq_half"],
-    )
+    row.update({k: fc[k] for k in FC_RECORD})
     return _call(conv_server, "push", total, version, spec.lr, spec.momentum, row, timeout=tmo)
 
 
@@ -529,13 +522,7 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
             return None
         part = summed.result(timeout=tmo)
         total = part if total is None else sum_grads(total, part)
-    row.update(
-        loss=fc["loss"],
-        main_loss=fc["main_loss"],
-        accuracy=fc["accuracy"],
-        grad_sq=fc["grad_sq"],
-        grad_sq_half=fc["grad_sq_half"],
-    )
+    row.update({k: fc[k] for k in FC_RECORD})
     pushed = _call(conv_server, "push", total, version, spec.lr, spec.momentum, row, timeout=tmo)
     del shards, dacts, w_futures, fwd
     return pushed
