@@ -33,6 +33,7 @@ from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.optimizer.search import (
     Judge,
     check,
+    check_optimize_args,
     check_values,
     float_option,
     int_option,
@@ -201,21 +202,9 @@ class OmnivoreOptimizer:
         such a `session`, with `start` its state and `resume["trace"]`, `resume["decisions"]` the
         records so far: the optimizer goes on from that epoch's end as the original run would.
         """
-        check(not unknown, f"unknown option(s) {sorted(unknown)} for optimize")
-        limits = {
-            "time_budget": float_option(time_budget, "time_budget"),
-            "max_epochs": int_option(max_epochs, "max_epochs"),
-            "max_iterations": int_option(max_iterations, "max_iterations"),
-        }
-        check(
-            any(v is not None for v in limits.values()),
-            "give time_budget, max_epochs or max_iterations: should_stop alone may never stop",
+        limits = check_optimize_args(
+            unknown, time_budget, max_epochs, max_iterations, should_stop, start, on_epoch
         )
-        check(
-            should_stop is None or callable(should_stop), f"should_stop must be callable; got {should_stop!r}"
-        )
-        check(start is None or isinstance(start, TrainState), f"start must be a TrainState; got {start!r}")
-        check(on_epoch is None or callable(on_epoch), f"on_epoch must be callable; got {on_epoch!r}")
         base = RunConfig(1, self.lr_grid[0], self.cold_start_momentum, weight_decay, batch_size, seed)
         session = _Session(self, net, X, y, base, should_stop, limits)
         session.on_epoch = on_epoch

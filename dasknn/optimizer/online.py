@@ -48,6 +48,7 @@ from dasknn.optimizer.search import (
     Prober,
     SearchLog,
     check,
+    check_optimize_args,
     check_values,
     float_option,
     group_candidates,
@@ -202,21 +203,14 @@ class OnlineOptimizer:
         trials included; `max_epochs` passes over the data; `on_epoch(state, session, trace,
         decisions)` after every segment (a checkpoint hook); `resume` such a session to go on from.
         """
-        check(not unknown, f"unknown option(s) {sorted(unknown)} for optimize")
-        time_budget = float_option(time_budget, "time_budget")
-        max_epochs, max_iterations = (
-            int_option(max_epochs, "max_epochs"),
-            int_option(max_iterations, "max_iterations"),
+        limits = check_optimize_args(
+            unknown, time_budget, max_epochs, max_iterations, should_stop, start, on_epoch
         )
-        check(
-            any(v is not None for v in (time_budget, max_epochs, max_iterations)),
-            "give time_budget, max_epochs or max_iterations: should_stop alone may never stop",
+        time_budget, max_epochs, max_iterations = (
+            limits["time_budget"],
+            limits["max_epochs"],
+            limits["max_iterations"],
         )
-        check(
-            should_stop is None or callable(should_stop), f"should_stop must be callable; got {should_stop!r}"
-        )
-        check(start is None or isinstance(start, TrainState), f"start must be a TrainState; got {start!r}")
-        check(on_epoch is None or callable(on_epoch), f"on_epoch must be callable; got {on_epoch!r}")
         if max_epochs is not None:
             per_epoch = max_epochs * n_batches(int(X.shape[0]), int(batch_size))
             max_iterations = per_epoch if max_iterations is None else min(max_iterations, per_epoch)
@@ -598,15 +592,7 @@ class _OnlineRun:
         """Go on from a `session` (with its "trace" and "decisions"): the log, clock and measurements."""
         log = self.log
         self.first_config(RunConfig(**session["config"]))
-        log.elapsed, log.iterations = float(session["elapsed"]), int(session["iterations"])
-        log.charged, log.kept = [float(c) for c in session["charged"]], {int(r) for r in session["kept"]}
-        trace = session["trace"]
-        runs = trace["run"].to_numpy() if "run" in trace else []
-        log.segments = [
-            trace[runs == i].drop(columns=["kept"], errors="ignore") for i in range(len(log.charged))
-        ]
-        log.attrs.update(trace.attrs)
-        log.rows = session["decisions"].to_dict("records")
+        log.restore(session)
         self.history = list(session["history"])
         self.tpi = {int(g): float(t) for g, t in session["tpi"].items()}
         self.explored = float(session["explored"])

@@ -35,6 +35,7 @@ __all__ = [
     "SearchLog",
     "SelectionLoss",
     "check",
+    "check_optimize_args",
     "check_values",
     "clear_winner",
     "float_option",
@@ -103,6 +104,27 @@ def float_option(value: Any, name: str) -> float | None:
 
 
 # -- probes ----------------------------------------------------------------------------------------
+def check_optimize_args(
+    unknown: dict[str, Any], time_budget, max_epochs, max_iterations, should_stop, start, on_epoch
+) -> dict[str, Any]:
+    """The checks every optimizer's `optimize` makes of its arguments; returns the budgets
+    {"time_budget", "max_epochs", "max_iterations"} checked (at least one given)."""
+    check(not unknown, f"unknown option(s) {sorted(unknown)} for optimize")
+    limits = {
+        "time_budget": float_option(time_budget, "time_budget"),
+        "max_epochs": int_option(max_epochs, "max_epochs"),
+        "max_iterations": int_option(max_iterations, "max_iterations"),
+    }
+    check(
+        any(v is not None for v in limits.values()),
+        "give time_budget, max_epochs or max_iterations: should_stop alone may never stop",
+    )
+    check(should_stop is None or callable(should_stop), f"should_stop must be callable; got {should_stop!r}")
+    check(start is None or isinstance(start, TrainState), f"start must be a TrainState; got {start!r}")
+    check(on_epoch is None or callable(on_epoch), f"on_epoch must be callable; got {on_epoch!r}")
+    return limits
+
+
 def state_hash(state: TrainState) -> str:
     """A short digest of a state's weights and momentum buffers: equal digests, equal starts."""
     h = hashlib.sha1()
@@ -325,6 +347,19 @@ class SearchLog:
             left = self.max_iterations - self.iterations
             iterations = left if iterations is None else min(iterations, left)
         return Budget(seconds=seconds, iterations=iterations)
+
+    def restore(self, session: dict[str, Any]) -> None:
+        """The clock, budgets spent, runs and decisions of an optimizer's checkpointed `session`
+        (its "trace" and "decisions" included), so that a resumed optimizer goes on where it was."""
+        self.elapsed, self.iterations = float(session["elapsed"]), int(session["iterations"])
+        self.charged, self.kept = [float(c) for c in session["charged"]], {int(r) for r in session["kept"]}
+        trace = session["trace"]
+        runs = trace["run"].to_numpy() if "run" in trace else []
+        self.segments = [
+            trace[runs == i].drop(columns=["kept"], errors="ignore") for i in range(len(self.charged))
+        ]
+        self.attrs.update(trace.attrs)
+        self.rows = session["decisions"].to_dict("records")
 
     # -- runs ------------------------------------------------------------------------------------
     def run(self, config: RunConfig, budget: Budget, start: TrainState, phase: str):

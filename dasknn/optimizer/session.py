@@ -147,15 +147,7 @@ class _Session:
     def resume(self, state: TrainState, session: dict[str, Any]) -> OptimizerResult:
         """Go on from an `on_epoch` session (its trace and decisions in session["trace"/"decisions"])."""
         log = self.log
-        log.elapsed, log.iterations = float(session["elapsed"]), int(session["iterations"])
-        log.charged, log.kept = [float(c) for c in session["charged"]], {int(r) for r in session["kept"]}
-        trace = session["trace"]
-        runs = trace["run"].to_numpy() if "run" in trace else []
-        log.segments = [
-            trace[runs == i].drop(columns=["kept"], errors="ignore") for i in range(len(log.charged))
-        ]
-        log.attrs.update(trace.attrs)
-        log.rows = session["decisions"].to_dict("records")
+        log.restore(session)
         self.history = list(session["history"])
         self.candidates = [int(g) for g in session["candidates"]]
         self.n_workers = session["n_workers"]
