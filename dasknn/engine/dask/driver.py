@@ -26,7 +26,7 @@ import numpy as np
 from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.dask import tasks
 from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
-from dasknn.engine.dask.recovery import Recovery, lost_error, resume_batches
+from dasknn.engine.dask.recovery import ClusterError, Recovery, is_worker_loss, lost_error, resume_batches
 from dasknn.engine.dask.replicas import run_replicas
 from dasknn.engine.dask.restart import run_restarting
 from dasknn.engine.dask.runs import cluster_workers, engine_client, persist_data
@@ -187,7 +187,30 @@ class DaskEngine:
 
         Survives lost workers as the class docstring says; `trace.attrs["recoveries"]` lists each
         recovery (recovery.Recovery) and the `recovered` column marks rows trained after one.
+        When every worker is gone, whatever dask call noticed it first (a scatter's "No valid
+        workers found", a placement over an empty cluster), the run raises WorkerLostError.
         """
+        done = 0 if start is None else start.iterations_done
+        if self.placement_ is not None and not cluster_workers(engine_client(self)):
+            raise lost_error({}, 0, 0, self.max_recoveries, {}, self.placement_, done)
+        try:
+            return self._run(net, X, y, config, budget, start)
+        except ClusterError:
+            raise
+        except Exception as err:
+            if not (is_worker_loss(err) or "no valid workers" in str(err).lower() or "has no workers" in str(err)):
+                raise
+            try:
+                alive = cluster_workers(engine_client(self))
+            except Exception:  # the scheduler is gone too: the caller names that
+                raise err from None
+            if alive or self.placement_ is None:
+                raise
+            raise lost_error({}, 0, 0, self.max_recoveries, alive, self.placement_, done) from err
+
+    def _run(
+        self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None
+    ) -> RunResult:
         if self.strategy.synchronous:  # SMA (Crossbow §3.2) or model averaging (SparkNet)
             # Crossbow §3.4 with learners='auto': tune the learners, then train
             runner = run_auto_learners if self.strategy.learners == "auto" else run_replicas

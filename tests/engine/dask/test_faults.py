@@ -176,6 +176,31 @@ def test_losing_every_machine_raises_a_clear_error_quickly(digits):
     assert all(w in str(err.value) for w in killer.victims)
 
 
+def test_a_run_started_after_every_machine_is_lost_raises_the_same_clear_error(digits):
+    """A fit runs the engine many times: the machines can go between two runs, and the next run's
+    first dask call (persist, scatter, placement) meets the empty cluster, not a segment."""
+    X, y = digits
+    with local_client(n_workers=2) as client:
+        engine = DaskEngine(client, timeout=30, poll=0.5)
+        first = engine.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=4))
+        victims = sorted(engine.placement_.roles())
+        pids = client.run(os.getpid)
+        client.run(_no_restart, nanny=True)
+        for w in pids:
+            os.kill(pids[w], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while cluster_workers(client) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not cluster_workers(client)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerLostError, match="no worker is left") as err:
+            engine.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=4), start=first.state)
+        # the empty cluster is named before the run waits on it (its timeout is 30 s)
+        assert time.monotonic() - t0 < engine.timeout
+    assert all(w in str(err.value) for w in victims)
+    assert f"{first.state.iterations_done} iterations of training in all" in str(err.value)
+
+
 @pytest.mark.slow
 def test_two_lost_machines_in_one_run_are_two_recoveries(digits):
     X, y = digits
