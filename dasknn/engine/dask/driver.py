@@ -198,7 +198,9 @@ class DaskEngine:
         except ClusterError:
             raise
         except Exception as err:
-            if not (is_worker_loss(err) or "no valid workers" in str(err).lower() or "has no workers" in str(err)):
+            if not (
+                is_worker_loss(err) or "no valid workers" in str(err).lower() or "has no workers" in str(err)
+            ):
                 raise
             try:
                 alive = cluster_workers(engine_client(self))
@@ -208,9 +210,7 @@ class DaskEngine:
                 raise
             raise lost_error({}, 0, 0, self.max_recoveries, alive, self.placement_, done) from err
 
-    def _run(
-        self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None
-    ) -> RunResult:
+    def _run(self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None) -> RunResult:
         if self.strategy.synchronous:  # SMA (Crossbow §3.2) or model averaging (SparkNet)
             # Crossbow §3.4 with learners='auto': tune the learners, then train
             runner = run_auto_learners if self.strategy.learners == "auto" else run_replicas
