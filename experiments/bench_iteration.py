@@ -126,7 +126,7 @@ def bench(name: str, repeats: int, threads: int) -> dict:
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def ours():
-        train_step(net, solver, x, y)
+        train_step(net, solver, x, y, rng=rng)  # dropout (CaffeNet) draws from a seeded stream
 
     def theirs():
         opt.zero_grad()

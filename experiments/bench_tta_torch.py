@@ -16,7 +16,7 @@ WEIGHT_DECAY = 5e-4
 
 
 def caffe_lenet_loop(
-    X, y, budget: float, target: float, eval_size: int, seed: int, threads: int
+    X, y, budget: float, target: float, eval_size: int, seed: int, threads: int, validation=None
 ) -> pd.DataFrame:
     """A plain PyTorch loop with Caffe's LeNet solver, from dasknn's initial weights: its history.
 
@@ -25,7 +25,8 @@ def caffe_lenet_loop(
     scored on the estimator's evaluation subset on the estimator's fixed-loop schedule: after every
     pass over the data, or sooner once max(2, budget / 20) training seconds have passed since the
     last score (dasknn/fitting.py), so both report time to accuracy at the same granularity;
-    scoring is not on the clock.
+    scoring is not on the clock. With `validation=(X_val, y_val)` every score is also taken on
+    those held-out samples (`val_accuracy`), and `target` applies to it.
     """
     import torch
 
@@ -36,6 +37,10 @@ def caffe_lenet_loop(
     idx = np.sort(np.random.default_rng(seed).choice(n, min(eval_size, n), replace=False))
     tX, ty = torch.from_numpy(X), torch.from_numpy(y)
     eX, ey = tX[idx], ty[idx]
+    vX = vy = None
+    if validation is not None:
+        vX = torch.from_numpy(np.asarray(validation[0], np.float32))
+        vy = torch.from_numpy(np.asarray(validation[1], np.int64))
     net = torch_net("lenet")
     ours = zoo.lenet(seed=seed).get_params()
     layers = [m for m in net if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
@@ -57,16 +62,19 @@ def caffe_lenet_loop(
         with torch.no_grad():
             logits = net(eX)
             acc = float((logits.argmax(1) == ey).float().mean())
-            history.append(
-                {
-                    "time": clock,
-                    "iteration": it,
-                    "epoch": it * BATCH / n,
-                    "loss": float(loss_fn(logits, ey)),
-                    "accuracy": acc,
-                    "wall_time": time.perf_counter() - t_wall,
-                }
-            )
+            row = {
+                "time": clock,
+                "iteration": it,
+                "epoch": it * BATCH / n,
+                "loss": float(loss_fn(logits, ey)),
+                "accuracy": acc,
+                "wall_time": time.perf_counter() - t_wall,
+            }
+            if vX is not None:
+                val_logits = net(vX)
+                row["val_loss"] = float(loss_fn(val_logits, vy))
+                row["val_accuracy"] = acc = float((val_logits.argmax(1) == vy).float().mean())
+            history.append(row)
         return acc
 
     next_eval = chunk

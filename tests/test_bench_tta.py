@@ -10,7 +10,7 @@ from experiments import bench_tta
 
 
 def history(times, accuracies) -> pd.DataFrame:
-    return pd.DataFrame({"time": times, "accuracy": accuracies, "iteration": np.arange(len(times))})
+    return pd.DataFrame({"time": times, "val_accuracy": accuracies, "iteration": np.arange(len(times))})
 
 
 def run(name, kind, rnd, times, accuracies, budget=60.0):
@@ -77,7 +77,7 @@ def test_a_tiny_run_writes_the_tables(tmp_path):
     assert list(runs["run"]) == ["optimizer=online", "optimizer=grid", "fixed g=2 η=0.03 µ=0.9"]
     assert (runs["seconds"] <= 15).all()
     assert set(out["simulated"]["kind"]) == {"online", "grid", "fixed"}
-    for name in ("table.md", "summary.csv", "simulated.md", "simulated.csv"):
+    for name in ("table.md", "summary.csv", "simulated.md", "simulated.csv", "tta.png"):
         assert (tmp_path / name).stat().st_size > 0
 
 
