@@ -38,6 +38,39 @@ def _windows(xpad, kh, kw, sh, sw, oh, ow):
             )
 
 
+def first_max_offsets(xpad, y, windows):
+    """The window offset (i·kw + j) of the first maximum of each output's window, in window order as
+    Caffe's argmax: one equality pass per offset, the later offsets written first so the first wins."""
+    xp = array_module(y)
+    windows = list(windows)
+    offsets = xp.zeros(y.shape, dtype=xp.uint8 if len(windows) <= 256 else xp.int32)
+    hit = xp.empty(y.shape, dtype=bool)
+    for k, sl in reversed(windows):
+        xp.equal(xpad[sl], y, out=hit)
+        xp.putmask(offsets, hit, k)
+    return offsets
+
+
+def scatter_to_windows(dy, offsets, padded_shape, kernel, stride):
+    """dL/dx over the padded input: each output's gradient added at its window's element `offsets`
+    (overlapping windows add up), as one bincount over flat indices instead of a pass per offset."""
+    xp = array_module(dy)
+    n, c, hp, wp = padded_shape
+    (kh, kw), (sh, sw) = kernel, stride
+    _, _, oh, ow = dy.shape
+    index = xp.int32 if n * c * hp * wp < 2**31 else xp.int64
+    corner = (  # flat index of each window's top-left element in the padded (N·C, Hp, Wp) array
+        (xp.arange(n * c, dtype=index) * (hp * wp))[:, None, None]
+        + (xp.arange(oh, dtype=index) * (sh * wp))[:, None]
+        + xp.arange(ow, dtype=index) * sw
+    ).reshape(n, c, oh, ow)
+    k = xp.arange(kh * kw, dtype=index)
+    within = (k // kw) * wp + k % kw  # offset i·kw + j → i rows and j columns from the corner
+    flat = corner + within[offsets]
+    dx = xp.bincount(flat.ravel(), weights=dy.ravel(), minlength=n * c * hp * wp)
+    return dx.astype(dy.dtype, copy=False).reshape(padded_shape)
+
+
 class Pooling(Layer):
     """Max or average pooling over k×k windows with stride and padding (Caffe's PoolingLayer).
 
@@ -138,18 +171,13 @@ class Pooling(Layer):
         (kh, kw), (sh, sw) = self.kernel_size, self.stride
         (_, h, w), (_, oh, ow) = self.in_shape, self.out_shape
         (top, bottom), (left, right) = self._padded_extent()
-        dxpad = xp.zeros((dy.shape[0], dy.shape[1], top + h + bottom, left + w + right), dtype=dy.dtype)
+        padded = (dy.shape[0], dy.shape[1], top + h + bottom, left + w + right)
         if self.pool == "max":
-            # the gradient goes to the first maximum of each window in window order (as Caffe's argmax)
             xpad, y = cache
-            claimed, hit, g = xp.zeros(y.shape, dtype=bool), xp.empty(y.shape, dtype=bool), xp.empty_like(dy)
-            for _, sl in _windows(dxpad, kh, kw, sh, sw, oh, ow):  # buffers reused: no temporaries
-                xp.equal(xpad[sl], y, out=hit)
-                xp.greater(hit, claimed, out=hit)  # hit and not claimed
-                xp.logical_or(claimed, hit, out=claimed)
-                xp.multiply(dy, hit, out=g)
-                dxpad[sl] += g
+            offsets = first_max_offsets(xpad, y, _windows(xpad, kh, kw, sh, sw, oh, ow))
+            dxpad = scatter_to_windows(dy, offsets, padded, (kh, kw), (sh, sw))
         else:
+            dxpad = xp.zeros(padded, dtype=dy.dtype)
             g = dy / self._divisor(xp, dy.dtype)
             for _, sl in _windows(dxpad, kh, kw, sh, sw, oh, ow):
                 dxpad[sl] += g

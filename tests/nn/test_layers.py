@@ -214,3 +214,24 @@ def test_max_pooling_gradient_goes_to_the_first_maximum_of_each_window_like_caff
     np.testing.assert_array_equal(y, [[[[1.0, 1.0]]]])
     dx, _ = layer.backward(np.array([[[[10.0, 100.0]]]]), cache)
     np.testing.assert_array_equal(dx, [[[[10.0, 100.0, 0.0], [0.0, 0.0, 0.0]]]])
+
+
+def test_first_max_offsets_and_their_scatter_equal_a_loop_over_windows():
+    from dasknn.nn.pooling import _windows, first_max_offsets, scatter_to_windows
+
+    rng = np.random.default_rng(3)
+    xpad = rng.integers(0, 3, (2, 3, 7, 9)).astype(np.float32)  # many ties
+    kh, kw, sh, sw, oh, ow = 3, 2, 2, 3, 3, 3  # overlapping rows, a column left out
+    windows = list(_windows(xpad, kh, kw, sh, sw, oh, ow))
+    y = np.max([xpad[sl] for _, sl in windows], axis=0)
+    offsets = first_max_offsets(xpad, y, windows)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    want = np.zeros_like(xpad)
+    for n, c, p, q in np.ndindex(y.shape):
+        window = xpad[n, c, p * sh : p * sh + kh, q * sw : q * sw + kw].ravel()
+        first = int(np.flatnonzero(window == y[n, c, p, q])[0])
+        assert offsets[n, c, p, q] == first
+        want[n, c, p * sh + first // kw, q * sw + first % kw] += dy[n, c, p, q]
+    got = scatter_to_windows(dy, offsets, xpad.shape, (kh, kw), (sh, sw))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
