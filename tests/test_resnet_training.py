@@ -43,4 +43,7 @@ def test_resnet20_beats_cifar10_quick_on_the_same_data_and_budget():
         est.fit(X, y)
         scores[net] = est.score(X_test, y_test)
     print(scores)
-    assert scores["resnet20"] > max(scores["cifar10_quick"], 0.9)
+    # ResNet-20's held-out score in four runs on two machines: 0.906, 0.896, 0.899, 0.886 (CIFAR-10
+    # quick: 0.825, 0.838, 0.795, 0.879); asynchronous groups follow real timing, so the floor
+    # leaves room under the lowest
+    assert scores["resnet20"] > max(scores["cifar10_quick"], 0.85)
