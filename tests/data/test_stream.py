@@ -135,3 +135,40 @@ def test_a_read_error_reaches_the_loop_and_bad_sources_are_named(store):
         StreamSource(np.zeros((4, 1, 2, 2)), np.zeros(4))
     with pytest.raises(ValueError, match="prefetch must be an integer >= 1"):
         StreamReader(StreamSource(X, y), 32, 0, [0], prefetch=0)
+
+
+def write_jpegs(root, n_per_class=24, size=20):
+    """Two class folders of generated JPEGs: class 0 dark, class 1 bright, with noise."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label, base in enumerate((40, 200)):
+        folder = root / f"class{label}"
+        folder.mkdir(parents=True)
+        for i in range(n_per_class):
+            pixels = np.clip(base + rng.normal(0, 20, size=(size, size, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"{i:03d}.jpg", quality=90)
+
+
+def test_an_imagefolder_streams_decoded_uint8_batches_once_an_epoch(tmp_path):
+    from dasknn.data.images import imagefolder
+
+    write_jpegs(tmp_path)
+    X, y = imagefolder(tmp_path, size=16, batch_size=8)
+    assert X.dtype == np.uint8 and X.shape == (48, 3, 16, 16)
+    source = StreamSource(X, y.compute())
+    everything = X.compute()
+    reset_stream_reads()
+    order = BatchOrder(source.chunks, 8, 4, 2)
+    reader = StreamReader(source, 8, 4, range(6), window=2)
+    try:
+        for b in range(6):
+            xb, yb = reader.get(b)
+            assert xb.dtype == np.uint8
+            np.testing.assert_array_equal(xb, everything[order.indices(b)])
+            assert set(np.unique(yb)) <= {0, 1}
+    finally:
+        reader.close()
+    counts = stream_reads(source.name)[source.name]
+    np.testing.assert_array_equal(counts["samples"], np.ones(48, dtype=np.int64))
+    assert counts["chunks"].tolist() == [1] * len(source.chunks)

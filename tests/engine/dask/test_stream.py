@@ -110,3 +110,19 @@ def test_streaming_is_refused_where_it_does_not_run():
         DaskEngine(None, data="stream", strategy=Strategy(name="sma"))
     with pytest.raises(ValueError, match="data must be one of"):
         DaskEngine(None, data="disk")
+
+
+def test_an_imagefolder_of_jpegs_is_decoded_on_the_workers_and_trains(client2, tmp_path):
+    from dasknn.data.images import imagefolder
+    from tests.data.test_stream import write_jpegs
+
+    write_jpegs(tmp_path, n_per_class=64, size=32)
+    X, y = imagefolder(tmp_path, size=28, batch_size=32)  # uint8, decoded when a chunk is computed
+    scaled = X.astype(np.float32) / 255
+    client2.run(reset_stream_reads)
+    net = zoo.lenet(input_shape=(3, 28, 28), num_classes=2, seed=0)
+    config = CFG.with_(batch_size=32, n_groups=2, lr=0.05)
+    result = DaskEngine(client2, data="stream").run(net, scaled, y, config, Budget(iterations=24))
+    counts = reads(client2, scaled.name)
+    np.testing.assert_array_equal(counts["samples"], np.full(128, 6))  # 24 batches of 32 = 6 epochs
+    assert result.trace["accuracy"].tail(4).mean() >= 0.9  # bright vs dark: learnt in a few epochs
