@@ -324,10 +324,10 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self._check_params(partial)
         if y is None:
             raise ValueError("DistributedCNN requires y to be passed, but the target y is None")
-        X = self._as_array(X)
-        self._stored_X = X if isinstance(X, da.Array) and X.dtype.kind in "biu" else None
+        X = stored = self._as_array(X)
         if isinstance(y, da.Array):
             X, y = check_X_y(X, y, batch_size=self.batch_size)
+            self._keep_stored(stored)
             return X, y, np.unique(y.compute())
         from sklearn.utils.multiclass import check_classification_targets
         from sklearn.utils.validation import column_or_1d
@@ -337,7 +337,13 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         labels = np.unique(y)
         # the shared gate checks X and the lengths; labels of any type are encoded by the caller
         X, _ = check_X_y(X, np.searchsorted(labels, y), batch_size=self.batch_size)
+        self._keep_stored(stored)
         return X, y, labels
+
+    def _keep_stored(self, X) -> None:
+        """Keep X in its stored integer dtype (uint8 pixels) for a streamed fit, which sends it
+        to the workers as it is; `_fit` takes it (float X needs no copy: the checked X is it)."""
+        self._stored_X = X if isinstance(X, da.Array) and X.dtype.kind in "biu" else None
 
     def _validate_named(self, X, y, name: str):
         """validation_data through the same gate as (X, y), its errors naming it."""
@@ -658,6 +664,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
     def _fit(self, X, y, ckpt: checkpoint.Checkpoint | None, partial_epochs: float | None = None):
         """Train from `ckpt` (resume: its fit's loop too), else the fit in memory (warm_start,
         partial_fit), else afresh."""
+        stored = self.__dict__.pop("_stored_X", None)
         if len(self.classes_) < 2:
             raise ValueError(f"y has {len(self.classes_)} class; a classifier needs at least 2")
         if isinstance(y, da.Array):
@@ -692,7 +699,6 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         with ExitStack() as stack:
             engine, client = self._engine(stack, net)
             self.data_ = self._data_mode(engine, client, X)
-            stored = self.__dict__.pop("_stored_X", None)
             if self.data_ == "stream":
                 # the stored dtype (uint8 pixels) goes to the workers, which convert each batch
                 X_train = stored if stored is not None and stored.chunks == X.chunks else X
