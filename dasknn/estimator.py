@@ -397,6 +397,13 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
             found = read_augment(spec)
             augment = Augment(**found) if found else None
+            merged = self.strategy == "omnivore" and self.physical_map == "merged"
+            if augment is not None and self.engine == "dask" and not merged:
+                raise ValueError(
+                    f"net {spec!r} crops or mirrors (transform_param), which runs on Omnivore's merged "
+                    f"map on the Dask engine, not with strategy={self.strategy!r}, "
+                    f"physical_map={self.physical_map!r}"
+                )
         self.augment_ = augment
 
     def _net_input(self, sample_shape) -> tuple[int, ...]:
