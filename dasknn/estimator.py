@@ -28,6 +28,7 @@ from dasknn.data.batching import n_batches
 from dasknn.data.split import split_parts
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import RunConfig, TrainState
+from dasknn.estimator_data import choose_data, resolve_augment
 from dasknn.estimator_params import check_params
 from dasknn.fitting import Evaluator
 from dasknn.nn.loss import softmax
@@ -386,26 +387,6 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             raise ValueError(f"net {net.name!r} outputs {net.num_classes} classes, but y has {n_classes}")
         return net
 
-    def _resolve_augment(self) -> None:
-        """`augment_`: the given augmentation, or a `.prototxt` net's transform_param crop/mirror."""
-        from dasknn.data.augment import Augment, as_augment
-
-        augment = as_augment(self.augment)
-        spec = os.fspath(self.net) if isinstance(self.net, os.PathLike) else self.net
-        if augment is None and isinstance(spec, str) and spec.endswith(".prototxt"):
-            from dasknn.nn.prototxt import read_augment
-
-            found = read_augment(spec)
-            augment = Augment(**found) if found else None
-            merged = self.strategy == "omnivore" and self.physical_map == "merged"
-            if augment is not None and self.engine == "dask" and not merged:
-                raise ValueError(
-                    f"net {spec!r} crops or mirrors (transform_param), which runs on Omnivore's merged "
-                    f"map on the Dask engine, not with strategy={self.strategy!r}, "
-                    f"physical_map={self.physical_map!r}"
-                )
-        self.augment_ = augment
-
     def _net_input(self, sample_shape) -> tuple[int, ...]:
         """The (C, H, W) the net takes for samples of `sample_shape` (cropped with crop_size)."""
         return self.augment_.sample_shape(sample_shape) if self.augment_ is not None else tuple(sample_shape)
@@ -687,7 +668,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             )
         self.n_features_in_ = n_features
         self._sample_shape = tuple(X.shape[1:])
-        self._resolve_augment()
+        self.augment_ = resolve_augment(self)
         auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
         y_all = y_idx.compute() if isinstance(y, da.Array) else _label_index(y, self.classes_)
         parts, given = self._validation(np.asarray(y_all), auto, partial_epochs is not None)
@@ -705,7 +686,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self._resolve_simulated_gflops(ckpt, warm)
         with ExitStack() as stack:
             engine, client = self._engine(stack, net)
-            self.data_ = self._data_mode(engine, client, X)
+            self.data_ = choose_data(self, engine, client, X)
             if self.data_ == "stream":
                 # the stored dtype (uint8 pixels) goes to the workers, which convert each batch
                 X_train = stored if stored is not None and stored.chunks == X.chunks else X
@@ -728,20 +709,6 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 raise
         self.net_ = net
         return self
-
-    def _data_mode(self, engine, client, X) -> str:
-        """'persist' or 'stream' (`data`; "auto" from X's float32 size and the workers' memory
-        limits), set on the Dask engine; the simulator and the layouts other than Omnivore's merged
-        map hold X in memory ('persist')."""
-        if client is None:
-            return "persist"
-        from dasknn.engine.dask.runs import data_mode, total_memory_limit
-
-        merged = self.strategy == "omnivore" and self.physical_map == "merged"
-        requested = self.data if merged else "persist"  # the other layouts read persisted chunks
-        limit = total_memory_limit(client) if requested == "auto" else None
-        engine.data = data_mode(requested, int(X.shape[0]) * int(math.prod(X.shape[1:])) * 4, limit)
-        return engine.data
 
     def _train_part(self, X, parts):
         """The training samples of X, lazily, in chunks of whole batches (`data.chunks`)."""
