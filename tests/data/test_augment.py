@@ -88,7 +88,7 @@ def test_augment_shapes_and_test_view():
     np.testing.assert_array_equal(aug.test(x), x[:, :, 1:4, 1:4])
     assert Augment(shift=1).test(x) is x
     with pytest.raises(ValueError, match="crop_size 6 is larger than the 5×5 images of X"):
-        aug.__class__(crop_size=6).sample_shape((2, 5, 5))
+        Augment(crop_size=6).sample_shape((2, 5, 5))
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,7 @@ def test_the_reader_reads_ahead_only_prefetch_batches(store):
     reader = StreamReader(source, 32, 0, range(20), prefetch=2)
     try:
         deadline = time.monotonic() + 30
-        while stream_reads(source.name).get(source.name, {"samples": [0]})["samples"].sum() < 3 * 32:
+        while stream_reads(source.name).get(source.name, {"samples": np.zeros(1)})["samples"].sum() < 96:
             assert time.monotonic() < deadline, "the reader did not read ahead"
             time.sleep(0.05)
         time.sleep(0.3)
