@@ -121,7 +121,7 @@ def test_an_imagefolder_of_jpegs_is_decoded_on_the_workers_and_trains(client2, t
     scaled = X.astype(np.float32) / 255
     client2.run(reset_stream_reads)
     net = zoo.lenet(input_shape=(3, 28, 28), num_classes=2, seed=0)
-    config = CFG.with_(batch_size=32, n_groups=2, lr=0.05)
+    config = CFG.with_(batch_size=32, n_groups=2, lr=0.01)
     result = DaskEngine(client2, data="stream").run(net, scaled, y, config, Budget(iterations=24))
     counts = reads(client2, scaled.name)
     np.testing.assert_array_equal(counts["samples"], np.full(128, 6))  # 24 batches of 32 = 6 epochs
