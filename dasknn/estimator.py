@@ -393,7 +393,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
     def _test_view(self, X):
         """X as the net sees it when scoring or predicting (centre-cropped with crop_size), lazily."""
-        return self.augment_.test(X) if self.augment_ is not None else X
+        augment = getattr(self, "augment_", None)  # None before a fit resolved it
+        return augment.test(X) if augment is not None else X
 
     def _check_net_on_data(self, net: Net, X) -> None:
         """Before any cluster starts: `split` names a layer where the net can be split, and the first
