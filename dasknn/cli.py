@@ -67,6 +67,12 @@ def _load_dataset(args):
     return load(args.dataset, batch_size=args.batch_size, **options)
 
 
+DATA_WORDS = {
+    "persist": "held in the workers' memory",
+    "stream": "read from storage by the workers, batch by batch",
+}
+
+
 def cmd_train(args) -> int:
     """Train a net with DistributedCNN and report time to accuracy."""
     import matplotlib
@@ -108,6 +114,9 @@ def cmd_train(args) -> int:
         resume=args.resume,
         optimizer_options=None if args.lr_grid is None else {"lr_grid": args.lr_grid},
         optimizer=args.optimizer,
+        data=args.data,
+        augment=None if args.augment == "none" else args.augment,
+        shuffle_window=args.shuffle_window,
     )
     est._check_params()  # every option checked before the data is read or a cluster started
     X, y = _load_dataset(args)
@@ -157,6 +166,8 @@ def cmd_train(args) -> int:
         f"\nfinal {held}training accuracy {final['accuracy']:.2%} after {final['time']:.1f} {unit}, "
         f"{int(final['iteration'])} iterations ({final['epoch']:.1f} epochs), search time included"
     )
+    augmented = f"; augmented on the workers: {est.augment_}" if est.augment_ is not None else ""
+    print(f"data: {est.data_} ({DATA_WORDS[est.data_]}){augmented}")
     for name in dict.fromkeys(est.report_["metric"]):
         where = held_out if name == "val_accuracy" else f"{args.eval_size} training samples"
         print(f"\ntime to {METRIC_LABELS[name]} ({where}; rule: first evaluation at or above the threshold):")
@@ -471,6 +482,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--aggregation", choices=["tree", "ps"], default="tree", help="how a group sums its gradients"
     )
     t.add_argument("--split", default=None, help="first FC-phase layer: a layer name or 'auto' (RALP's rule)")
+    t.add_argument(
+        "--data",
+        choices=["auto", "persist", "stream"],
+        default="auto",
+        help="hold X in the workers' memory (persist), read each batch from the store on the workers "
+        "(stream), or stream only when X exceeds half the workers' memory (auto)",
+    )
+    t.add_argument(
+        "--augment",
+        default="none",
+        help="augmentation on the workers: none, shift (±2 px, digits) or crop_mirror:SIZE (Caffe's); "
+        "a .prototxt net's transform_param crop_size/mirror apply when this is none",
+    )
+    t.add_argument(
+        "--shuffle-window",
+        type=_positive(int),
+        default=1,
+        help="chunks whose samples are shuffled together each epoch (1: within a chunk)",
+    )
     t.add_argument("--seed", type=_ranged(lambda v: 0 <= v < 2**32, "in [0, 2**32)", integer=True), default=0)
     t.add_argument(
         "--checkpoint-dir", default=None, help="write checkpoints there (every epoch and at the end)"

@@ -28,6 +28,7 @@ from dasknn.data.batching import n_batches
 from dasknn.data.split import split_parts
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import RunConfig, TrainState
+from dasknn.estimator_data import choose_data, resolve_augment
 from dasknn.estimator_params import check_params
 from dasknn.fitting import Evaluator
 from dasknn.nn.loss import softmax
@@ -57,8 +58,11 @@ RESUME_PARAMS = (
     "random_state",
     "optimizer",
     "simulated_gflops",
+    "augment",
+    "shuffle_window",
 )
-"""Parameters a resumed fit must share with the checkpointed one."""
+"""Parameters a resumed fit must share with the checkpointed one (`data` may differ: persisted and
+streamed runs read the same batches)."""
 
 SIMULATED_GFLOPS = 50.0
 """Default SGEMM speed of a simulated device (GFLOP/s, about one core of a current server CPU)."""
@@ -157,6 +161,24 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         of `dasknn.optimizer.OnlineOptimizer`, e.g. `initial_lr`, `target_momentum`,
         `exploration_fraction`. Checked before any work starts. The knobs themselves (n_groups,
         learning_rate, momentum) and verbose come from this estimator's parameters.
+    data : "auto", "persist" or "stream"
+        engine="dask": how the workers get the training batches. "persist" holds X in the workers'
+        memory (the fast path); "stream" never persists it: each group's lead worker reads its
+        batches from X's source (zarr chunks, files), a bounded number ahead, holding at most
+        2·`shuffle_window` chunks (`dasknn.data.stream`); uint8 X stays uint8 until that worker
+        converts it. "auto" streams when X as float32 exceeds half the workers' summed memory limits
+        (`engine.dask.runs.data_mode`). Streaming runs Omnivore's merged map only. `data_` says
+        which one the fit used.
+    augment : None, "shift", "crop_mirror:SIZE", dict or `dasknn.data.augment.Augment`
+        What the workers do to each training batch, drawn from (random_state, batch) so that runs
+        and resumes see the same batches: "shift" moves digits by up to ±2 px (zero padded, no
+        mirror); crop_size (random crop in training, centre crop when scoring and predicting: the
+        net takes crop_size inputs) and mirror are Caffe's. None with a `.prototxt` net: its data
+        layer's `transform_param { crop_size mirror }`. `augment_` is what the fit used.
+    shuffle_window : int
+        Chunks whose samples are shuffled together each epoch, after the chunks are permuted
+        (`dasknn.data.batching.window_indices`): 1 shuffles within chunks; larger mixes more and
+        makes a streaming reader hold more chunks.
     optimizer : "grid" or "online"
         How "auto" knobs are chosen: Omnivore's Algorithm 1, a cold start then grid searches from
         checkpoints ("grid"), or the online optimizer that trains from the first iteration at the g
@@ -207,6 +229,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         optimizer_options: dict | None = None,
         optimizer: str = "grid",
         simulated_gflops: Any = SIMULATED_GFLOPS,
+        data: str = "auto",
+        augment: Any = None,
+        shuffle_window: int = 1,
     ) -> None:
         self.net = net
         self.batch_size = batch_size
@@ -242,6 +267,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.optimizer_options = optimizer_options
         self.optimizer = optimizer
         self.simulated_gflops = simulated_gflops
+        self.data = data
+        self.augment = augment
+        self.shuffle_window = shuffle_window
 
     # -- validation ------------------------------------------------------------------------------
     def _check_params(self, partial: bool = False) -> None:
@@ -297,9 +325,10 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self._check_params(partial)
         if y is None:
             raise ValueError("DistributedCNN requires y to be passed, but the target y is None")
-        X = self._as_array(X)
+        X = stored = self._as_array(X)
         if isinstance(y, da.Array):
             X, y = check_X_y(X, y, batch_size=self.batch_size)
+            self._keep_stored(stored)
             return X, y, np.unique(y.compute())
         from sklearn.utils.multiclass import check_classification_targets
         from sklearn.utils.validation import column_or_1d
@@ -309,7 +338,13 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         labels = np.unique(y)
         # the shared gate checks X and the lengths; labels of any type are encoded by the caller
         X, _ = check_X_y(X, np.searchsorted(labels, y), batch_size=self.batch_size)
+        self._keep_stored(stored)
         return X, y, labels
+
+    def _keep_stored(self, X) -> None:
+        """Keep X in its stored integer dtype (uint8 pixels) for a streamed fit, which sends it
+        to the workers as it is; `_fit` takes it (float X needs no copy: the checked X is it)."""
+        self._stored_X = X if isinstance(X, da.Array) and X.dtype.kind in "biu" else None
 
     def _validate_named(self, X, y, name: str):
         """validation_data through the same gate as (X, y), its errors naming it."""
@@ -352,6 +387,15 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             raise ValueError(f"net {net.name!r} outputs {net.num_classes} classes, but y has {n_classes}")
         return net
 
+    def _net_input(self, sample_shape) -> tuple[int, ...]:
+        """The (C, H, W) the net takes for samples of `sample_shape` (cropped with crop_size)."""
+        return self.augment_.sample_shape(sample_shape) if self.augment_ is not None else tuple(sample_shape)
+
+    def _test_view(self, X):
+        """X as the net sees it when scoring or predicting (centre-cropped with crop_size), lazily."""
+        augment = getattr(self, "augment_", None)  # None before a fit resolved it
+        return augment.test(X) if augment is not None else X
+
     def _check_net_on_data(self, net: Net, X) -> None:
         """Before any cluster starts: `split` names a layer where the net can be split, and the first
         batch gives finite outputs in the forward pass and a first update (at the smallest learning
@@ -366,7 +410,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 ) from None
             except ValueError as err:
                 raise ValueError(f"split={self.split!r}: {err}") from None
-        first = X[: self.batch_size]
+        first = self._test_view(X[: self.batch_size])
         first = np.asarray(first.compute() if isinstance(first, da.Array) else first, dtype=np.float32)
         labels = np.zeros(len(first), dtype=np.int64)  # any labels: the size of the step is the point
         with np.errstate(all="ignore"):
@@ -403,7 +447,14 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
             n_workers, gflops = self.n_workers or 8, self.simulated_gflops_
             timing = HEModel.estimate(net, self.batch_size, n_workers, gflops, bandwidth_bytes_per_s=1.25e9)
-            return SimulatedEngine(timing, verbose=max(0, self.verbose - 1), strategy=self._strategy()), None
+            engine = SimulatedEngine(
+                timing,
+                verbose=max(0, self.verbose - 1),
+                strategy=self._strategy(),
+                augment=self.augment_,
+                shuffle_window=self.shuffle_window,
+            )
+            return engine, None
         from distributed import default_client
 
         from dasknn.engine.dask import DaskEngine, local_client
@@ -434,7 +485,13 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 )
                 if self.verbose >= 1:
                     _announce(client)
-        engine = DaskEngine(client, verbose=max(0, self.verbose - 1), strategy=self._strategy())
+        engine = DaskEngine(
+            client,
+            verbose=max(0, self.verbose - 1),
+            strategy=self._strategy(),
+            augment=self.augment_,
+            shuffle_window=self.shuffle_window,
+        )
         return engine, client
 
     def _validation(self, y_all: np.ndarray, with_selection: bool, partial: bool):
@@ -468,7 +525,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         idx = np.sort(
             np.random.default_rng(self.random_state).choice(n, min(self.eval_size, n), replace=False)
         )
-        X_eval, y_eval = dask.compute(X[idx], y[idx])
+        X_eval, y_eval = dask.compute(self._test_view(X[idx]), y[idx])
+        X_eval = np.asarray(X_eval, dtype=np.float32)
         return Evaluator(net, X_eval, y_eval, *(validation or (None, None)))
 
     # -- fit -------------------------------------------------------------------------------------
@@ -595,6 +653,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
     def _fit(self, X, y, ckpt: checkpoint.Checkpoint | None, partial_epochs: float | None = None):
         """Train from `ckpt` (resume: its fit's loop too), else the fit in memory (warm_start,
         partial_fit), else afresh."""
+        stored = self.__dict__.pop("_stored_X", None)
         if len(self.classes_) < 2:
             raise ValueError(f"y has {len(self.classes_)} class; a classifier needs at least 2")
         if isinstance(y, da.Array):
@@ -610,30 +669,38 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             )
         self.n_features_in_ = n_features
         self._sample_shape = tuple(X.shape[1:])
+        self.augment_ = resolve_augment(self)
         auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
         y_all = y_idx.compute() if isinstance(y, da.Array) else _label_index(y, self.classes_)
         parts, given = self._validation(np.asarray(y_all), auto, partial_epochs is not None)
         self.parts_ = parts
         if ckpt is not None:
-            net = self._build_net(X.shape[1:], len(self.classes_))
+            net = self._build_net(self._net_input(X.shape[1:]), len(self.classes_))
             net.set_params(ckpt.state.params)
             start = ckpt.state
         elif warm:
             net, start = self.net_, self.state_
         else:
-            net, start = self._build_net(X.shape[1:], len(self.classes_)), None
+            net, start = self._build_net(self._net_input(X.shape[1:]), len(self.classes_)), None
         resume_from = ckpt if self.resume else None
         self._check_net_on_data(net, X)
         self._resolve_simulated_gflops(ckpt, warm)
         with ExitStack() as stack:
             engine, client = self._engine(stack, net)
-            if client is not None:
+            self.data_ = choose_data(self, engine, client, X)
+            if self.data_ == "stream":
+                # the stored dtype (uint8 pixels) goes to the workers, which convert each batch
+                X_train = stored if stored is not None and stored.chunks == X.chunks else X
+                y_idx = da.from_array(np.asarray(y_all), chunks=(X.chunks[0],))
+            elif client is not None:
                 # once per fit: the engine's runs then reuse these chunks (persisting the same graph
                 # again per run makes the scheduler warn of a "different run_spec" for its keys)
                 X = client.persist(X) if isinstance(X, da.Array) else X
                 y_idx = client.persist(y_idx) if isinstance(y_idx, da.Array) else y_idx
             X, y_idx, selection, validation = self._carve(X, y_idx, parts, given, net)
-            if client is not None and len(parts.train) < len(y_all):
+            if self.data_ == "stream":
+                X = self._train_part(X_train, parts) if len(parts.train) < len(y_all) else X_train
+            elif client is not None and len(parts.train) < len(y_all):
                 X, y_idx = client.persist(X), client.persist(y_idx)
             try:
                 self._train(engine, net, X, y_idx, start, resume_from, partial_epochs, selection, validation)
@@ -644,20 +711,26 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.net_ = net
         return self
 
+    def _train_part(self, X, parts):
+        """The training samples of X, lazily, in chunks of whole batches (`data.chunks`)."""
+        from dasknn.data.chunks import samples_per_chunk
+
+        chunk = samples_per_chunk(X.shape[1:], self.batch_size)
+        return X[parts.train].rechunk({0: chunk})
+
     def _carve(self, X, y, parts, given, net: Net):
         """(X, y) of the training part (dask), the selection part's scorer (or None) and the
         validation data as numpy (X_val, y_val class indices), or None."""
-        from dasknn.data.chunks import samples_per_chunk
         from dasknn.optimizer.search import SelectionLoss
 
         sel, val = parts.selection, parts.validation
-        X_sel, y_sel, X_val, y_val = dask.compute(X[sel], y[sel], X[val], y[val])
+        view = self._test_view
+        X_sel, y_sel, X_val, y_val = dask.compute(view(X[sel]), y[sel], view(X[val]), y[val])
         if given is not None:
-            X_val, y_val = dask.compute(given[0], given[1])
+            X_val, y_val = dask.compute(view(given[0]), given[1])
             y_val = _label_index(np.asarray(y_val), self.classes_)
         if len(parts.train) < X.shape[0]:
-            chunk = samples_per_chunk(X.shape[1:], self.batch_size)
-            X = X[parts.train].rechunk({0: chunk})
+            X = self._train_part(X, parts)
             y = y[parts.train].rechunk({0: X.chunks[0]})
         selection = SelectionLoss(net, X_sel, y_sel) if len(sel) else None
         validation = (X_val, y_val) if len(y_val) else None
@@ -795,6 +868,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self._check_fitted()
         lazy = isinstance(X, da.Array)
         X = check_X(self._as_array(X, fitted=True), batch_size=self.batch_size)
+        augment = getattr(self, "augment_", None)
+        if augment is not None and tuple(X.shape[1:]) != self.net_.input_shape:
+            X = augment.test(X)  # the centre crop, as when scoring during the fit
         if tuple(X.shape[1:]) != self.net_.input_shape:
             raise ValueError(
                 f"X has samples of shape {tuple(X.shape[1:])}; the net was fitted on {self.net_.input_shape}"

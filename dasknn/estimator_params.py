@@ -145,10 +145,37 @@ def check_params(est, partial: bool = False) -> None:
         raise ValueError(f"simulated_gflops must be a number > 0 or 'calibrate', got {sg!r}")
     _check_input_shape(est)
     _check_net_spec(est)
+    _check_data(est)
     if est.engine == "simulated" and est.n_groups != "auto" and int(est.n_groups) > (est.n_workers or 8):
         raise ValueError(
             f"n_groups={est.n_groups} needs at least that many workers; the simulated cluster has "
             f"n_workers={est.n_workers or 8}"
+        )
+
+
+DATA_MODES = ("auto", "persist", "stream")
+
+
+def _check_data(est) -> None:
+    """data, augment and shuffle_window, and the layouts that can stream and augment."""
+    from dasknn.data.augment import as_augment
+    from dasknn.data.batching import check_window
+
+    if not (isinstance(est.data, str) and est.data in DATA_MODES):
+        raise ValueError(f"data must be one of {DATA_MODES}, got {est.data!r}")
+    augment = as_augment(est.augment)
+    try:
+        check_window(est.shuffle_window)
+    except ValueError as err:
+        raise ValueError(f"shuffle_window: {err}") from None
+    if est.data == "stream" and est.engine != "dask":
+        raise ValueError("data='stream' needs engine='dask' (the simulator holds X in memory)")
+    merged = est.strategy == "omnivore" and est.physical_map == "merged"
+    if est.engine == "dask" and not merged and (est.data == "stream" or augment is not None):
+        what = "data='stream'" if est.data == "stream" else f"augment={est.augment!r}"
+        raise ValueError(
+            f"{what} runs on Omnivore's merged map on the Dask engine; strategy={est.strategy!r} with "
+            f"physical_map={est.physical_map!r} reads persisted, unaugmented batches"
         )
 
 

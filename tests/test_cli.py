@@ -131,3 +131,20 @@ def test_val_split_test_holds_out_the_datasets_test_split(tmp_path):
     assert history["val_accuracy"].notna().all() and len(history) >= 2
     # every held-out accuracy is a count of the 64 test samples
     assert np.allclose(history["val_accuracy"] * 64, np.round(history["val_accuracy"] * 64))
+
+
+def test_train_streams_and_augments_on_the_workers(tmp_path):
+    out = dasknn(
+        "train", "--dataset", "digits", "--data", "stream", "--augment", "shift", "--shuffle-window", "2",
+        "--n-groups", "2", "--lr", "0.01", "--momentum", "0.9", "--n-workers", "2", "--max-epochs", "2",
+        "--time-budget", "200", "--eval-size", "300", "--output", str(tmp_path / "s"), "-q",
+    )  # fmt: skip
+    assert out.returncode in (0, 1), out.stderr
+    assert "data: stream (read from storage by the workers, batch by batch)" in out.stdout
+    assert "augmented on the workers: Augment(crop_size=None, mirror=False, shift=2)" in out.stdout
+    history = pd.read_csv(tmp_path / "s" / "history.csv")
+    assert history["epoch"].iloc[-1] >= 1.9 and history["accuracy"].iloc[-1] > 0.5
+    bad = dasknn("train", "--dataset", "digits", "--augment", "rotate", "-q", "--output", str(tmp_path / "b"))
+    assert bad.returncode == 2 and "augment must be None, 'shift'" in bad.stderr
+    bad = dasknn("train", "--data", "stream", "--engine", "simulated", "-q", "--output", str(tmp_path / "c"))
+    assert bad.returncode == 2 and "data='stream' needs engine='dask'" in bad.stderr

@@ -2,7 +2,11 @@
 
 Shuffling follows the chunks: each epoch visits the chunks in a random order and each chunk's
 samples in a random order, both drawn from `numpy.random.default_rng([seed, epoch])`, so the order
-is a pure function of (seed, epoch, chunk sizes). A batch is cut from one shuffled chunk, or from
+is a pure function of (seed, epoch, chunk sizes, window). With `window` w > 1, the permuted chunks
+are taken w at a time and the samples of those w chunks shuffled together: the usual out-of-core
+trade-off, where a reader holds w chunks at once (memory and the read-ahead grow with w) and a
+batch mixes samples of w chunks instead of one (closer to a full shuffle as w grows; w = number of
+chunks is a full shuffle with the whole set held). A batch is cut from one shuffled chunk, or from
 the end of one and the start of the next, so computing it reads one or two chunks (more only when
 chunks are smaller than a batch; `load` makes them whole multiples of it). Batches cut
 from the same chunk share its (deterministically named) shuffled-chunk task, so computing them
@@ -23,7 +27,16 @@ import numpy as np
 
 from .chunks import check_batch_size, from_numpy
 
-__all__ = ["BatchOrder", "compute_batch", "epoch_indices", "epoch_order", "iterate_batches", "n_batches"]
+__all__ = [
+    "BatchOrder",
+    "check_window",
+    "compute_batch",
+    "epoch_indices",
+    "epoch_order",
+    "iterate_batches",
+    "n_batches",
+    "window_indices",
+]
 
 
 def n_batches(n_samples: int | Any, batch_size: int, *, drop_last: bool = True) -> int:
@@ -43,6 +56,31 @@ def epoch_order(
     """
     _check_seed(seed, epoch)
     return _epoch_order(chunks, epoch, seed, shuffle)
+
+
+def check_window(window: int) -> int:
+    """The shuffle window (chunks shuffled together), an integer >= 1."""
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"shuffle window must be an integer >= 1 (chunks); got {window!r}")
+    return int(window)
+
+
+def window_indices(chunks: Sequence[int], *, epoch: int = 0, seed: int = 0, window: int = 1) -> np.ndarray:
+    """The global sample indices of one shuffled epoch: chunks permuted, then the samples of each
+    run of `window` consecutive permuted chunks shuffled together, all from `default_rng([seed,
+    epoch])`. `window=1` is `epoch_indices`'s order (the same draws)."""
+    _check_seed(seed, epoch)
+    window = check_window(window)
+    starts = np.concatenate([[0], np.cumsum(chunks)[:-1]]).astype(np.int64)
+    rng = np.random.default_rng([seed, epoch])
+    perm = rng.permutation(len(chunks))
+    parts = []
+    for w in range(0, len(perm), window):
+        pool = np.concatenate(
+            [starts[c] + np.arange(chunks[c], dtype=np.int64) for c in perm[w : w + window]]
+        )
+        parts.append(pool[rng.permutation(len(pool))])
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
 def _check_seed(seed: int, epoch: int) -> None:
@@ -74,13 +112,16 @@ def epoch_indices(
 
 class BatchOrder:
     """The global sample indices of batch b of an endless stream of epochs: rows
-    [pos·B, (pos+1)·B) of epoch b // n_batches's order (`epoch_indices`), last partial batch
-    dropped; exactly the batches `iterate_batches` yields. The current epoch's order is kept."""
+    [pos·B, (pos+1)·B) of epoch b // n_batches's order (`window_indices`), last partial batch
+    dropped; with `window=1` exactly the batches `iterate_batches` yields. The current epoch's
+    order is kept. A pure function of (chunks, batch size, seed, window, b): a resumed run that
+    starts at batch b sees the batches an uninterrupted one does."""
 
-    def __init__(self, chunks: Sequence[int], batch_size: int, seed: int = 0) -> None:
+    def __init__(self, chunks: Sequence[int], batch_size: int, seed: int = 0, window: int = 1) -> None:
         self.chunks = tuple(int(c) for c in chunks)
         self.batch_size = check_batch_size(batch_size)
         self.seed = seed
+        self.window = check_window(window)
         self.n_batches = n_batches(int(sum(self.chunks)), self.batch_size)
         if self.n_batches == 0:
             raise ValueError(f"batch_size {batch_size} is larger than the {sum(self.chunks)} samples")
@@ -89,7 +130,8 @@ class BatchOrder:
     def indices(self, b: int) -> np.ndarray:
         epoch, pos = divmod(int(b), self.n_batches)
         if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, epoch_indices(self.chunks, epoch=epoch, seed=self.seed))
+            order = window_indices(self.chunks, epoch=epoch, seed=self.seed, window=self.window)
+            self._order = (epoch, order)
         return self._order[1][pos * self.batch_size : (pos + 1) * self.batch_size]
 
 

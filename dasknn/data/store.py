@@ -21,7 +21,7 @@ import zarr
 
 from .chunks import sample_chunks
 
-__all__ = ["STORE_FORMAT", "data_home", "is_complete", "open_store", "read_store", "write_store"]
+__all__ = ["STORE_FORMAT", "data_home", "is_complete", "is_url", "open_store", "read_store", "write_store"]
 
 STORE_FORMAT = 1
 """Version of the store layout, saved in each store's attributes as `dasknn_store`."""
@@ -51,13 +51,23 @@ def is_complete(path: str | Path) -> bool:
     return True
 
 
+def is_url(path: str | Path) -> bool:
+    """True for an fsspec URL such as file:///data/x.zarr or s3://bucket/x.zarr (not a local path)."""
+    return isinstance(path, str) and "://" in path
+
+
 def open_store(path: str | Path) -> zarr.Group:
-    """The zarr group of a finished store; FileNotFoundError if absent, ValueError if not a finished store."""
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"no converted store at {path}")
+    """The zarr group of a finished store at a local path or an fsspec URL (`file://`, and the
+    object stores fsspec reaches with their packages: `s3://` with s3fs, `gs://` with gcsfs);
+    FileNotFoundError if absent, ValueError if not a finished store."""
+    if not is_url(path):
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"no converted store at {path}")
     try:
         group = zarr.open_group(str(path), mode="r")
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"no converted store at {path}: {err}") from err
     except Exception as err:
         raise ValueError(f"{path} is not a zarr store: {err}") from err
     attrs = dict(group.attrs)
@@ -70,7 +80,8 @@ def open_store(path: str | Path) -> zarr.Group:
 
 
 def read_store(path: str | Path, *, batch_size: int = 64) -> tuple[da.Array, da.Array, dict[str, Any]]:
-    """The raw X, the labels y and the attributes of a finished store, as lazy dask arrays.
+    """The raw X, the labels y and the attributes of a finished store (a path or an fsspec URL), as
+    lazy dask arrays: computing a chunk of X reads it from the store, wherever that runs.
 
     X keeps the stored dtype (e.g. uint8); its dask chunks are chosen for `batch_size` as for any
     dataset, whatever the chunks on disk.

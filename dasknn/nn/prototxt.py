@@ -222,14 +222,15 @@ def _data_shape(layer: dict, ltype: str, where: str) -> tuple[int, int, int] | N
 
 def _transform(layer: dict, where: str) -> dict | None:
     """transform_param as {"scale"[, "mean_value"]} (Caffe subtracts the mean, then scales), the
-    keywords of `dasknn.data.Transform`; what dasknn cannot apply is warned about and ignored."""
+    keywords of `dasknn.data.Transform` (crop_size and mirror: `read_augment`); what dasknn cannot
+    apply is warned about and ignored."""
     transform = get_typed(layer, "transform_param", "msg", {}, where)
-    unused = ("mean_file", "crop_size", "crop_h", "crop_w", "mirror")
+    unused = ("mean_file", "crop_h", "crop_w")
     ignored = [f for f in unused if any(transform.get(f, []))]
     if ignored:
         warnings.warn(
-            f"{where}: transform_param {', '.join(ignored)} ignored: dasknn applies only scale and "
-            "mean_value (give the mean as per-channel mean_value)",
+            f"{where}: transform_param {', '.join(ignored)} ignored: dasknn applies scale, mean_value "
+            "(give the mean as per-channel mean_value), crop_size and mirror",
             UserWarning,
             stacklevel=3,
         )
@@ -240,6 +241,29 @@ def _transform(layer: dict, where: str) -> dict | None:
     if not all(map(math.isfinite, [scale, *means])):
         raise PrototxtError(f"{where}: transform_param scale and mean_value must be finite")
     return {"scale": scale, **({"mean_value": means} if means else {})}
+
+
+def read_augment(path_or_text: str | os.PathLike | Mapping, phase: str = "TRAIN") -> dict | None:
+    """The data layer's transform_param crop_size and mirror in `phase` as the keywords of
+    `dasknn.data.augment.Augment` ({"crop_size", "mirror"}), or None when it sets neither (Caffe's
+    DataTransformer: random crop and mirror in TRAIN, centre crop in TEST)."""
+    if str(phase).upper() not in PHASES:
+        raise ValueError(f"phase must be 'TRAIN' or 'TEST', got {phase!r}")
+    net = load_message(path_or_text)
+    for index, layer in enumerate(get_all_typed(net, "layer", "msg", "net")):
+        name = get_typed(layer, "name", "str", "", f"layer #{index}") or f"layer{index}"
+        where = f"layer '{name}'"
+        if not _active(layer, str(phase).upper(), 0, (), where):
+            continue
+        if get_typed(layer, "type", "str", "", where) not in DATA_TYPES:
+            continue
+        transform = get_typed(layer, "transform_param", "msg", {}, where)
+        crop = get_typed(transform, "crop_size", "uint", 0, where)
+        mirror = bool(get_typed(transform, "mirror", "bool", False, where))
+        if not crop and not mirror:
+            return None
+        return {"crop_size": int(crop) if crop else None, "mirror": mirror}
+    return None
 
 
 def _fields(message: dict, spec: dict[str, tuple[Any, Any]], where: str) -> dict[str, Any]:

@@ -57,7 +57,7 @@ def googlenet():
     if path is None:
         pytest.skip("Caffe model files not found")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # crop_size and mirror of the data layer
+        warnings.simplefilter("error")  # crop_size and mirror are read (`read_augment`), not warned about
         return read_net(path / "bvlc_googlenet_train_val.prototxt", input_shape=(3, 224, 224))
 
 

@@ -23,13 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from dasknn.data.augment import Augment
+from dasknn.data.batching import check_window
 from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.dask import tasks
 from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
 from dasknn.engine.dask.recovery import ClusterError, Recovery, is_worker_loss, lost_error, resume_batches
 from dasknn.engine.dask.replicas import run_replicas
 from dasknn.engine.dask.restart import run_restarting
-from dasknn.engine.dask.runs import cluster_workers, engine_client, persist_data
+from dasknn.engine.dask.runs import cluster_workers, engine_client, persist_data, stream_data
 from dasknn.engine.dask.segment import Segment, SegmentFailed, await_data
 from dasknn.engine.dask.unmerged import run_unmerged
 from dasknn.engine.strategy import Strategy, split_layer
@@ -107,6 +109,9 @@ def local_client(
         cluster.close()
 
 
+DATA_MODES = ("persist", "stream")
+
+
 class DaskEngine:
     """Runs g compute groups on a dask cluster; `run(...)` follows the Engine contract (`engine.trace`).
 
@@ -135,6 +140,14 @@ class DaskEngine:
     one pinned task per shard and step, through the scheduler (~13 ms a hop), summed by
     `tasks.aggregate`. Strategy(aggregation='ps') always uses tasks (its sum runs on the conv model
     server's worker). The unmerged map follows the same rule (its shards run the whole net).
+
+    `data`: 'persist' (X and y persisted on the workers once per run, each group cutting its
+    batches from the chunks) or 'stream' (nothing persisted: each group's lead worker reads its
+    batches from X's source, `prefetch` batches ahead, holding at most 2·`shuffle_window` chunks;
+    `dasknn.data.stream`), on the merged map only. `shuffle_window`: chunks shuffled together
+    (`dasknn.data.batching.window_indices`); the batch order is the same in both modes.
+    `augment` (`dasknn.data.augment.Augment`): what the lead worker does to each batch before
+    it is sharded, drawn from (seed, batch).
     """
 
     def __init__(
@@ -151,8 +164,31 @@ class DaskEngine:
         max_recoveries: int = 3,
         throughput: dict[str, float] | None = None,
         shard_calls: str = "actors",
+        data: str = "persist",
+        augment: Augment | None = None,
+        shuffle_window: int = 1,
+        prefetch: int = 2,
     ) -> None:
         strategy = strategy if strategy is not None else Strategy()
+        if data not in DATA_MODES:
+            raise ValueError(f"data must be one of {DATA_MODES}, got {data!r}")
+        if data == "stream" and (strategy.synchronous or strategy.physical_map == "unmerged"):
+            raise ValueError(
+                f"data='stream' runs on the merged map with Omnivore's groups; strategy {strategy.name!r} "
+                f"with physical_map {strategy.physical_map!r} reads persisted data (use data='persist')"
+            )
+        if augment is not None and not isinstance(augment, Augment):
+            raise ValueError(f"augment must be None or a dasknn.data.augment.Augment, got {augment!r}")
+        if augment is not None and (strategy.synchronous or strategy.physical_map == "unmerged"):
+            raise ValueError(
+                f"augment runs on the merged map with Omnivore's groups, not with strategy {strategy.name!r} "
+                f"and physical_map {strategy.physical_map!r}"
+            )
+        self.data, self.augment = data, augment
+        self.shuffle_window = check_window(shuffle_window)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError(f"prefetch must be an integer >= 1 (batches), got {prefetch!r}")
+        self.prefetch = prefetch
         if shard_calls not in ("actors", "tasks"):
             raise ValueError(f"shard_calls must be 'actors' or 'tasks', got {shard_calls!r}")
         self.shard_calls = shard_calls
@@ -218,7 +254,10 @@ class DaskEngine:
         if self.strategy.physical_map == "unmerged":  # Omnivore appendix C
             return run_restarting(self, run_unmerged, net, X, y, config, budget, start, keep_groups=False)
         client = engine_client(self)
-        data = persist_data(self, client, X, y, config)
+        if self.data == "stream":
+            data = stream_data(X, y, config)
+        else:
+            data = persist_data(self, client, X, y, config)
         X, y = data.X, data.y
         placement = plan(cluster_workers(client), config.n_groups, self._throughput(client))
         first_placement = str(placement.roles())
@@ -261,7 +300,9 @@ class DaskEngine:
                     t_lost = time.time()
                     lost_all.update(failure.lost)
                     seg.stop()
-                    if len(recoveries) >= self.max_recoveries or not await_data(self, client, X, y):
+                    streamed = data.source is not None  # nothing persisted to recompute
+                    data_back = bool(cluster_workers(client)) if streamed else await_data(self, client, X, y)
+                    if len(recoveries) >= self.max_recoveries or not data_back:
                         alive = cluster_workers(client)
                         raise lost_error(
                             lost_all, seg.version, len(recoveries), self.max_recoveries, alive, placement,

@@ -28,6 +28,7 @@ import numpy as np
 from dasknn.backend import array_module, device_scope, get_xp, to_device
 from dasknn.engine.dask import tasks
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
+from dasknn.engine.dask.batches import BatchReader
 from dasknn.engine.dask.placement import Placement, worker_devices
 from dasknn.engine.dask.runs import cluster_workers, engine_client, persist_data, wait_for_loops
 from dasknn.engine.strategy import Strategy
@@ -148,7 +149,7 @@ class AverageModel:
 
 @dataclass(frozen=True)
 class LearnerSpec:
-    """What one learner's loop needs (the data fields are those `tasks.BatchReader` reads)."""
+    """What one learner's loop needs (the data fields are those `batches.BatchReader` reads)."""
 
     run_id: str
     learner: int
@@ -186,7 +187,7 @@ def learner_loop(spec: LearnerSpec, template: Net, average) -> list[dict[str, An
 
 
 def _learn(spec: LearnerSpec, template: Net, average, client) -> list[dict[str, Any]]:
-    reader = tasks.BatchReader(client, spec)
+    reader = BatchReader(client, spec)
     xp = get_xp(spec.device)
     net = template.copy().to(xp)
     solver = SGD.for_net(net, weight_decay=spec.weight_decay)

@@ -1,9 +1,10 @@
-"""Driver-side helpers every Dask run shares: the cluster's workers, the persisted data, the waits.
+"""Driver-side helpers every Dask run shares: the cluster's workers, the data, the waits.
 
 The merged engine (`driver.DaskEngine`), the unmerged physical map (`unmerged`) and the replica
 strategies (`replicas`) keep the same habits: X and y are persisted on the workers and read there
-by key, every wait is bounded, the driver checks that the workers of the run are alive while the
-long-running loop tasks work.
+by key (or, on the merged engine with `data="stream"`, streamed from their source by each group's
+lead worker: `stream_data`), every wait is bounded, the driver checks that the workers of the run
+are alive while the long-running loop tasks work.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from dasknn.data.stream import StreamSource
 from dasknn.engine.dask.recovery import WorkerLostError
 from dasknn.engine.trace import Budget, RunConfig
 
@@ -26,9 +28,12 @@ __all__ = [
     "chunk_futures",
     "cluster_transfers",
     "cluster_workers",
+    "data_mode",
     "engine_client",
     "loop_result",
     "persist_data",
+    "stream_data",
+    "total_memory_limit",
     "wait_for_loops",
 ]
 
@@ -88,13 +93,15 @@ def cluster_workers(client) -> dict[str, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Data:
-    """The persisted training data as the worker loops read it: chunk keys and chunk sizes."""
+    """The training data as the worker loops read it: persisted (chunk keys and chunk sizes) or,
+    with `source`, streamed from storage (no keys)."""
 
     X: Any
     y: Any
     x_keys: tuple
     y_keys: tuple
     chunks: tuple[int, ...]
+    source: StreamSource | None = None
 
 
 def engine_client(engine):
@@ -122,6 +129,40 @@ def persist_data(engine, client, X, y, config: RunConfig) -> Data:
         y_keys=tuple(f.key for f in chunk_futures(y)),
         chunks=tuple(int(c) for c in X.chunks[0]),
     )
+
+
+def stream_data(X, y, config: RunConfig) -> Data:
+    """X left where it is (its graph reads the source) and y computed to memory (one int a sample):
+    the groups' lead workers stream their batches (`dasknn.data.stream`). Nothing is persisted."""
+    X, y = as_dask(X, y, config.batch_size)
+    if X.shape[0] < config.batch_size:
+        raise ValueError(f"{X.shape[0]} samples are fewer than one batch of {config.batch_size}")
+    # the labels (8 bytes a sample) read here, so that no task of the cluster holds a chunk
+    source = StreamSource(X, np.asarray(y.compute(scheduler="sync")))
+    return Data(X=X, y=y, x_keys=(), y_keys=(), chunks=source.chunks, source=source)
+
+
+STREAM_FRACTION = 0.5
+"""`data="auto"` streams when X (as float32, as persisted) takes more than this fraction of the
+workers' summed memory limits: the rest holds the nets, activations, servers and dask's own."""
+
+
+def data_mode(requested: str, nbytes: int, memory_limit: int | None) -> str:
+    """'persist' or 'stream' for `requested` ('auto', 'persist', 'stream'): 'auto' persists when X's
+    `nbytes` fit in STREAM_FRACTION of `memory_limit` (the workers' total; None: unlimited)."""
+    if requested != "auto":
+        return requested
+    if memory_limit is None:
+        return "persist"
+    return "stream" if nbytes > STREAM_FRACTION * memory_limit else "persist"
+
+
+def total_memory_limit(client) -> int | None:
+    """The sum of the workers' memory limits in bytes; None when any worker has none (unlimited)."""
+    limits = [info.get("memory_limit") for info in cluster_workers(client).values()]
+    if not limits or any(not v for v in limits):
+        return None
+    return int(sum(limits))
 
 
 def check_alive(client, roles: Mapping[str, Sequence[str]], done: int) -> None:

@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dasknn.data.batching import BatchOrder
+from dasknn.data.augment import Augment
+from dasknn.data.stream import StreamSource
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
+from dasknn.engine.dask.batches import batch_reader
 from dasknn.engine.dask.placement import Placement, shard_sizes
 from dasknn.engine.streams import shard_rng
 from dasknn.nn.device import DeviceNet
@@ -68,6 +70,10 @@ class GroupSpec:
     aggregation: str = "tree"
     branching: int = 2
     ps_worker: str | None = None
+    source: StreamSource | None = None
+    augment: Augment | None = None
+    window: int = 1
+    prefetch: int = 2
 
 
 def group_specs(
@@ -110,6 +116,10 @@ def group_specs(
                 aggregation=engine.strategy.aggregation,
                 branching=int(engine.strategy.branching),
                 ps_worker=placement.conv_server_worker,
+                source=data.source,
+                augment=engine.augment,
+                window=engine.shuffle_window,
+                prefetch=engine.prefetch,
             )
         )
     return specs
@@ -166,48 +176,6 @@ def set_blas_threads(n: int) -> int:
 
     threadpool_limits(limits=int(n))
     return int(n)
-
-
-class BatchReader:
-    """The samples of global batch b, read from the persisted chunks in the data's epoch order.
-
-    Batch b is rows [pos·B, (pos+1)·B) of epoch b // n_batches's order (`epoch_indices`), exactly
-    the batches `iterate_batches` yields. Consecutive batches come from the same shuffled chunk, so
-    the last chunks read are kept.
-    """
-
-    def __init__(self, client, spec: GroupSpec, keep: int = 2) -> None:
-        self.client, self.spec, self.keep = client, spec, keep
-        self.starts = np.concatenate([[0], np.cumsum(spec.chunks)[:-1]]).astype(np.int64)
-        self.order = BatchOrder(spec.chunks, spec.batch_size, spec.seed)
-        self._chunks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-
-    def _chunk(self, c: int):
-        from distributed import Future
-
-        if c not in self._chunks:
-            # the driver persisted and waited for the chunks, so their futures are finished
-            xf = Future(self.spec.x_keys[c], self.client, state="memory")
-            yf = Future(self.spec.y_keys[c], self.client, state="memory")
-            self._chunks[c] = tuple(self.client.gather([xf, yf]))
-            while len(self._chunks) > self.keep:
-                self._chunks.pop(next(iter(self._chunks)))
-        return self._chunks[c]
-
-    def get(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        bs = self.spec.batch_size
-        idx = self.order.indices(b)
-        owner = np.searchsorted(self.starts, idx, side="right") - 1
-        x = y = None
-        for c in dict.fromkeys(owner.tolist()):
-            xc, yc = self._chunk(c)
-            rows = owner == c
-            if x is None:
-                x = np.empty((bs, *xc.shape[1:]), dtype=xc.dtype)
-                y = np.empty((bs,), dtype=yc.dtype)
-            x[rows] = xc[idx[rows] - self.starts[c]]
-            y[rows] = yc[idx[rows] - self.starts[c]]
-        return x, y
 
 
 def _forward(net: DeviceNet, weights, x, seed: int, batch: int, shard: int):
@@ -542,30 +510,33 @@ def group_loop(spec: GroupSpec, template, conv_server, fc_server, shard_servers=
     secede()  # a long-running task: free the worker's thread for the group's shard tasks
     if not _call(conv_server, "claim", spec.group, timeout=spec.timeout):
         return 0
-    reader = BatchReader(client, spec)
+    reader = batch_reader(client, spec)
     next_check = 0.0
     i = 0
-    while spec.iterations is None or i < spec.iterations:
-        now = time.time()
-        if spec.deadline is not None and now >= spec.deadline:
-            break
-        if now >= next_check:
-            _, stopped = _call(conv_server, "progress", timeout=spec.timeout)
-            if stopped:
+    try:
+        while spec.iterations is None or i < spec.iterations:
+            now = time.time()
+            if spec.deadline is not None and now >= spec.deadline:
                 break
-            next_check = now + STOP_CHECK_SECONDS
-        b = spec.first_batch + spec.group + spec.n_groups * i
-        x, y = reader.get(b)
-        row = {"t_start": time.time(), "group": spec.group, "batch": b, "n_images": int(x.shape[0])}
-        if len(spec.workers) == 1:
-            pushed = _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row)
-        elif shard_servers:
-            pushed = _actor_iteration(spec, template, conv_server, fc_server, shard_servers, x, y, row)
-        else:
-            pushed = _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row)
-        if pushed is None:
-            break
-        i += 1
+            if now >= next_check:
+                _, stopped = _call(conv_server, "progress", timeout=spec.timeout)
+                if stopped:
+                    break
+                next_check = now + STOP_CHECK_SECONDS
+            b = spec.first_batch + spec.group + spec.n_groups * i
+            x, y = reader.get(b)
+            row = {"t_start": time.time(), "group": spec.group, "batch": b, "n_images": int(x.shape[0])}
+            if len(spec.workers) == 1:
+                pushed = _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row)
+            elif shard_servers:
+                pushed = _actor_iteration(spec, template, conv_server, fc_server, shard_servers, x, y, row)
+            else:
+                pushed = _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row)
+            if pushed is None:
+                break
+            i += 1
+    finally:
+        reader.close()
     return i
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from dasknn.engine.dask import tasks
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
+from dasknn.engine.dask.batches import BatchReader
 from dasknn.engine.dask.placement import Placement, plan, shard_sizes
 from dasknn.engine.dask.runs import cluster_workers, engine_client, persist_data, wait_for_loops
 from dasknn.engine.servers import ConvModelServer
@@ -175,7 +176,7 @@ def unmerged_loop(
         from distributed import Future
 
         template_future = Future(spec.template_key, client, state="memory")
-    reader = tasks.BatchReader(client, spec)
+    reader = BatchReader(client, spec)
     rows: list[dict[str, Any]] = []
     next_check, i = 0.0, 0
     while spec.iterations is None or i < spec.iterations:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from dasknn.backend import blas_threads
+from dasknn.data.augment import Augment
+from dasknn.data.batching import check_window
 from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.simulated.events import Simulation
 from dasknn.engine.simulated.strategies import ReplicaSimulation, UnmergedSimulation
@@ -50,6 +52,7 @@ class SimulatedEngine:
     n_groups, group size, batch size and seed are unchanged (with the durations they were drawn
     with); otherwise every group starts afresh from the state's weights (the in-flight batches are
     skipped). A non-finite loss ends the run early with the trace attr `diverged` = True.
+    `shuffle_window` and `augment` shape the batches as on the Dask engine (`events.Batches`).
 
     `strategy` (`engine.strategy.Strategy`; default Omnivore's) selects the other papers' layouts
     (`simulated.strategies`): `split` moves the FC server's first layer (RALP's 'auto'),
@@ -76,6 +79,8 @@ class SimulatedEngine:
         strategy: Strategy | None = None,
         t_fc_worker: float | None = None,
         t_sync: float = 0.0,
+        augment: Augment | None = None,
+        shuffle_window: int = 1,
     ) -> None:
         if timing is None and (t_conv is None or t_fc is None):
             raise ValueError("SimulatedEngine needs a timing model (e.g. an HEModel) or both t_conv and t_fc")
@@ -95,6 +100,9 @@ class SimulatedEngine:
         self.strategy = strategy if strategy is not None else Strategy()
         self.t_fc_worker = self.t_fc if t_fc_worker is None else float(t_fc_worker)
         self.t_sync = float(t_sync)
+        if augment is not None and not isinstance(augment, Augment):
+            raise ValueError(f"augment must be None or a dasknn.data.augment.Augment, got {augment!r}")
+        self.augment, self.shuffle_window = augment, check_window(shuffle_window)
         if not (math.isfinite(self.t_sync) and self.t_sync >= 0 and self.t_fc_worker >= 0):
             raise ValueError(f"t_sync and t_fc_worker must be >= 0, got {t_sync}, {t_fc_worker}")
 

@@ -28,6 +28,7 @@ import dask.array as da
 import numpy as np
 from tqdm import tqdm
 
+from dasknn.data.augment import Augment
 from dasknn.data.batching import BatchOrder
 from dasknn.data.chunks import sample_chunks
 from dasknn.engine.servers import ConvModelServer, FCServer
@@ -70,10 +71,14 @@ def conv_backward_shards(conv_net: Net, dacts, caches: list, slices: list[slice]
 class Batches:
     """The run's batches, X and y computed to numpy once.
 
-    Batch b of the stream is slice b % per_epoch of epoch b // per_epoch's `epoch_indices`.
+    Batch b of the stream is slice b % per_epoch of epoch b // per_epoch's order (`BatchOrder`
+    with the shuffle `window`), augmented with `augment` (drawn from (seed, b)), integer pixels made
+    float32, as the Dask engine's workers do (`engine.dask.batches`).
     """
 
-    def __init__(self, X, y, batch_size: int, seed: int) -> None:
+    def __init__(
+        self, X, y, batch_size: int, seed: int, window: int = 1, augment: Augment | None = None
+    ) -> None:
         chunks = X.chunks[0] if isinstance(X, da.Array) else None
         X, y = dask.compute(X, y)
         self.X, self.y = np.asarray(X), np.asarray(y)
@@ -81,13 +86,17 @@ class Batches:
             raise ValueError(f"X has {self.X.shape[0]} samples but y has {self.y.shape[0]}")
         if chunks is None:
             chunks = sample_chunks(self.X.shape[0], self.X.shape[1:], batch_size)[0]
-        self.order = BatchOrder(chunks, batch_size, seed)
+        self.order = BatchOrder(chunks, batch_size, seed, window)
         self.chunks, self.batch_size, self.seed = self.order.chunks, batch_size, seed
         self.per_epoch = self.order.n_batches
+        self.augment = augment
 
     def get(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         idx = self.order.indices(b)
-        return self.X[idx], self.y[idx]
+        x = self.X[idx]
+        if self.augment is not None:
+            x = self.augment.train(x, self.seed, b)
+        return (x.astype(np.float32) if x.dtype.kind in "biu" else x), self.y[idx]
 
 
 class Simulation:
@@ -107,7 +116,7 @@ class Simulation:
         self.engine, self.config, self.k = engine, config, k
         self.slices = shard_slices(config.batch_size, k)
         self.t_conv_mean = engine.conv_time(k)
-        self.data = Batches(X, y, config.batch_size, config.seed)
+        self.data = Batches(X, y, config.batch_size, config.seed, engine.shuffle_window, engine.augment)
         work = net.copy()
         work.set_params(state.params)
         conv, fc = work.split_phases(at=split)

@@ -139,7 +139,7 @@ class ReplicaSimulation:
         self.strategy: Strategy = engine.strategy
         self.n_learners = int(config.n_groups)
         self.t_conv_mean = engine.conv_time(k)
-        self.data = Batches(X, y, config.batch_size, config.seed)
+        self.data = Batches(X, y, config.batch_size, config.seed, engine.shuffle_window, engine.augment)
         self.net = net.copy()
         self.net.set_params(state.params)
         self.z = {key: np.array(v, copy=True) for key, v in state.params.items()}
