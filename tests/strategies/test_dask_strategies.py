@@ -136,13 +136,16 @@ def test_auto_tuner_adds_a_learner_then_stops_on_the_measured_plateau(client2, d
     cfg = CFG.with_(batch_size=64, lr=0.005)
     tuning = tune_learners(engine, zoo.lenet(seed=0), X, y, cfg, probe_rounds=6, max_learners=6)
     m = tuning.measurements
-    # it always tries a second learner; two workers on two (shared) cores cannot gain 5% per learner
-    # up to six, so it stops on a measured plateau or drop; which count wins depends on the load
+    # it always tries a second learner, then follows the measured throughput: where it stops (a
+    # plateau, a drop, or the cap of six) depends on the machine's speed and load, so the test
+    # checks each decision against the numbers measured, not the count it ends at
     assert m["decision"].iloc[0] == "add" and len(m) >= 2
-    assert m["decision"].iloc[-1] in ("keep", "remove") and 1 <= tuning.learners < 6
+    assert m["decision"].iloc[-1] in ("keep", "remove", "max") and 1 <= tuning.learners <= 6
     assert list(m["learners"]) == list(range(1, len(m) + 1))
     for row in m.iloc[1:].itertuples():  # every decision is Alg. 2's on the measured numbers
         expected = "add" if row.change > 0.05 else ("remove" if row.change < 0 else "keep")
+        if expected == "add" and row.learners == 6:
+            expected = "max"
         assert row.decision == expected, m
     np.testing.assert_allclose(m["throughput"], m["learners"] * 64 / m["round_seconds"])
     assert (m["throughput"] > 0).all() and (m["rounds"] == 6).all()
