@@ -713,25 +713,28 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
     def _train_part(self, X, parts):
         """The training samples of X, lazily, in chunks of whole batches (`data.chunks`)."""
-        from dasknn.data.chunks import samples_per_chunk
+        from dasknn.data.chunks import samples_per_chunk, take_rows
 
         chunk = samples_per_chunk(X.shape[1:], self.batch_size)
-        return X[parts.train].rechunk({0: chunk})
+        return take_rows(X, parts.train).rechunk({0: chunk})
 
     def _carve(self, X, y, parts, given, net: Net):
         """(X, y) of the training part (dask), the selection part's scorer (or None) and the
         validation data as numpy (X_val, y_val class indices), or None."""
+        from dasknn.data.chunks import take_rows
         from dasknn.optimizer.search import SelectionLoss
 
         sel, val = parts.selection, parts.validation
         view = self._test_view
-        X_sel, y_sel, X_val, y_val = dask.compute(view(X[sel]), y[sel], view(X[val]), y[val])
+        X_sel, y_sel, X_val, y_val = dask.compute(
+            view(take_rows(X, sel)), take_rows(y, sel), view(take_rows(X, val)), take_rows(y, val)
+        )
         if given is not None:
             X_val, y_val = dask.compute(view(given[0]), given[1])
             y_val = _label_index(np.asarray(y_val), self.classes_)
         if len(parts.train) < X.shape[0]:
             X = self._train_part(X, parts)
-            y = y[parts.train].rechunk({0: X.chunks[0]})
+            y = take_rows(y, parts.train).rechunk({0: X.chunks[0]})
         selection = SelectionLoss(net, X_sel, y_sel) if len(sel) else None
         validation = (X_val, y_val) if len(y_val) else None
         self.n_train_samples_ = int(X.shape[0])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import dask.array as da
 import numpy as np
@@ -21,6 +22,7 @@ __all__ = [
     "from_numpy",
     "sample_chunks",
     "samples_per_chunk",
+    "take_rows",
 ]
 
 CHUNK_BYTES = 4 * 2**20
@@ -61,3 +63,28 @@ def from_numpy(x: np.ndarray, batch_size: int = DEFAULT_BATCH_SIZE) -> da.Array:
     """A numpy array as a dask array chunked along its first axis for `batch_size` (float32 sizing)."""
     x = np.asarray(x)
     return da.from_array(x, chunks=sample_chunks(x.shape[0], x.shape[1:], batch_size))
+
+
+def _rows(chunk, local):
+    return chunk[local]
+
+
+def take_rows(x: da.Array, index) -> da.Array:
+    """x[index] along samples for a strictly increasing `index`, lazily: one row selection inside each
+    chunk that holds some of the rows (a task that reads only its chunk), concatenated in order.
+
+    dask's own fancy indexing plans a shuffle across chunks, and computing any part of it can read
+    every chunk at once; this keeps a held-out or training part of an array larger than memory
+    readable chunk by chunk."""
+    index = np.asarray(index, dtype=np.int64).ravel()
+    if index.size and (index[0] < 0 or index[-1] >= x.shape[0] or np.any(np.diff(index) <= 0)):
+        raise ValueError(f"index must be strictly increasing sample numbers below {x.shape[0]}")
+    bounds = np.cumsum((0, *x.chunks[0]))
+    pieces = []
+    for b in range(len(x.chunks[0])):
+        lo, hi = np.searchsorted(index, [bounds[b], bounds[b + 1]])
+        if hi > lo:
+            local = index[lo:hi] - bounds[b]
+            chunks = ((int(hi - lo),), *x.chunks[1:])
+            pieces.append(x.blocks[b].map_blocks(partial(_rows, local=local), chunks=chunks, dtype=x.dtype))
+    return da.concatenate(pieces, axis=0) if pieces else x[:0]

@@ -52,3 +52,20 @@ def test_stratified_take_gives_exactly_n_with_largest_remainders():
 def test_a_fraction_that_leaves_a_part_empty_is_refused(fraction, message):
     with pytest.raises(ValueError, match=message):
         split_parts(labels([10, 10]), fraction, 0, 0)
+
+
+def test_take_rows_selects_inside_each_chunk_without_a_shuffle():
+    import dask.array as da
+
+    from dasknn.data.chunks import take_rows
+
+    x = np.arange(3000 * 2).reshape(3000, 2)
+    X = da.from_array(x, chunks=(256, 2))
+    index = np.sort(np.random.default_rng(1).choice(3000, 400, replace=False))
+    taken = take_rows(X, index)
+    np.testing.assert_array_equal(taken.compute(), x[index])
+    layers = {str(k[0] if isinstance(k, tuple) else k).split("-")[0] for k in dict(taken.dask)}
+    assert not any("shuffle" in name for name in layers), layers  # no task reads more than its chunk
+    assert take_rows(X, np.array([], dtype=int)).shape == (0, 2)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        take_rows(X, index[::-1])
