@@ -525,7 +525,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         idx = np.sort(
             np.random.default_rng(self.random_state).choice(n, min(self.eval_size, n), replace=False)
         )
-        X_eval, y_eval = dask.compute(self._test_view(X[idx]), y[idx])
+        from dasknn.data.chunks import take_rows
+
+        X_eval, y_eval = dask.compute(self._test_view(take_rows(X, idx)), take_rows(y, idx))
         X_eval = np.asarray(X_eval, dtype=np.float32)
         return Evaluator(net, X_eval, y_eval, *(validation or (None, None)))
 
