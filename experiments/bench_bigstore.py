@@ -22,9 +22,12 @@ What it found (2-core AMD EPYC, 2026-11-25; 243,712 images of 3×64×64, 2.99 GB
 and selection parts with dask's fancy indexing planned a shuffle over every chunk and killed every
 worker for memory (now `data.chunks.take_rows`, chunk by chunk); with that fixed and 0.2% held
 out, training started but both workers went past 95% of 500 MB within ~25 s of streaming and the
-nanny restarted them, so the run ended in WorkerLostError. **One epoch on a store 3× the workers'
-memory has not been achieved yet**; what a streaming worker holds beyond its chunks and read-ahead
-(25 MB float32 chunks, 12.6 MB batches) was not measured.
+nanny restarted them, so the run ended in WorkerLostError. The 500 evaluation samples were still
+taken the same way (a shuffle computed when training starts); with them taken chunk by chunk too,
+a fourth run (beside the test suite and two CPU hogs) lost no worker, but both sat at 77-81% of
+500 MB (367-390 MiB resident) and dask paused them, so starting the shard servers ran past the
+engine's timeout before the first iteration. **One epoch on a store 3× the workers' memory has
+not been achieved yet** at 500 MB per worker; larger workers (and a larger store) were not tried.
 
     python -m experiments.bench_bigstore [--gb 3.0] [--workers 2] [--memory-limit 500MB]
 
