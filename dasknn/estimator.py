@@ -447,14 +447,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
             n_workers, gflops = self.n_workers or 8, self.simulated_gflops_
             timing = HEModel.estimate(net, self.batch_size, n_workers, gflops, bandwidth_bytes_per_s=1.25e9)
-            engine = SimulatedEngine(
-                timing,
-                verbose=max(0, self.verbose - 1),
-                strategy=self._strategy(),
-                augment=self.augment_,
-                shuffle_window=self.shuffle_window,
-            )
-            return engine, None
+            return SimulatedEngine(timing, **self._engine_options()), None
         from distributed import default_client
 
         from dasknn.engine.dask import DaskEngine, local_client
@@ -485,14 +478,16 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 )
                 if self.verbose >= 1:
                     _announce(client)
-        engine = DaskEngine(
-            client,
-            verbose=max(0, self.verbose - 1),
-            strategy=self._strategy(),
-            augment=self.augment_,
-            shuffle_window=self.shuffle_window,
-        )
-        return engine, client
+        return DaskEngine(client, **self._engine_options()), client
+
+    def _engine_options(self) -> dict[str, Any]:
+        """What both engines take from the estimator: verbosity, strategy, augmentation, shuffling."""
+        return {
+            "verbose": max(0, self.verbose - 1),
+            "strategy": self._strategy(),
+            "augment": self.augment_,
+            "shuffle_window": self.shuffle_window,
+        }
 
     def _validation(self, y_all: np.ndarray, with_selection: bool, partial: bool):
         """The parts of X (`dasknn.data.split`) and the given validation data, checked like X."""
