@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
 from dasknn.engine.dask.recovery import ClusterError, Recovery, is_worker_loss, lost_error, resume_batches
 from dasknn.engine.dask.replicas import run_replicas
 from dasknn.engine.dask.restart import run_restarting
-from dasknn.engine.dask.runs import cluster_workers, engine_client, persist_data, stream_data
+from dasknn.engine.dask.runs import Data, cluster_workers, engine_client, persist_data, stream_data
 from dasknn.engine.dask.segment import Segment, SegmentFailed, await_data
 from dasknn.engine.dask.unmerged import run_unmerged
 from dasknn.engine.strategy import Strategy, split_layer
@@ -210,6 +211,7 @@ class DaskEngine:
         self.poll = float(poll)
         self.snapshot_every = int(snapshot_every)
         self.max_recoveries = int(max_recoveries)
+        self._stream_cache: tuple | None = None
         self.placement_: Placement | None = None
 
     def conv_worker_count(self) -> int:
@@ -246,6 +248,33 @@ class DaskEngine:
                 raise
             raise lost_error({}, 0, 0, self.max_recoveries, alive, self.placement_, done) from err
 
+    def _streamed(self, client, X, y, config: RunConfig) -> Data:
+        """`stream_data` once per (X, y, batch size) this engine trains on, its source scattered once.
+
+        A fit runs the engine many times (a run between two evaluations); each run's loops get the
+        scattered source (a Future: a few bytes) rather than X's whole graph (megabytes for a store
+        of many chunks, unpickled by the scheduler every time), and the labels are not read again.
+        The source is scattered again when its worker was lost."""
+        cached = self._stream_cache
+        if (
+            cached is not None
+            and cached[0] is X
+            and cached[1] is y
+            and cached[2] == config.batch_size
+            and cached[3].shipped.status == "finished"
+        ):
+            return cached[3]
+        self._stream_cache = None
+        data = stream_data(X, y, config)
+        data = replace(data, shipped=client.scatter(data.source, hash=False))
+        self._stream_cache = (X, y, config.batch_size, data)
+        return data
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_stream_cache"] = None  # a Future of this process's client
+        return state
+
     def _run(self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None) -> RunResult:
         if self.strategy.synchronous:  # SMA (Crossbow §3.2) or model averaging (SparkNet)
             # Crossbow §3.4 with learners='auto': tune the learners, then train
@@ -255,7 +284,7 @@ class DaskEngine:
             return run_restarting(self, run_unmerged, net, X, y, config, budget, start, keep_groups=False)
         client = engine_client(self)
         if self.data == "stream":
-            data = stream_data(X, y, config)
+            data = self._streamed(client, X, y, config)
         else:
             data = persist_data(self, client, X, y, config)
         X, y = data.X, data.y
@@ -289,7 +318,7 @@ class DaskEngine:
                         self, placement, data, config.with_(n_groups=placement.n_groups), left,
                         seg_state.batches_done, deadline, run_id, template.key,
                     )  # fmt: skip
-                    seg.start(conv_net, fc_net, config, specs, template)
+                    seg.start(conv_net, fc_net, config, specs, template, data.shipped)
                     if recoveries:
                         recoveries[-1].seconds = time.time() - t_lost
                     seg.watch(deadline, None if bar is None else lambda v: bar.update(max(0, v - bar.n)))
@@ -321,6 +350,9 @@ class DaskEngine:
                         ) from failure  # fmt: skip
                     # the conv-phase template again: its copies may all have been on lost workers
                     template = client.scatter(conv_net.copy(), broadcast=True, hash=False)
+                    if streamed and data.shipped.status != "finished":  # its worker was lost
+                        data = replace(data, shipped=client.scatter(data.source, hash=False))
+                        self._stream_cache = (*self._stream_cache[:3], data)
                     placement = replan(alive, placement, self._throughput(client))
                     recoveries.append(
                         Recovery(

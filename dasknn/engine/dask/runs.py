@@ -94,7 +94,8 @@ def cluster_workers(client) -> dict[str, dict[str, Any]]:
 @dataclass(frozen=True)
 class Data:
     """The training data as the worker loops read it: persisted (chunk keys and chunk sizes) or,
-    with `source`, streamed from storage (no keys)."""
+    with `source`, streamed from storage (no keys); `shipped` is then the source scattered to the
+    cluster (a Future), which the loops receive instead of X's graph in every task."""
 
     X: Any
     y: Any
@@ -102,6 +103,7 @@ class Data:
     y_keys: tuple
     chunks: tuple[int, ...]
     source: StreamSource | None = None
+    shipped: Any = None
 
 
 def engine_client(engine):

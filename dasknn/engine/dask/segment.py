@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from dasknn.engine.dask import tasks
@@ -83,11 +84,18 @@ class Segment:
 
     # -- start -------------------------------------------------------------------------------------
     def start(
-        self, conv_net: Net, fc_net: Net, config: RunConfig, specs: list[tasks.GroupSpec], template
+        self,
+        conv_net: Net,
+        fc_net: Net,
+        config: RunConfig,
+        specs: list[tasks.GroupSpec],
+        template,
+        source=None,
     ) -> None:
         """Create both servers from the snapshot on their workers (and, with the engine's
         `shard_calls="actors"`, a ShardServer on every worker of a group but its lead) and submit
-        the group loops."""
+        the group loops. `source`: the streamed data's source scattered to the cluster (a Future),
+        sent to the loops in place of each spec's own copy."""
         try:
             self._servers(conv_net, fc_net, config)
             shards = self._shard_servers(specs, template)
@@ -95,11 +103,12 @@ class Segment:
                 submit_pinned(
                     self.client,
                     tasks.group_loop,
-                    spec,
+                    spec if source is None else replace(spec, source=None),
                     template,
                     self.conv_server,
                     self.fc_server,
                     shards.get(spec.group),
+                    source,
                     worker=spec.workers[0],
                 )
                 for spec in specs

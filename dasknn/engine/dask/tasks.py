@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -496,16 +496,19 @@ def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row
     return pushed
 
 
-def group_loop(spec: GroupSpec, template, conv_server, fc_server, shard_servers=None) -> int:
+def group_loop(spec: GroupSpec, template, conv_server, fc_server, shard_servers=None, source=None) -> int:
     """Run one compute group until its iterations are done, its deadline passes, or the conv model
     server says stop; returns the number of iterations it pushed.
 
     The Trace rows (times absolute, seconds since the epoch) go to the conv model server's log with
     each push. `shard_servers`: the ShardServer actors of `spec.workers[1:]` (None: shard tasks).
+    `source`: the streamed data's StreamSource, when the driver sent it apart from the spec.
     A second run of the same group's task (dask may run a task again after a worker
     failure) finds the group claimed and returns at once, so a group never runs twice."""
     from distributed import get_client, secede
 
+    if source is not None:
+        spec = replace(spec, source=source)
     client = get_client()
     secede()  # a long-running task: free the worker's thread for the group's shard tasks
     if not _call(conv_server, "claim", spec.group, timeout=spec.timeout):

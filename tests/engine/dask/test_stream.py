@@ -126,3 +126,21 @@ def test_an_imagefolder_of_jpegs_is_decoded_on_the_workers_and_trains(client2, t
     counts = reads(client2, scaled.name)
     np.testing.assert_array_equal(counts["samples"], np.full(128, 6))  # 24 batches of 32 = 6 epochs
     assert result.trace["accuracy"].tail(4).mean() >= 0.9  # bright vs dark: learnt in a few epochs
+
+
+def test_a_fits_runs_share_one_scattered_source(client2, zarr_digits):
+    """The trainer runs the engine once per evaluation interval: the source (X's graph and the
+    labels) is read and scattered once, and every later run's loops get that one Future."""
+    X, y = zarr_digits
+    client2.run(reset_stream_reads)
+    engine = DaskEngine(client2, data="stream")
+    first = engine.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=4))
+    shipped = engine._stream_cache[3].shipped
+    second = engine.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=4), start=first.state)
+    assert engine._stream_cache[3].shipped is shipped and shipped.status == "finished"
+    assert second.state.batches_done == 8  # the second run went on from the first's batches
+    counts = reads(client2, X.name)
+    assert counts["samples"].sum() == 8 * 64
+    other = DaskEngine(client2, data="stream")
+    other.run(zoo.lenet(seed=0), X[: N // 2], y[: N // 2], CFG, Budget(iterations=1))
+    assert other._stream_cache[3].shipped.key != shipped.key  # other data: its own source
