@@ -30,6 +30,7 @@ engine's timeout before the first iteration. **One epoch on a store 3× the work
 not been achieved yet** at 500 MB per worker; larger workers (and a larger store) were not tried.
 
     python -m experiments.bench_bigstore [--gb 3.0] [--workers 2] [--memory-limit 500MB]
+    python -m experiments.bench_bigstore --imagefolder 50000 --memory-limit 1GB   # JPEGs instead
 
 The store is written under `--out` (default experiments/results/bench_bigstore/) and removed after
 the run unless `--keep`.
@@ -84,6 +85,28 @@ def write_store(path: Path, n_samples: int, seed: int = 0):
     return da.from_zarr(str(path)), labels
 
 
+def write_imagefolder(root: Path, n_images: int, seed: int = 0):
+    """`n_images` JPEGs of `dasknn.data.synthetic` images (SHAPE, quality 90) in one folder per
+    class, then `dasknn.data.images.imagefolder` over them: decoded on the workers, chunk by chunk."""
+    from PIL import Image
+
+    from dasknn.data.images import imagefolder
+    from dasknn.data.synthetic import synthetic
+
+    X, y = synthetic(n_samples=n_images, shape=SHAPE, seed=seed, noise=0.3, batch_size=CHUNK)
+    for label in np.unique(y.compute()):
+        (root / f"class{label}").mkdir(parents=True, exist_ok=True)
+    i = 0
+    for xb, yb in zip(X.to_delayed().ravel(), y.to_delayed().ravel(), strict=True):
+        pixels = (np.asarray(xb.compute()) * 255).round().clip(0, 255).astype(np.uint8)
+        for image, label in zip(pixels, np.asarray(yb.compute()), strict=True):
+            path = root / f"class{label}" / f"{i:07d}.jpg"
+            Image.fromarray(image.transpose(1, 2, 0)).save(path, quality=90)
+            i += 1
+    X, y = imagefolder(root, size=SHAPE[1], batch_size=CHUNK)
+    return X, y.compute()
+
+
 def _rss_and_pid() -> tuple[int, int]:
     import psutil
 
@@ -129,6 +152,10 @@ def main(argv: list[str] | None = None) -> dict:
     cli.add_argument("--gb", type=float, default=3.0, help="store size in GB (default 3.0)")
     cli.add_argument("--workers", type=int, default=2)
     cli.add_argument("--memory-limit", default="500MB", help="per worker (default 500MB)")
+    cli.add_argument(
+        "--imagefolder", type=int, default=None, metavar="N",
+        help="stream N generated JPEGs from class folders instead of a zarr store of --gb",
+    )  # fmt: skip
     cli.add_argument("--keep", action="store_true", help="keep the store after the run")
     cli.add_argument("--out", type=Path, default=RESULTS_ROOT / "bench_bigstore", help="store folder")
     args = cli.parse_args(argv)
@@ -139,10 +166,17 @@ def main(argv: list[str] | None = None) -> dict:
     limit = parse_bytes(args.memory_limit)
     print(machine_line(), flush=True)
     t0 = time.perf_counter()
-    X, y = write_store(out / "store.zarr", n)
-    store_bytes = sum(f.stat().st_size for f in (out / "store.zarr").rglob("*") if f.is_file())
+    where = out / ("store.zarr" if args.imagefolder is None else "images")
+    if args.imagefolder is None:
+        X, y = write_store(where, n)
+    else:
+        shutil.rmtree(where, ignore_errors=True)
+        X, y = write_imagefolder(where, args.imagefolder)
+        n = X.shape[0]
+    store_bytes = sum(f.stat().st_size for f in where.rglob("*") if f.is_file())
     print(
-        f"store: {n:,} uint8 images {SHAPE}, {X.nbytes / 1e9:.2f} GB of pixels ({store_bytes / 1e9:.2f} GB "
+        f"{'store' if args.imagefolder is None else 'JPEGs'}: {n:,} uint8 images {SHAPE}, "
+        f"{X.nbytes / 1e9:.2f} GB of pixels ({store_bytes / 1e9:.2f} GB "
         f"on disk), written in {time.perf_counter() - t0:.0f} s; workers: {args.workers} × "
         f"{limit / 1e6:.0f} MB = {args.workers * limit / 1e9:.2f} GB → store / memory "
         f"{X.nbytes / (args.workers * limit):.1f}×",
@@ -181,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
         flush=True,
     )
     if not args.keep:
-        shutil.rmtree(out / "store.zarr", ignore_errors=True)
+        shutil.rmtree(where, ignore_errors=True)
     return result
 
 

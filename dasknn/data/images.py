@@ -65,29 +65,46 @@ def image_files(root: str | Path, names: Sequence[str]) -> tuple[list[Path], np.
     return files, np.asarray(labels, dtype=np.int64)
 
 
-def read_image(path: str | Path, size: int) -> np.ndarray:
-    """One image as (3, size, size) uint8 RGB: shorter side resized to `size` (bilinear), then center crop."""
+RESIZE_MODES = ("crop", "warp")
+"""How an image becomes size × size: "crop" resizes its shorter side to `size` (bilinear) and cuts
+the centre, keeping the aspect ratio; "warp" resizes the whole image to size × size (bilinear), as
+Caffe's ImageData layer (new_height, new_width) and `convert_imageset --resize_height
+--resize_width` do, stretching images that are not square."""
+
+
+def _check_resize(resize: str) -> str:
+    if resize not in RESIZE_MODES:
+        raise ValueError(f"resize must be one of {RESIZE_MODES}; got {resize!r}")
+    return resize
+
+
+def read_image(path: str | Path, size: int, resize: str = "crop") -> np.ndarray:
+    """One image as (3, size, size) uint8 RGB, resized by `resize` (`RESIZE_MODES`)."""
     from PIL import Image, UnidentifiedImageError
 
+    _check_resize(resize)
     try:
         with Image.open(path) as img:
             img = img.convert("RGB")
-            w, h = img.size
-            scale = size / min(w, h)
-            new_w, new_h = max(size, round(w * scale)), max(size, round(h * scale))
-            img = img.resize((new_w, new_h), Image.Resampling.BILINEAR)
-            left, top = (new_w - size) // 2, (new_h - size) // 2
-            img = img.crop((left, top, left + size, top + size))
+            if resize == "warp":
+                img = img.resize((size, size), Image.Resampling.BILINEAR)
+            else:
+                w, h = img.size
+                scale = size / min(w, h)
+                new_w, new_h = max(size, round(w * scale)), max(size, round(h * scale))
+                img = img.resize((new_w, new_h), Image.Resampling.BILINEAR)
+                left, top = (new_w - size) // 2, (new_h - size) // 2
+                img = img.crop((left, top, left + size, top + size))
             pixels = np.asarray(img, dtype=np.uint8)
     except (UnidentifiedImageError, OSError, SyntaxError) as err:
         raise ValueError(f"cannot decode image {path}: {err}") from err
     return pixels.transpose(2, 0, 1)
 
 
-def _read_images(paths: Sequence[str], size: int) -> np.ndarray:
+def _read_images(paths: Sequence[str], size: int, resize: str = "crop") -> np.ndarray:
     out = np.empty((len(paths), 3, size, size), dtype=np.uint8)
     for i, path in enumerate(paths):
-        out[i] = read_image(path, size)
+        out[i] = read_image(path, size, resize)
     return out
 
 
@@ -99,6 +116,7 @@ def imagefolder(
     batch_size: int = 64,
     shuffle: bool = True,
     seed: int = 0,
+    resize: str = "crop",
 ) -> tuple[da.Array, da.Array]:
     """Images (n, 3, size, size) uint8 and labels (n,) int64 of an image tree, as lazy dask arrays.
 
@@ -106,10 +124,13 @@ def imagefolder(
     are sorted by class, so `shuffle=True` (default) applies one fixed permutation (`seed`) to the
     file list first: chunks then mix classes, which the chunk-level shuffling of `iterate_batches`
     relies on. An undecodable file raises ValueError naming it when its chunk is computed.
+    `resize`: "crop" (shorter side to `size`, centre cut) or "warp" (Caffe's: the whole image
+    stretched to size × size); see `RESIZE_MODES`.
     """
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
         raise ValueError(f"size must be a positive integer; got {size!r}")
     size = int(size)
+    _check_resize(resize)
     files, labels = image_files(root, class_names(root, classes))
     if shuffle:
         order = np.random.default_rng(seed).permutation(len(files))
@@ -118,7 +139,7 @@ def imagefolder(
     parts = []
     for start in range(0, len(files), per_chunk):
         paths = [str(p) for p in files[start : start + per_chunk]]
-        block = dask.delayed(_read_images, pure=True)(paths, size)
+        block = dask.delayed(_read_images, pure=True)(paths, size, resize)
         parts.append(da.from_delayed(block, shape=(len(paths), 3, size, size), dtype=np.uint8))
     X = da.concatenate(parts, axis=0)
     y = da.from_array(labels, chunks=(X.chunks[0],))

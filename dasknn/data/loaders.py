@@ -131,11 +131,15 @@ def imagefolder(
     size: int = 224,
     shuffle: bool = True,
     batch_size: int = 64,
+    resize: str = "crop",
 ) -> RawData:
-    """A folder-per-class image tree at `path` as lazy (n, 3, size, size) uint8 (see `dasknn.data.images`)."""
+    """A folder-per-class image tree at `path` as lazy (n, 3, size, size) uint8 (see `dasknn.data.images`;
+    `resize="warp"` stretches each image to size × size as Caffe's ImageData layer does)."""
     if path is None:
         raise ValueError("imagefolder needs path=<root folder with one sub-folder per class>")
-    X, y = images.imagefolder(path, size=size, classes=classes, batch_size=batch_size, shuffle=shuffle)
+    X, y = images.imagefolder(
+        path, size=size, classes=classes, batch_size=batch_size, shuffle=shuffle, resize=resize
+    )
     return RawData(X, y, 255.0)
 
 

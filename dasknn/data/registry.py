@@ -70,10 +70,11 @@ _SPECS = [
     ),
     DatasetSpec(
         "imagefolder",
-        "a folder-per-class image tree (ImageNet-style) at path; classes=N keeps the first N sorted",
+        "a folder-per-class image tree (ImageNet-style) at path; classes=N keeps the first N sorted; "
+        "resize='warp' stretches each image to size × size as Caffe does ('crop': centre cut)",
         loaders.imagefolder,
-        {"path": None, "classes": None, "size": 224, "shuffle": True},
-        ("path", "classes", "size", "shuffle"),
+        {"path": None, "classes": None, "size": 224, "shuffle": True, "resize": "crop"},
+        ("path", "classes", "size", "shuffle", "resize"),
     ),
     DatasetSpec(
         "synthetic",

@@ -1,7 +1,9 @@
 """Pooling (max, average) and local response normalisation, with Caffe's exact conventions.
 
 Both slide a window over a padded input; each is written as a loop over the few window offsets,
-every step a vectorised operation on a strided view of the whole batch.
+every step a vectorised operation on a strided view of the whole batch. A pooling window is
+separable: its maximum (or sum) is taken along the rows first, over views whose rows stay
+contiguous, then along the columns of that smaller result (`window_reduce`).
 """
 
 from __future__ import annotations
@@ -38,15 +40,55 @@ def _windows(xpad, kh, kw, sh, sw, oh, ow):
             )
 
 
-def first_max_offsets(xpad, y, windows):
+def window_reduce(xpad, kernel, stride, out_hw, op):
+    """`op` (`maximum` or `add` of the array module) over every kh×kw window of a padded (N, C, Hp,
+    Wp) batch at the given stride, taken separably: the kh rows of each output row first (kh − 1
+    passes over full, contiguous rows), then the kw columns of that (N, C, oh, Wp) result."""
+    (kh, kw), (sh, sw), (oh, ow) = kernel, stride, out_hw
+    rows = xpad[:, :, 0 : sh * (oh - 1) + 1 : sh, :].copy()
+    for i in range(1, kh):
+        op(rows, xpad[:, :, i : i + sh * (oh - 1) + 1 : sh, :], out=rows)
+    out = rows[..., 0 : sw * (ow - 1) + 1 : sw].copy()
+    for j in range(1, kw):
+        op(out, rows[..., j : j + sw * (ow - 1) + 1 : sw], out=out)
+    return out
+
+
+def window_scatter(g, padded_shape, kernel, stride):
+    """The transpose of `window_reduce` with `add`: each output's g added to every element of its
+    window over a zero (N, C, Hp, Wp) batch (overlapping windows add up), columns then rows."""
+    xp = array_module(g)
+    (kh, kw), (sh, sw) = kernel, stride
+    n, c, oh, ow = g.shape
+    rows = xp.zeros((n, c, oh, padded_shape[3]), dtype=g.dtype)
+    for j in range(kw):
+        rows[..., j : j + sw * (ow - 1) + 1 : sw] += g
+    out = xp.zeros(padded_shape, dtype=g.dtype)
+    for i in range(kh):
+        out[:, :, i : i + sh * (oh - 1) + 1 : sh, :] += rows
+    return out
+
+
+def first_max_offsets(xpad, y, windows, stride=(1, 1)):
     """The window offset (i·kw + j) of the first maximum of each output's window, in window order as
-    Caffe's argmax: one equality pass per offset, the later offsets written first so the first wins."""
+    Caffe's argmax: one equality pass per offset, the later offsets written first so the first wins.
+
+    With a column stride sw > 1, xpad's columns are first split into sw contiguous phases (columns
+    p, p + sw, …), so that every pass reads rows of contiguous elements, not every sw-th one."""
     xp = array_module(y)
     windows = list(windows)
     offsets = xp.zeros(y.shape, dtype=xp.uint8 if len(windows) <= 256 else xp.int32)
     hit = xp.empty(y.shape, dtype=bool)
+    sw = stride[1]
+    phases = [xp.ascontiguousarray(xpad[..., p::sw]) for p in range(sw)] if sw > 1 else None
+    ow = y.shape[3]
     for k, sl in reversed(windows):
-        xp.equal(xpad[sl], y, out=hit)
+        if phases is None:
+            view = xpad[sl]
+        else:  # column j of the window is phase j % sw, from its column j // sw on
+            j = sl[3].start
+            view = phases[j % sw][:, :, sl[2], j // sw : j // sw + ow]
+        xp.equal(view, y, out=hit)
         xp.putmask(offsets, hit, k)
     return offsets
 
@@ -153,16 +195,12 @@ class Pooling(Layer):
         _, oh, ow = self.out_shape
         if self.pool == "max":
             xpad = self._pad(x, -xp.inf)
-            windows = _windows(xpad, kh, kw, sh, sw, oh, ow)
-            y = xpad[next(windows)[1]].copy()
-            for _, sl in windows:
-                xp.maximum(y, xpad[sl], out=y)
+            y = window_reduce(xpad, (kh, kw), (sh, sw), (oh, ow), xp.maximum)
             return y, (xpad, y)
         xpad = self._pad(x, 0)
-        y = xp.zeros((x.shape[0], x.shape[1], oh, ow), dtype=x.dtype)
-        for _, sl in _windows(xpad, kh, kw, sh, sw, oh, ow):
-            y += xpad[sl]
-        return y / self._divisor(xp, x.dtype), None
+        y = window_reduce(xpad, (kh, kw), (sh, sw), (oh, ow), xp.add)
+        y /= self._divisor(xp, x.dtype)
+        return y, None
 
     def backward(self, dy, cache, need_dx=True):
         if not need_dx:
@@ -174,13 +212,11 @@ class Pooling(Layer):
         padded = (dy.shape[0], dy.shape[1], top + h + bottom, left + w + right)
         if self.pool == "max":
             xpad, y = cache
-            offsets = first_max_offsets(xpad, y, _windows(xpad, kh, kw, sh, sw, oh, ow))
+            offsets = first_max_offsets(xpad, y, _windows(xpad, kh, kw, sh, sw, oh, ow), (sh, sw))
             dxpad = scatter_to_windows(dy, offsets, padded, (kh, kw), (sh, sw))
         else:
-            dxpad = xp.zeros(padded, dtype=dy.dtype)
             g = dy / self._divisor(xp, dy.dtype)
-            for _, sl in _windows(dxpad, kh, kw, sh, sw, oh, ow):
-                dxpad[sl] += g
+            dxpad = window_scatter(g, padded, (kh, kw), (sh, sw))
         return dxpad[:, :, top : top + h, left : left + w], {}
 
     def flops(self):

@@ -101,6 +101,29 @@ def test_imagefolder_labels_sorted_class_folders_and_resizes(tmp_path):
     assert y_sorted.compute().tolist() == [0] * 4 + [1] * 5
 
 
+def test_imagefolder_warp_stretches_the_whole_image_like_caffe_and_crop_cuts_the_centre(tmp_path):
+    from PIL import Image
+
+    from dasknn.data.images import read_image
+
+    pixels = np.zeros((20, 40, 3), dtype=np.uint8)  # 40 wide, 20 high: left quarter red, the rest blue
+    pixels[:, :10] = (255, 0, 0)
+    pixels[:, 10:] = (0, 0, 255)
+    (tmp_path / "a").mkdir()
+    Image.fromarray(pixels).save(tmp_path / "a" / "wide.png")
+    warped = read_image(tmp_path / "a" / "wide.png", 8, "warp")
+    cropped = read_image(tmp_path / "a" / "wide.png", 8, "crop")
+    assert warped.shape == cropped.shape == (3, 8, 8)
+    # warp keeps the whole width: the red quarter is the first two of eight columns
+    assert warped[0, :, 0].min() > 200 and warped[2, :, 0].max() < 50 and warped[0, :, 4:].max() < 50
+    # crop keeps the centre 20×20 (columns 10-29): no red at all
+    assert cropped[0].max() < 50 and cropped[2].min() > 200
+    X, _ = load("imagefolder", path=tmp_path, size=8, resize="warp", raw=True)
+    np.testing.assert_array_equal(X.compute()[0], warped.astype(np.float32))
+    with pytest.raises(ValueError, match="resize must be one of"):
+        load("imagefolder", path=tmp_path, size=8, resize="stretch")
+
+
 def test_imagefolder_errors_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match="imagefolder needs path="):
         load("imagefolder")

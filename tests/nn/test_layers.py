@@ -216,6 +216,26 @@ def test_max_pooling_gradient_goes_to_the_first_maximum_of_each_window_like_caff
     np.testing.assert_array_equal(dx, [[[[10.0, 100.0, 0.0], [0.0, 0.0, 0.0]]]])
 
 
+@pytest.mark.parametrize("kernel,stride", [((3, 3), (2, 2)), ((2, 3), (2, 1)), ((3, 2), (1, 3))])
+def test_separable_window_max_sum_and_scatter_equal_a_loop_over_windows(kernel, stride):
+    from dasknn.nn.pooling import window_reduce, window_scatter
+
+    rng = np.random.default_rng(5)
+    (kh, kw), (sh, sw) = kernel, stride
+    xpad = rng.standard_normal((2, 3, 9, 10))
+    oh, ow = (9 - kh) // sh + 1, (10 - kw) // sw + 1
+    g = rng.standard_normal((2, 3, oh, ow))
+    want_max, want_sum = np.empty((2, 3, oh, ow)), np.empty((2, 3, oh, ow))
+    want_scatter = np.zeros_like(xpad)
+    for p, q in np.ndindex(oh, ow):
+        window = xpad[:, :, p * sh : p * sh + kh, q * sw : q * sw + kw]
+        want_max[:, :, p, q], want_sum[:, :, p, q] = window.max(axis=(2, 3)), window.sum(axis=(2, 3))
+        want_scatter[:, :, p * sh : p * sh + kh, q * sw : q * sw + kw] += g[:, :, p, q, None, None]
+    np.testing.assert_array_equal(window_reduce(xpad, kernel, stride, (oh, ow), np.maximum), want_max)
+    np.testing.assert_allclose(window_reduce(xpad, kernel, stride, (oh, ow), np.add), want_sum, rtol=1e-12)
+    np.testing.assert_allclose(window_scatter(g, xpad.shape, kernel, stride), want_scatter, rtol=1e-12)
+
+
 def test_first_max_offsets_and_their_scatter_equal_a_loop_over_windows():
     from dasknn.nn.pooling import _windows, first_max_offsets, scatter_to_windows
 
@@ -225,6 +245,8 @@ def test_first_max_offsets_and_their_scatter_equal_a_loop_over_windows():
     windows = list(_windows(xpad, kh, kw, sh, sw, oh, ow))
     y = np.max([xpad[sl] for _, sl in windows], axis=0)
     offsets = first_max_offsets(xpad, y, windows)
+    # the column-phase path (stride 3: three contiguous phases) finds the same offsets
+    np.testing.assert_array_equal(first_max_offsets(xpad, y, windows, (sh, sw)), offsets)
     dy = rng.standard_normal(y.shape).astype(np.float32)
     want = np.zeros_like(xpad)
     for n, c, p, q in np.ndindex(y.shape):
