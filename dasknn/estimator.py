@@ -515,16 +515,14 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             given = (X_val, y_val)
         return parts, given
 
-    def _evaluator(self, X, y, net: Net, validation) -> Evaluator:
-        n = X.shape[0]
-        idx = np.sort(
-            np.random.default_rng(self.random_state).choice(n, min(self.eval_size, n), replace=False)
-        )
-        from dasknn.data.chunks import take_rows
+    def _eval_rows(self, n: int) -> np.ndarray:
+        """Which of the n training samples score the training accuracy: `eval_size` of them, seeded."""
+        rng = np.random.default_rng(self.random_state)
+        return np.sort(rng.choice(n, min(self.eval_size, n), replace=False))
 
-        X_eval, y_eval = dask.compute(self._test_view(take_rows(X, idx)), take_rows(y, idx))
-        X_eval = np.asarray(X_eval, dtype=np.float32)
-        return Evaluator(net, X_eval, y_eval, *(validation or (None, None)))
+    def _evaluator(self, net: Net, evaluation, validation) -> Evaluator:
+        X_eval, y_eval = evaluation
+        return Evaluator(net, np.asarray(X_eval, dtype=np.float32), y_eval, *(validation or (None, None)))
 
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, X, y) -> DistributedCNN:
@@ -694,13 +692,24 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 # again per run makes the scheduler warn of a "different run_spec" for its keys)
                 X = client.persist(X) if isinstance(X, da.Array) else X
                 y_idx = client.persist(y_idx) if isinstance(y_idx, da.Array) else y_idx
-            X, y_idx, selection, validation = self._carve(X, y_idx, parts, given, net)
+            X, y_idx, selection, validation, evaluation = self._carve(X, y_idx, parts, given, net)
             if self.data_ == "stream":
                 X = self._train_part(X_train, parts) if len(parts.train) < len(y_all) else X_train
             elif client is not None and len(parts.train) < len(y_all):
                 X, y_idx = client.persist(X), client.persist(y_idx)
             try:
-                self._train(engine, net, X, y_idx, start, resume_from, partial_epochs, selection, validation)
+                self._train(
+                    engine,
+                    net,
+                    X,
+                    y_idx,
+                    start,
+                    resume_from,
+                    partial_epochs,
+                    selection,
+                    validation,
+                    evaluation,
+                )
             except Exception as err:
                 if client is not None and not _scheduler_answers(client):
                     raise _scheduler_lost(client, err) from err
@@ -716,16 +725,20 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         return take_rows(X, parts.train).rechunk({0: chunk})
 
     def _carve(self, X, y, parts, given, net: Net):
-        """(X, y) of the training part (dask), the selection part's scorer (or None) and the
-        validation data as numpy (X_val, y_val class indices), or None."""
+        """(X, y) of the training part (dask), the selection part's scorer (or None), the
+        validation data as numpy (X_val, y_val class indices) or None, and the training samples
+        that score the training accuracy (`_eval_rows`) as numpy. The three samples are computed
+        together, so a chunk of a store is read once for all of them."""
         from dasknn.data.chunks import take_rows
         from dasknn.optimizer.search import SelectionLoss
 
         sel, val = parts.selection, parts.validation
+        scored = parts.train[self._eval_rows(len(parts.train))]
         view = self._test_view
-        X_sel, y_sel, X_val, y_val = dask.compute(
-            view(take_rows(X, sel)), take_rows(y, sel), view(take_rows(X, val)), take_rows(y, val)
-        )
+        X_sel, y_sel, X_val, y_val, X_eval, y_eval = dask.compute(
+            view(take_rows(X, sel)), take_rows(y, sel), view(take_rows(X, val)), take_rows(y, val),
+            view(take_rows(X, scored)), take_rows(y, scored),
+        )  # fmt: skip
         if given is not None:
             X_val, y_val = dask.compute(view(given[0]), given[1])
             y_val = _label_index(np.asarray(y_val), self.classes_)
@@ -735,10 +748,10 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         selection = SelectionLoss(net, X_sel, y_sel) if len(sel) else None
         validation = (X_val, y_val) if len(y_val) else None
         self.n_train_samples_ = int(X.shape[0])
-        return X, y, selection, validation
+        return X, y, selection, validation, (X_eval, np.asarray(y_eval))
 
     def _train(
-        self, engine, net: Net, X, y, start, resume_from, partial_epochs, selection, validation
+        self, engine, net: Net, X, y, start, resume_from, partial_epochs, selection, validation, evaluation
     ) -> None:
         from dasknn.callbacks import EarlyStopping, ProgressBar, call
         from dasknn.fitting import Trainer
@@ -757,7 +770,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             net,
             X,
             y,
-            self._evaluator(X, y, net, validation),
+            self._evaluator(net, evaluation, validation),
             max_iterations=max_iterations,
             checkpoint_dir=self.checkpoint_dir,
             meta=self._checkpoint_meta(),
