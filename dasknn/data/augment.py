@@ -58,14 +58,25 @@ def _crops(x: Any, h: int, w: int, oy: np.ndarray, ox: np.ndarray) -> Any:
     return xp.ascontiguousarray(out.transpose(0, 3, 1, 2))
 
 
-def random_crop(x: Any, size: int, rng: np.random.Generator) -> Any:
+def _draw(rng: np.random.Generator, high: int, x: Any, rows: tuple[int, int, int] | None) -> np.ndarray:
+    """One integer in [0, high) per image of x; with `rows` (lo, hi, n), x is rows lo:hi of a batch
+    of n, and it gets those rows' draws of the whole batch's (a shard sees what the batch would)."""
+    if rows is None:
+        return rng.integers(0, high, size=x.shape[0])
+    lo, hi, n = rows
+    if hi - lo != x.shape[0] or not 0 <= lo <= hi <= n:
+        raise ValueError(f"rows {lo}:{hi} of a batch of {n} do not match {x.shape[0]} images")
+    return rng.integers(0, high, size=n)[lo:hi]
+
+
+def random_crop(x: Any, size: int, rng: np.random.Generator, rows: tuple[int, int, int] | None = None) -> Any:
     """Each image cut to size × size at its own offset, uniform in [0, H − size] × [0, W − size]."""
     _check_4d(x, "random_crop")
     h, w = x.shape[2], x.shape[3]
     if size > min(h, w):
         raise ValueError(f"crop_size {size} is larger than the {h}×{w} images")
-    oy = rng.integers(0, h - size + 1, size=x.shape[0])
-    ox = rng.integers(0, w - size + 1, size=x.shape[0])
+    oy = _draw(rng, h - size + 1, x, rows)
+    ox = _draw(rng, w - size + 1, x, rows)
     return _crops(x, size, size, oy, ox)
 
 
@@ -79,23 +90,25 @@ def centre_crop(x: Any, size: int) -> Any:
     return x[:, :, oy : oy + size, ox : ox + size]
 
 
-def random_mirror(x: Any, rng: np.random.Generator) -> Any:
+def random_mirror(x: Any, rng: np.random.Generator, rows: tuple[int, int, int] | None = None) -> Any:
     """Each image flipped left-right with probability ½ (Caffe's `mirror`)."""
     _check_4d(x, "random_mirror")
     xp = array_module(x)
-    flip = xp.asarray(rng.integers(0, 2, size=x.shape[0]).astype(bool))
+    flip = xp.asarray(_draw(rng, 2, x, rows).astype(bool))
     return xp.where(flip[:, None, None, None], x[:, :, :, ::-1], x)
 
 
-def random_shift(x: Any, shift: int, rng: np.random.Generator) -> Any:
+def random_shift(
+    x: Any, shift: int, rng: np.random.Generator, rows: tuple[int, int, int] | None = None
+) -> Any:
     """Each image moved by its own (dy, dx), each uniform in [−shift, shift], the uncovered border
     filled with zeros; the image keeps its size."""
     _check_4d(x, "random_shift")
     xp = array_module(x)
     padded = xp.pad(x, ((0, 0), (0, 0), (shift, shift), (shift, shift)))
     h, w = x.shape[2], x.shape[3]
-    oy = rng.integers(0, 2 * shift + 1, size=x.shape[0])
-    ox = rng.integers(0, 2 * shift + 1, size=x.shape[0])
+    oy = _draw(rng, 2 * shift + 1, x, rows)
+    ox = _draw(rng, 2 * shift + 1, x, rows)
     return _crops(padded, h, w, oy, ox)
 
 
@@ -130,15 +143,16 @@ class Augment:
             raise ValueError(f"crop_size {self.crop_size} is larger than the {h}×{w} images of X")
         return (c, self.crop_size, self.crop_size)
 
-    def train(self, x: Any, seed: int, batch: int) -> Any:
-        """Global batch `batch` of a run seeded `seed`, augmented for training."""
+    def train(self, x: Any, seed: int, batch: int, rows: tuple[int, int, int] | None = None) -> Any:
+        """Global batch `batch` of a run seeded `seed`, augmented for training; with `rows` (lo, hi,
+        n), x is rows lo:hi of that batch of n (a worker's shard), augmented as in the whole batch."""
         rng = augment_rng(seed, batch)
         if self.crop_size is not None:
-            x = random_crop(x, self.crop_size, rng)
+            x = random_crop(x, self.crop_size, rng, rows)
         if self.mirror:
-            x = random_mirror(x, rng)
+            x = random_mirror(x, rng, rows)
         if self.shift:
-            x = random_shift(x, self.shift, rng)
+            x = random_shift(x, self.shift, rng, rows)
         return x
 
     def test(self, x: Any) -> Any:

@@ -92,7 +92,10 @@ class StreamSource:
 class StreamReader:
     """The batches `batches` (global batch numbers, in the order the loop asks for them) of
     `source` in `BatchOrder(source.chunks, batch_size, seed, window)`'s order, read `prefetch`
-    ahead by a thread; `get(b)` returns the next one, `(prepare(x, b), y)`. `close()` when done."""
+    ahead by a thread; `get(b)` returns the next one, `(prepare(x, b), y)`. `close()` when done.
+
+    With `rows=(lo, hi)`, x holds only samples lo:hi of each batch (a worker's shard: only the
+    chunks those samples lie in are read) while y still holds every label of the batch."""
 
     def __init__(
         self,
@@ -105,9 +108,13 @@ class StreamReader:
         prefetch: int = 2,
         prepare: Callable[[np.ndarray, int], np.ndarray] | None = None,
         timeout: float = 120.0,
+        rows: tuple[int, int] | None = None,
     ) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be an integer >= 1 (batches), got {prefetch!r}")
+        if rows is not None and not 0 <= rows[0] < rows[1] <= batch_size:
+            raise ValueError(f"rows {rows} are not a part of a batch of {batch_size}")
+        self.rows = None if rows is None else slice(int(rows[0]), int(rows[1]))
         self.source = source
         self.window = check_window(window)
         self.order = BatchOrder(source.chunks, batch_size, seed, self.window)
@@ -131,8 +138,11 @@ class StreamReader:
         return self._cache[c]
 
     def read(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """Batch b in the source's dtype, with its labels (in the calling thread)."""
+        """Batch b (its `rows`) in the source's dtype, with its labels (in the calling thread)."""
         idx = self.order.indices(b)
+        labels = self.source.y[idx]
+        if self.rows is not None:
+            idx = idx[self.rows]
         owner = np.searchsorted(self.starts, idx, side="right") - 1
         x = None
         for c in dict.fromkeys(owner.tolist()):
@@ -142,7 +152,7 @@ class StreamReader:
                 x = np.empty((len(idx), *block.shape[1:]), dtype=block.dtype)
             x[rows] = block[idx[rows] - self.starts[c]]
         _count(self.source.name, len(self.source.y), len(self.source.chunks), "samples", idx)
-        return x, self.source.y[idx]
+        return x, labels
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():

@@ -119,3 +119,15 @@ def test_as_augment_reads_the_estimators_forms(value, expected):
 def test_bad_augment_is_named(value, message):
     with pytest.raises(ValueError, match=message):
         as_augment(value)
+
+
+def test_a_shard_of_a_batch_gets_its_rows_of_the_whole_batchs_augmentation():
+    from dasknn.data.augment import Augment
+
+    x = np.arange(10 * 3 * 12 * 12, dtype=np.float32).reshape(10, 3, 12, 12)
+    aug = Augment(crop_size=8, mirror=True, shift=1)
+    whole = aug.train(x, 5, 17)
+    for lo, hi in ((0, 4), (4, 10), (3, 7)):
+        np.testing.assert_array_equal(aug.train(x[lo:hi], 5, 17, (lo, hi, 10)), whole[lo:hi])
+    with pytest.raises(ValueError, match="do not match"):
+        aug.train(x[:4], 5, 17, (0, 5, 10))

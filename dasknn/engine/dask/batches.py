@@ -67,11 +67,14 @@ class BatchReader:
         self._chunks.clear()
 
 
-def prepare_batch(augment: Augment | None, seed: int, x: np.ndarray, b: int) -> np.ndarray:
+def prepare_batch(
+    augment: Augment | None, seed: int, x: np.ndarray, b: int, rows: tuple[int, int, int] | None = None
+) -> np.ndarray:
     """Global batch b as the conv phase takes it: augmented for training (`augment.train`, seeded
-    by (seed, b)), then integer pixels made float32 (a uint8 batch is converted here, on the worker)."""
+    by (seed, b); with `rows` (lo, hi, n), x is that shard of the batch and gets its draws), then
+    integer pixels made float32 (a uint8 batch is converted here, on the worker)."""
     if augment is not None:
-        x = augment.train(x, seed, b)
+        x = augment.train(x, seed, b, rows)
     return x.astype(np.float32) if x.dtype.kind in "biu" else x
 
 
@@ -98,12 +101,16 @@ class _PersistedBatches:
         self.reader.close()
 
 
-def batch_reader(client, spec: Any):
+def batch_reader(client, spec: Any, rows: tuple[int, int] | None = None):
     """The group's batches: streamed from the source with read-ahead when the data is not
     persisted (`spec.source`), else cut from the persisted chunks; either way prepared
-    (`prepare_batch`) on this worker."""
+    (`prepare_batch`) on this worker. `rows` (lo, hi), streamed only: this worker's shard of
+    each batch, the only samples it reads (the labels stay the whole batch's)."""
     if spec.source is None:
+        if rows is not None:
+            raise ValueError("a shard's rows are read apart only from a streamed source")
         return _PersistedBatches(client, spec)
+    shard = None if rows is None else (int(rows[0]), int(rows[1]), int(spec.batch_size))
     return StreamReader(
         spec.source,
         spec.batch_size,
@@ -111,6 +118,7 @@ def batch_reader(client, spec: Any):
         group_batches(spec),
         window=spec.window,
         prefetch=spec.prefetch,
-        prepare=lambda x, b: prepare_batch(spec.augment, spec.seed, x, b),
+        prepare=lambda x, b: prepare_batch(spec.augment, spec.seed, x, b, shard),
         timeout=spec.timeout,
+        rows=rows,
     )

@@ -111,6 +111,7 @@ def local_client(
 
 
 DATA_MODES = ("persist", "stream")
+SHARD_READS = ("lead", "own")
 
 
 class DaskEngine:
@@ -148,7 +149,12 @@ class DaskEngine:
     `dasknn.data.stream`), on the merged map only. `shuffle_window`: chunks shuffled together
     (`dasknn.data.batching.window_indices`); the batch order is the same in both modes.
     `augment` (`dasknn.data.augment.Augment`): what the lead worker does to each batch before
-    it is sharded, drawn from (seed, batch).
+    it is sharded, drawn from (seed, batch). `shard_reads` (streamed data, groups of k > 1 on shard
+    server actors): 'lead' (default) — the lead worker reads each whole batch and sends the other
+    workers their shards; 'own' — every worker reads its own shard from the source (augmented with
+    its rows' draws of the batch), so no batch crosses between workers, but each worker loads every
+    chunk its rows lie in: a compressed store's chunks are read and decoded k times an epoch, not
+    once. 'own' pays where storage is fast and the network between workers is not.
     """
 
     def __init__(
@@ -169,8 +175,12 @@ class DaskEngine:
         augment: Augment | None = None,
         shuffle_window: int = 1,
         prefetch: int = 2,
+        shard_reads: str = "lead",
     ) -> None:
         strategy = strategy if strategy is not None else Strategy()
+        if shard_reads not in SHARD_READS:
+            raise ValueError(f"shard_reads must be one of {SHARD_READS}, got {shard_reads!r}")
+        self.shard_reads = shard_reads
         if data not in DATA_MODES:
             raise ValueError(f"data must be one of {DATA_MODES}, got {data!r}")
         if data == "stream" and (strategy.synchronous or strategy.physical_map == "unmerged"):

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 _NETS: dict[str, DeviceNet] = {}  # run → this worker's one device copy of its net
 _NETS_LOCK = threading.Lock()
 _CACHES: dict[tuple[str, str, int], Any] = {}  # (run, token, shard) → a forward cache
+_SOURCES: dict[str, StreamSource] = {}  # source name → the stream source this worker last read
+_KEEP_SOURCES = 2
 STOP_CHECK_SECONDS = 0.5
 
 
@@ -74,6 +76,7 @@ class GroupSpec:
     augment: Augment | None = None
     window: int = 1
     prefetch: int = 2
+    own_reads: bool = False
 
 
 def group_specs(
@@ -120,6 +123,7 @@ def group_specs(
                 augment=engine.augment,
                 window=engine.shuffle_window,
                 prefetch=engine.prefetch,
+                own_reads=engine.shard_reads == "own",
             )
         )
     return specs
@@ -258,6 +262,10 @@ class ShardServer:
     their workers with `take`) to this one's. Its methods are coroutines that compute in the
     server's own thread: dask runs a worker's blocking actor methods on ONE thread, which the conv
     model and FC servers on the same worker also use, and a shard's compute must not queue them.
+
+    With streamed data, `open_stream` starts a reader of this worker's rows of each of the group's
+    batches straight from the source (read ahead in its own thread), and `forward` with x None
+    takes its shard from there: the lead worker then reads only its own shard.
     """
 
     def __init__(self, template, device: str) -> None:
@@ -268,13 +276,39 @@ class ShardServer:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="dasknn-shard")
         self._caches: dict[str, Any] = {}
         self._grads: dict[str, dict[str, np.ndarray]] = {}
+        self._streams: dict[str, Any] = {}
+
+    async def open_stream(
+        self, key: str, spec: GroupSpec, rows: tuple[int, int], name: str, source: StreamSource | None = None
+    ) -> bool:
+        """Read rows lo:hi of each of `spec`'s batches from the source named `name` under `key`;
+        False (nothing started) when this worker has not seen that source and `source` is None."""
+        source = source if source is not None else _SOURCES.get(name)
+        if source is None:
+            return False
+        _SOURCES[name] = source
+        while len(_SOURCES) > _KEEP_SOURCES:
+            _SOURCES.pop(next(iter(_SOURCES)))
+        old = self._streams.pop(key, None)
+        if old is not None:
+            old.close()
+        self._streams[key] = batch_reader(None, replace(spec, source=source), rows=rows)
+        return True
+
+    async def close_stream(self, key: str) -> None:
+        """Stop the reader opened under `key` (a no-op when there is none)."""
+        reader = self._streams.pop(key, None)
+        if reader is not None:
+            await self._compute(reader.close)
 
     async def _compute(self, fn, *args):
         import asyncio
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    def _forward(self, token: str, weights, x, seed: int, batch: int, shard: int):
+    def _forward(self, token: str, weights, x, seed: int, batch: int, shard: int, stream: str | None = None):
+        if x is None:  # this worker's rows, from its own stream
+            x, _ = self._streams[stream].get(batch)
         acts, caches = _forward(self.net, weights, x, seed, batch, shard)
         self._caches[token] = (weights, caches)
         return acts
@@ -289,8 +323,11 @@ class ShardServer:
             return None
         return grads
 
-    async def forward(self, token: str, weights, x, seed: int, batch: int, shard: int) -> np.ndarray:
-        return await self._compute(self._forward, token, weights, x, seed, batch, shard)
+    async def forward(
+        self, token: str, weights, x, seed: int, batch: int, shard: int, stream: str | None = None
+    ) -> np.ndarray:
+        """The shard's activations; x None: read from the stream opened under `stream`."""
+        return await self._compute(self._forward, token, weights, x, seed, batch, shard, stream)
 
     async def backward(self, token: str, dacts, keep: bool = False) -> dict[str, np.ndarray] | None:
         return await self._compute(self._backward, token, dacts, keep)
@@ -370,26 +407,27 @@ def reduce_on_servers(shard_servers, token: str, spec, conv_server) -> list | No
 
 
 def _actor_iteration(
-    spec, template, conv_server, fc_server, shard_servers, x, y, row
+    spec, template, conv_server, fc_server, shard_servers, x, y, row, stream: str | None = None
 ) -> dict[str, Any] | None:
     """A group of k > 1 workers with a ShardServer on each worker but the lead: the lead's shard
     inline, each other shard by direct actor calls (no scheduler round trip), one push.
 
     The k − 1 remote gradients are summed by a reduction tree of `branching` among the shard
     servers (its root's sum comes to the lead, which adds its own gradient, as `aggregate` does);
-    with k = 2 the one remote gradient comes back from `backward` itself. Returns the Trace row the
-    conv model server logged, or None once a server has stopped."""
+    with k = 2 the one remote gradient comes back from `backward` itself. With `stream` (the key the
+    servers' streams were opened under), x is the lead's own shard and each server reads its own.
+    Returns the Trace row the conv model server logged, or None once a server has stopped."""
     tmo = spec.timeout
     version, weights = _call(conv_server, "pull", timeout=tmo)
-    bounds = np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
+    bounds = shard_bounds(spec)
     token = f"{spec.run_id}-{spec.group}-{row['batch']}"
     b = row["batch"]
     fwd = [
-        srv.forward(token, weights, x[bounds[i] : bounds[i + 1]], spec.seed, b, i)
+        srv.forward(token, weights, None if stream else x[bounds[i] : bounds[i + 1]], spec.seed, b, i, stream)
         for i, srv in enumerate(shard_servers, 1)
     ]
     lead = _net(spec.run_id, template, spec.devices[0])
-    acts0, caches0 = _forward(lead, weights, x[bounds[0] : bounds[1]], spec.seed, b, 0)
+    acts0, caches0 = _forward(lead, weights, x if stream else x[bounds[0] : bounds[1]], spec.seed, b, 0)
     remote_acts = _actor_results(fwd, spec, conv_server)
     if remote_acts is None:
         return None
@@ -513,7 +551,13 @@ def group_loop(spec: GroupSpec, template, conv_server, fc_server, shard_servers=
     secede()  # a long-running task: free the worker's thread for the group's shard tasks
     if not _call(conv_server, "claim", spec.group, timeout=spec.timeout):
         return 0
-    reader = batch_reader(client, spec)
+    stream = None
+    if spec.source is not None and shard_servers and spec.own_reads:  # every worker reads its own shard
+        stream = f"{spec.run_id}-{spec.group}"
+        open_shard_streams(spec, shard_servers, stream)
+        reader = batch_reader(client, spec, rows=tuple(shard_bounds(spec)[:2]))
+    else:
+        reader = batch_reader(client, spec)
     next_check = 0.0
     i = 0
     try:
@@ -528,11 +572,13 @@ def group_loop(spec: GroupSpec, template, conv_server, fc_server, shard_servers=
                 next_check = now + STOP_CHECK_SECONDS
             b = spec.first_batch + spec.group + spec.n_groups * i
             x, y = reader.get(b)
-            row = {"t_start": time.time(), "group": spec.group, "batch": b, "n_images": int(x.shape[0])}
+            row = {"t_start": time.time(), "group": spec.group, "batch": b, "n_images": int(len(y))}
             if len(spec.workers) == 1:
                 pushed = _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row)
             elif shard_servers:
-                pushed = _actor_iteration(spec, template, conv_server, fc_server, shard_servers, x, y, row)
+                pushed = _actor_iteration(
+                    spec, template, conv_server, fc_server, shard_servers, x, y, row, stream
+                )
             else:
                 pushed = _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row)
             if pushed is None:
@@ -540,7 +586,29 @@ def group_loop(spec: GroupSpec, template, conv_server, fc_server, shard_servers=
             i += 1
     finally:
         reader.close()
+        if stream is not None:
+            for srv in shard_servers:
+                try:
+                    srv.close_stream(stream).result(timeout=spec.timeout)
+                except Exception:  # a lost worker's reader went with it
+                    pass
     return i
+
+
+def shard_bounds(spec) -> np.ndarray:
+    """Where each worker's shard of a group's batch starts and ends: k + 1 offsets, from 0 to B."""
+    return np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
+
+
+def open_shard_streams(spec, shard_servers, key: str) -> None:
+    """Start each shard server's stream of its rows of the group's batches (`ShardServer.open_stream`);
+    the source itself is sent only to a worker that has not streamed from it yet."""
+    bounds, bare = shard_bounds(spec), replace(spec, source=None)
+    name = spec.source.name
+    for i, srv in enumerate(shard_servers, 1):
+        rows = (int(bounds[i]), int(bounds[i + 1]))
+        if not srv.open_stream(key, bare, rows, name).result(timeout=spec.timeout):
+            srv.open_stream(key, bare, rows, name, spec.source).result(timeout=spec.timeout)
 
 
 # -- the shard tasks of a group of k > 1 workers -------------------------------------------------
