@@ -124,7 +124,7 @@ def test_selection_scores_judge_the_probes_and_their_time_is_charged(digits8):
 
     score.n_samples = selection.n_samples
     opt = OmnivoreOptimizer(SimulatedEngine(PLANTED, verbose=0), probe_iterations=10, probe_score=score)
-    result = opt.optimize(net, X, y, batch_size=32, max_epochs=2)
+    result = opt.optimize(net, X, y, batch_size=32, max_epochs=1)
     d, trace = result.decisions, result.trace
     probed = d[d["action"].isin(["probe", "extend"]) & ~d["diverged"]]
     assert len(calls) == len(probed)
