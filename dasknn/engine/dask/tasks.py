@@ -20,6 +20,7 @@ worker process, and through the actor protocol otherwise.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -45,6 +46,8 @@ _CACHES: dict[tuple[str, str, int], Any] = {}  # (run, token, shard) → a forwa
 _SOURCES: dict[str, StreamSource] = {}  # source name → the stream source this worker last read
 _KEEP_SOURCES = 2
 STOP_CHECK_SECONDS = 0.5
+TRIM_SECONDS = 5.0
+"""How often a group's loop hands freed heap memory back to the OS (`release_freed_memory`)."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,30 @@ def forget_run(run_id: str) -> int:
         for k in [k for k in _CACHES if k[0] == run_id]:
             del _CACHES[k]
     return dropped
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, or None where the C library is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory() -> bool:
+    """Return the heap memory this process has freed to the OS (glibc `malloc_trim(0)`); False
+    where that is not available.
+
+    A group's loop frees a batch, its activations and its gradients every iteration, across the
+    reading, compute and actor threads; glibc keeps much of that freed memory in its per-thread
+    arenas, so the lead worker's resident memory grew by ~300 MB over 1,200 iterations of a
+    streamed run (dask counts it as unmanaged memory and pauses, then restarts, the worker)."""
+    trim = _malloc_trim()
+    return bool(trim is not None and trim(0) is not None)
 
 
 def set_blas_threads(n: int) -> int:
@@ -559,12 +586,16 @@ def group_loop(spec: GroupSpec, template, conv_server, fc_server, shard_servers=
     else:
         reader = batch_reader(client, spec)
     next_check = 0.0
+    next_trim = time.time() + TRIM_SECONDS
     i = 0
     try:
         while spec.iterations is None or i < spec.iterations:
             now = time.time()
             if spec.deadline is not None and now >= spec.deadline:
                 break
+            if now >= next_trim:
+                release_freed_memory()
+                next_trim = now + TRIM_SECONDS
             if now >= next_check:
                 _, stopped = _call(conv_server, "progress", timeout=spec.timeout)
                 if stopped:

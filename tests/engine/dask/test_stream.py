@@ -180,3 +180,26 @@ def test_own_shard_reads_train_the_same_weights_as_the_lead_reading_every_batch(
         np.testing.assert_allclose(nets["own"].params[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
     with pytest.raises(ValueError, match="shard_reads must be one of"):
         DaskEngine(client2, data="stream", shard_reads="mine")
+
+
+def test_freed_heap_memory_goes_back_to_the_os_on_glibc():
+    """The group loops call glibc's malloc_trim every few seconds: 200 MB freed in holes of the heap
+    come back to the OS with it; elsewhere the call says it cannot."""
+    import platform
+
+    import psutil
+
+    from dasknn.engine.dask.tasks import release_freed_memory
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        assert release_freed_memory() is False
+        return
+    process = psutil.Process()
+    # 64 kB heap blocks (below glibc's mmap threshold), each followed by a 4 kB one that stays:
+    # freeing the large ones leaves holes that free() cannot give back, only a trim can
+    pairs = [(bytearray(64 * 1024), bytearray(4096)) for _ in range(3200)]
+    peak = process.memory_info().rss
+    pins = [small for _, small in pairs]
+    del pairs
+    assert release_freed_memory() is True
+    assert process.memory_info().rss < peak - 100 * 2**20 and len(pins) == 3200
