@@ -17,17 +17,22 @@ The held-out part (0.2% here, 487 images) and the selection and evaluation sampl
 numpy arrays for scoring, so they must fit in a worker's and the client's memory; with 2% of this
 store (240 MB of float32) the one task that assembles them went past a 500 MB worker's limit.
 
-What it found (2-core AMD EPYC, 2026-11-25). With 2 workers × 500 MB and a 3 GB store, the
-first runs never finished: carving the held-out and selection parts with dask's fancy indexing
-planned a shuffle over every chunk and killed every worker for memory (now
-`data.chunks.take_rows`, chunk by chunk); then the workers sat at 77-81% of 500 MB (dasknn's
-imports alone take ~195 MB of a worker) and dask paused them. With 2 workers × 1 GB and a 6.2 GB
-store (504,320 images of 3×64×64, 3.1× the workers' summed limit) **one epoch completed: 1966
-iterations of 256 in 848 s, no worker replaced, peak RSS 799 MB (the lead) and 449 MB**; the
-lead spilled the scattered source to disk while above 60% of its limit. That run still evaluated
-every 3 s (no time budget: a new engine run each time, and before the fix each one recomputed the
-labels over every chunk and sent the scheduler a 14 MB graph); both are fixed, and the budget
-below makes evaluations 180 s apart.
+What it found (2-core AMD EPYC, 2026-11-25). With 2 workers × 500 MB and a 3 GB store no epoch
+completed: carving the held-out and selection parts with dask's fancy indexing planned a shuffle
+over every chunk and killed every worker for memory (now `data.chunks.take_rows`), then the
+workers sat at 77-81% of 500 MB (dasknn's imports alone take ~195 MB of a worker) and dask paused
+them. With 2 workers × 1 GB and a 6.2 GB store (504,320 images of 3×64×64, 3.1× the workers'
+summed limit), one epoch of 1966 iterations of 256:
+
+- evaluations every 3 s (no time budget), local_client's malloc tuning: 848 s, no worker
+  replaced, peak RSS 799 MB (the lead) and 449 MB;
+- evaluations every 180 s, tuning on: 565 s, but the lead's freed-and-kept heap grew to 95% of 1
+  GB and the nanny restarted it once (the run recovered: the stream source scattered again);
+- evaluations every 180 s, tuning off, the loops trimming the heap every 5 s (the defaults of this
+  script now): **615 s, no worker replaced, peak RSS 578 MB and 303 MB**.
+
+With `--imagefolder 50000` (generated JPEGs, 0.23 GB on disk, 0.61 GB of uint8 pixels): one
+epoch of 194 iterations in 87 s, no worker replaced, peak RSS 596 MB and 270 MB.
 
     python -m experiments.bench_bigstore [--gb 3.0] [--workers 2] [--memory-limit 500MB]
     python -m experiments.bench_bigstore --imagefolder 50000 --memory-limit 1GB   # JPEGs instead

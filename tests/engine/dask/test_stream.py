@@ -146,36 +146,31 @@ def test_a_fits_runs_share_one_scattered_source(client2, zarr_digits):
     assert other._stream_cache[3].shipped.key != shipped.key  # other data: its own source
 
 
-def test_each_worker_of_a_group_reads_only_its_own_shard(client2, zarr_digits):
+def test_own_shard_reads_read_each_sample_once_and_train_the_lead_reads_weights(client2, zarr_digits):
     """shard_reads='own', one group on two workers: the lead and the shard server each stream their
-    rows of every batch from the store; together they read every sample of the epoch once, and
-    each loads every chunk (the price of not sending shards between workers)."""
-    X, y = zarr_digits
-    client2.run(reset_stream_reads)
-    engine = DaskEngine(client2, data="stream", shuffle_window=2, shard_reads="own")
-    result = engine.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=N // 64))
-    assert len(engine.placement_.groups) == 1 and len(engine.placement_.groups[0]) == 2
-    per_worker = {w: counts.get(X.name, {}).get("samples") for w, counts in client2.run(stream_reads).items()}
-    shares = [int(c.sum()) for c in per_worker.values() if c is not None]
-    assert len(shares) == 2 and min(shares) > 0 and sum(shares) == N  # both read, each its own rows
-    both = np.sum([c for c in per_worker.values() if c is not None], axis=0)
-    np.testing.assert_array_equal(both, np.ones(N, dtype=np.int64))
-    chunks = np.sum([c.get(X.name, {}).get("chunks") for c in client2.run(stream_reads).values()], axis=0)
-    np.testing.assert_array_equal(chunks, np.full(N // 256, 2))
-    assert np.isfinite(result.trace["loss"]).all()
-
-
-def test_own_shard_reads_train_the_same_weights_as_the_lead_reading_every_batch(client2, zarr_digits):
+    rows of every batch from the store; together they read every sample of the epoch once, each
+    loads every chunk (the price of not sending shards between workers), and the weights equal
+    those of the lead reading whole batches, augmentation included (a shard gets its rows' draws)."""
     from dasknn.data.augment import Augment
 
     X, y = zarr_digits
     nets = {}
-    for reads in ("lead", "own"):
+    for reads in ("own", "lead"):
+        client2.run(reset_stream_reads)
         nets[reads] = zoo.lenet(seed=0)
         engine = DaskEngine(
             client2, data="stream", shuffle_window=2, shard_reads=reads, augment=Augment(shift=2)
         )
-        engine.run(nets[reads], X, y, CFG, Budget(iterations=12))
+        result = engine.run(nets[reads], X, y, CFG, Budget(iterations=N // 64))
+        if reads == "own":
+            assert len(engine.placement_.groups) == 1 and len(engine.placement_.groups[0]) == 2
+            per_worker = [c.get(X.name) for c in client2.run(stream_reads).values()]
+            samples = [c["samples"] for c in per_worker if c is not None]
+            assert len(samples) == 2 and min(int(s.sum()) for s in samples) > 0  # both read
+            np.testing.assert_array_equal(np.sum(samples, axis=0), np.ones(N, dtype=np.int64))
+            chunks = np.sum([c["chunks"] for c in per_worker if c is not None], axis=0)
+            np.testing.assert_array_equal(chunks, np.full(N // 256, 2))
+            assert np.isfinite(result.trace["loss"]).all()
     for k, v in nets["lead"].params.items():
         np.testing.assert_allclose(nets["own"].params[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
     with pytest.raises(ValueError, match="shard_reads must be one of"):
