@@ -113,20 +113,6 @@ def scatter_to_windows(dy, offsets, padded_shape, kernel, stride):
     return dx.astype(dy.dtype, copy=False).reshape(padded_shape)
 
 
-def scatter_to_tiles(dy, offsets, padded_shape, kernel):
-    """`scatter_to_windows` for windows that tile the padded input (stride = kernel, no overlap):
-    no two outputs write one element, so each offset's outputs are assigned in one pass over a
-    (N, C, oh, kh, ow, kw) view of dL/dx, with no index arithmetic and no bincount."""
-    xp = array_module(dy)
-    (kh, kw), (n, c, oh, ow) = kernel, dy.shape
-    dx = xp.zeros(padded_shape, dtype=dy.dtype)
-    tiles = dx[:, :, : oh * kh, : ow * kw].reshape(n, c, oh, kh, ow, kw)
-    zero = xp.zeros((), dtype=dy.dtype)
-    for k in range(kh * kw):
-        tiles[:, :, :, k // kw, :, k % kw] = xp.where(offsets == k, dy, zero)
-    return dx
-
-
 class Pooling(Layer):
     """Max or average pooling over k×k windows with stride and padding (Caffe's PoolingLayer).
 
@@ -227,10 +213,7 @@ class Pooling(Layer):
         if self.pool == "max":
             xpad, y = cache
             offsets = first_max_offsets(xpad, y, _windows(xpad, kh, kw, sh, sw, oh, ow), (sh, sw))
-            if (kh, kw) == (sh, sw):  # the windows tile the input
-                dxpad = scatter_to_tiles(dy, offsets, padded, (kh, kw))
-            else:
-                dxpad = scatter_to_windows(dy, offsets, padded, (kh, kw), (sh, sw))
+            dxpad = scatter_to_windows(dy, offsets, padded, (kh, kw), (sh, sw))
         else:
             g = dy / self._divisor(xp, dy.dtype)
             dxpad = window_scatter(g, padded, (kh, kw), (sh, sw))

@@ -236,19 +236,6 @@ def test_separable_window_max_sum_and_scatter_equal_a_loop_over_windows(kernel, 
     np.testing.assert_allclose(window_scatter(g, xpad.shape, kernel, stride), want_scatter, rtol=1e-12)
 
 
-def test_the_tiled_scatter_equals_the_general_one_where_windows_do_not_overlap():
-    from dasknn.nn.pooling import scatter_to_tiles, scatter_to_windows
-
-    rng = np.random.default_rng(4)
-    padded = (2, 3, 7, 9)  # 3×2 tiles of 2×4 fill 6×8 of it: the last row and column get nothing
-    dy = rng.standard_normal((2, 3, 3, 2)).astype(np.float32)
-    offsets = rng.integers(0, 8, dy.shape).astype(np.uint8)
-    want = scatter_to_windows(dy, offsets, padded, (2, 4), (2, 4))
-    got = scatter_to_tiles(dy, offsets, padded, (2, 4))
-    assert got.dtype == np.float32
-    np.testing.assert_array_equal(got, want)
-
-
 def test_first_max_offsets_and_their_scatter_equal_a_loop_over_windows():
     from dasknn.nn.pooling import _windows, first_max_offsets, scatter_to_windows
 
