@@ -69,26 +69,15 @@ def window_scatter(g, padded_shape, kernel, stride):
     return out
 
 
-def first_max_offsets(xpad, y, windows, stride=(1, 1)):
+def first_max_offsets(xpad, y, windows):
     """The window offset (i·kw + j) of the first maximum of each output's window, in window order as
-    Caffe's argmax: one equality pass per offset, the later offsets written first so the first wins.
-
-    With a column stride sw > 1, xpad's columns are first split into sw contiguous phases (columns
-    p, p + sw, …), so that every pass reads rows of contiguous elements, not every sw-th one."""
+    Caffe's argmax: one equality pass per offset, the later offsets written first so the first wins."""
     xp = array_module(y)
     windows = list(windows)
     offsets = xp.zeros(y.shape, dtype=xp.uint8 if len(windows) <= 256 else xp.int32)
     hit = xp.empty(y.shape, dtype=bool)
-    sw = stride[1]
-    phases = [xp.ascontiguousarray(xpad[..., p::sw]) for p in range(sw)] if sw > 1 else None
-    ow = y.shape[3]
     for k, sl in reversed(windows):
-        if phases is None:
-            view = xpad[sl]
-        else:  # column j of the window is phase j % sw, from its column j // sw on
-            j = sl[3].start
-            view = phases[j % sw][:, :, sl[2], j // sw : j // sw + ow]
-        xp.equal(view, y, out=hit)
+        xp.equal(xpad[sl], y, out=hit)
         xp.putmask(offsets, hit, k)
     return offsets
 
@@ -212,7 +201,7 @@ class Pooling(Layer):
         padded = (dy.shape[0], dy.shape[1], top + h + bottom, left + w + right)
         if self.pool == "max":
             xpad, y = cache
-            offsets = first_max_offsets(xpad, y, _windows(xpad, kh, kw, sh, sw, oh, ow), (sh, sw))
+            offsets = first_max_offsets(xpad, y, _windows(xpad, kh, kw, sh, sw, oh, ow))
             dxpad = scatter_to_windows(dy, offsets, padded, (kh, kw), (sh, sw))
         else:
             g = dy / self._divisor(xp, dy.dtype)
