@@ -692,10 +692,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 # again per run makes the scheduler warn of a "different run_spec" for its keys)
                 X = client.persist(X) if isinstance(X, da.Array) else X
                 y_idx = client.persist(y_idx) if isinstance(y_idx, da.Array) else y_idx
-            X, y_idx, selection, validation, evaluation = self._carve(X, y_idx, parts, given, net)
-            if self.data_ == "stream":
-                X = self._train_part(X_train, parts) if len(parts.train) < len(y_all) else X_train
-            elif client is not None and len(parts.train) < len(y_all):
+            train_from = X_train if self.data_ == "stream" else X
+            X, y_idx, selection, validation, evaluation = self._carve(X, y_idx, parts, given, net, train_from)
+            if self.data_ != "stream" and client is not None and len(parts.train) < len(y_all):
                 X, y_idx = client.persist(X), client.persist(y_idx)
             try:
                 self._train(
@@ -724,8 +723,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         chunk = samples_per_chunk(X.shape[1:], self.batch_size)
         return take_rows(X, parts.train).rechunk({0: chunk})
 
-    def _carve(self, X, y, parts, given, net: Net):
-        """(X, y) of the training part (dask), the selection part's scorer (or None), the
+    def _carve(self, X, y, parts, given, net: Net, train_from):
+        """(X, y) of the training part (dask, cut from `train_from`: X itself, or for a streamed fit
+        the stored uint8 array the workers convert), the selection part's scorer (or None), the
         validation data as numpy (X_val, y_val class indices) or None, and the training samples
         that score the training accuracy (`_eval_rows`) as numpy. The three samples are computed
         together, so a chunk of a store is read once for all of them."""
@@ -742,6 +742,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         if given is not None:
             X_val, y_val = dask.compute(view(given[0]), given[1])
             y_val = _label_index(np.asarray(y_val), self.classes_)
+        X = train_from
         if len(parts.train) < X.shape[0]:
             X = self._train_part(X, parts)
             y = take_rows(y, parts.train).rechunk({0: X.chunks[0]})

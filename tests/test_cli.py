@@ -1,4 +1,5 @@
-"""The `dasknn` command, run as a user runs it: a real process, real files."""
+"""The `dasknn` command, run as a user runs it: a real process, real files (bad options past the
+first are checked in this process, which exits the same way without a second interpreter)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pandas as pd
 import xarray as xr
 
 from tests.conftest import REPO
+from tests.test_bad_input import cli  # the in-process run: exit status and stderr
 
 
 def dasknn(*args, cwd=REPO):
@@ -42,33 +44,22 @@ def test_train_with_fixed_knobs_reaches_its_target_and_writes_the_report(tmp_pat
         assert ds.attrs["engine"] == "dask" and "P_HE" in ds and ds.attrs["dataset"] == "digits"
 
 
-def in_process(capsys, *args) -> tuple[int, str]:
-    """`dasknn ARGS` run by `dasknn.cli.main` in this process: (exit code, stderr)."""
-    from dasknn.cli import main
-
-    try:
-        code = main(list(args))
-    except SystemExit as stop:  # argparse's own errors
-        code = stop.code
-    return code, capsys.readouterr().err
-
-
-def test_bad_options_exit_2_with_the_problem_named(tmp_path, capsys):
+def test_bad_options_exit_2_with_the_problem_named(tmp_path):
     out = dasknn("train", "--net", "vgg", "--dataset", "digits", "--output", str(tmp_path / "x"), "-q")
     assert out.returncode == 2 and "unknown net 'vgg'" in out.stderr  # the process's own exit code
-    code, err = in_process(capsys, "train", "--dataset", "imagenet", "-q")
+    code, err = cli("train", "--dataset", "imagenet", "-q")
     assert code == 2 and "imagenet" in err
-    code, err = in_process(capsys, "train", "--batch-size", "0")
+    code, err = cli("train", "--batch-size", "0")
     assert code == 2 and "must be > 0" in err
-    code, err = in_process(capsys, "train", "--lr", "fast")
+    code, err = cli("train", "--lr", "fast")
     assert code == 2 and "expected 'auto' or a number" in err
-    code, err = in_process(capsys, "train", "--lr-grid", "0.1,-0.01")
+    code, err = cli("train", "--lr-grid", "0.1,-0.01")
     assert code == 2 and "--lr-grid" in err and "must be > 0" in err
-    code, err = in_process(
-        capsys, "train", "--dataset", "digits", "--val-split", "test", "-q", "--output", str(tmp_path / "v")
+    code, err = cli(
+        "train", "--dataset", "digits", "--val-split", "test", "-q", "--output", str(tmp_path / "v")
     )
     assert code == 2 and "--val-split test needs a dataset with a test split" in err
-    code, err = in_process(capsys, "train", "--validation-fraction", "1")
+    code, err = cli("train", "--validation-fraction", "1")
     assert code == 2 and "--validation-fraction" in err
 
 

@@ -25,7 +25,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .chunks import check_batch_size, from_numpy
+from .chunks import check_batch_size, from_numpy, select_rows
 
 __all__ = [
     "BatchOrder",
@@ -135,14 +135,10 @@ class BatchOrder:
         return self._order[1][pos * self.batch_size : (pos + 1) * self.batch_size]
 
 
-def _rows(block: np.ndarray, order: np.ndarray) -> np.ndarray:
-    return block[order]
-
-
 def _shuffled(block: da.Array, order: np.ndarray, shuffle: bool) -> da.Array:
     if not shuffle:
         return block
-    return block.map_blocks(_rows, order, dtype=block.dtype, meta=block._meta)
+    return block.map_blocks(select_rows, order, dtype=block.dtype, meta=block._meta)
 
 
 def _join(pieces: list[da.Array]) -> da.Array:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import partial
 
 import dask.array as da
 import numpy as np
@@ -22,6 +21,7 @@ __all__ = [
     "from_numpy",
     "sample_chunks",
     "samples_per_chunk",
+    "select_rows",
     "take_rows",
 ]
 
@@ -65,8 +65,9 @@ def from_numpy(x: np.ndarray, batch_size: int = DEFAULT_BATCH_SIZE) -> da.Array:
     return da.from_array(x, chunks=sample_chunks(x.shape[0], x.shape[1:], batch_size))
 
 
-def _rows(chunk, local):
-    return chunk[local]
+def select_rows(block, index):
+    """block[index]: the rows of one chunk a task keeps (a module-level function, so it pickles)."""
+    return block[index]
 
 
 def take_rows(x: da.Array, index) -> da.Array:
@@ -88,5 +89,5 @@ def take_rows(x: da.Array, index) -> da.Array:
         if hi > lo:
             local = index[lo:hi] - bounds[b]
             chunks = ((int(hi - lo),), *x.chunks[1:])
-            pieces.append(x.blocks[b].map_blocks(partial(_rows, local=local), chunks=chunks, dtype=x.dtype))
+            pieces.append(x.blocks[b].map_blocks(select_rows, local, chunks=chunks, dtype=x.dtype))
     return da.concatenate(pieces, axis=0) if pieces else x[:0]

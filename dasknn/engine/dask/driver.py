@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -111,6 +111,18 @@ def local_client(
 
 
 DATA_MODES = ("persist", "stream")
+
+
+class _Streamed(NamedTuple):
+    """The data a DaskEngine last streamed: the X and y it was given (compared by identity), the
+    batch size, and their `Data` with the source scattered (`DaskEngine._streamed`)."""
+
+    X: Any
+    y: Any
+    batch_size: int
+    data: Data
+
+
 SHARD_READS = ("lead", "own")
 
 
@@ -221,7 +233,7 @@ class DaskEngine:
         self.poll = float(poll)
         self.snapshot_every = int(snapshot_every)
         self.max_recoveries = int(max_recoveries)
-        self._stream_cache: tuple | None = None
+        self._stream_cache: _Streamed | None = None
         self.placement_: Placement | None = None
 
     def conv_worker_count(self) -> int:
@@ -266,18 +278,16 @@ class DaskEngine:
         of many chunks, unpickled by the scheduler every time), and the labels are not read again.
         The source is scattered again when its worker was lost."""
         cached = self._stream_cache
-        if (
-            cached is not None
-            and cached[0] is X
-            and cached[1] is y
-            and cached[2] == config.batch_size
-            and cached[3].shipped.status == "finished"
-        ):
-            return cached[3]
-        self._stream_cache = None
-        data = stream_data(X, y, config)
+        if cached is not None and cached.X is X and cached.y is y and cached.batch_size == config.batch_size:
+            return self._reship(client) if cached.data.shipped.status != "finished" else cached.data
+        self._stream_cache = _Streamed(X, y, config.batch_size, stream_data(X, y, config))
+        return self._reship(client)
+
+    def _reship(self, client) -> Data:
+        """Scatter the cached stream source (again, when its worker was lost) and return its Data."""
+        data = self._stream_cache.data
         data = replace(data, shipped=client.scatter(data.source, hash=False))
-        self._stream_cache = (X, y, config.batch_size, data)
+        self._stream_cache = self._stream_cache._replace(data=data)
         return data
 
     def __getstate__(self) -> dict:
@@ -361,8 +371,7 @@ class DaskEngine:
                     # the conv-phase template again: its copies may all have been on lost workers
                     template = client.scatter(conv_net.copy(), broadcast=True, hash=False)
                     if streamed and data.shipped.status != "finished":  # its worker was lost
-                        data = replace(data, shipped=client.scatter(data.source, hash=False))
-                        self._stream_cache = (*self._stream_cache[:3], data)
+                        data = self._reship(client)
                     placement = replan(alive, placement, self._throughput(client))
                     recoveries.append(
                         Recovery(

@@ -198,7 +198,10 @@ def release_freed_memory() -> bool:
     arenas, so the lead worker's resident memory grew by ~300 MB over 1,200 iterations of a
     streamed run (dask counts it as unmanaged memory and pauses, then restarts, the worker)."""
     trim = _malloc_trim()
-    return bool(trim is not None and trim(0) is not None)
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 def set_blas_threads(n: int) -> int:
@@ -316,9 +319,7 @@ class ShardServer:
         _SOURCES[name] = source
         while len(_SOURCES) > _KEEP_SOURCES:
             _SOURCES.pop(next(iter(_SOURCES)))
-        old = self._streams.pop(key, None)
-        if old is not None:
-            old.close()
+        await self.close_stream(key)  # joins its thread: off the worker's event loop
         self._streams[key] = batch_reader(None, replace(spec, source=source), rows=rows)
         return True
 

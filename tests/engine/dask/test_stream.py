@@ -135,15 +135,15 @@ def test_a_fits_runs_share_one_scattered_source(client2, zarr_digits):
     client2.run(reset_stream_reads)
     engine = DaskEngine(client2, data="stream")
     first = engine.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=4))
-    shipped = engine._stream_cache[3].shipped
+    shipped = engine._stream_cache.data.shipped
     second = engine.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=4), start=first.state)
-    assert engine._stream_cache[3].shipped is shipped and shipped.status == "finished"
+    assert engine._stream_cache.data.shipped is shipped and shipped.status == "finished"
     assert second.state.batches_done == 8  # the second run went on from the first's batches
     counts = reads(client2, X.name)
     assert counts["samples"].sum() == 8 * 64
     other = DaskEngine(client2, data="stream")
     other.run(zoo.lenet(seed=0), X[: N // 2], y[: N // 2], CFG, Budget(iterations=1))
-    assert other._stream_cache[3].shipped.key != shipped.key  # other data: its own source
+    assert other._stream_cache.data.shipped.key != shipped.key  # other data: its own source
 
 
 def test_own_shard_reads_read_each_sample_once_and_train_the_lead_reads_weights(client2, zarr_digits):
