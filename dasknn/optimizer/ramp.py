@@ -1,0 +1,169 @@
+"""The η ramp of the "auto" optimizer: doubling the rate on the training path, window by window.
+
+An LR range test throws its iterations away; this ramp trains with every window it keeps. From the
+first iteration it runs windows of w iterations: while a window at 2η makes more progress than the
+rate before it would have made there, η doubles again; at the first worse window, or a rise, or a
+non-finite loss, that window is undone (its start snapshot restored) and the previous η kept.
+
+The confound: early in training the loss falls fast at any η, and the fall slows as the loss gets
+lower, so a plain "faster than the window before" would judge every doubling against the steep
+start and stop too early (the earlier window looks better only because it came first).
+`window_progress` is the fall of log loss per iteration. How it slows is measured at the start η
+on two calibration windows (both are training): progress as a power of the loss level,
+p ∝ L^γ (`loss_exponent`). It is a function of where training is (the loss), not of how many
+iterations it took to get there, so it holds across rates. A doubled window is judged against the
+previous window's progress carried to the new window's loss level, p_prev · (L_now/L_prev)^γ
+(`expected_ratio`): it must beat what the old η would have done at the same point.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["LrRamp", "RampStep", "expected_ratio", "loss_exponent", "window_level", "window_progress"]
+
+MAX_HALVINGS = 6
+"""Windows undone in a row at the start η (halving it each time) before the ramp gives up."""
+MAX_GAMMA = 4.0
+"""The steepest dependence of progress on the loss level the calibration may fit (p ∝ L^γ)."""
+
+
+def window_progress(losses) -> float:
+    """The fall of log(loss) per iteration over one window: minus the least-squares slope of
+    log(loss) against the iteration; −inf when a loss is not finite or not positive."""
+    x = np.asarray(losses, dtype=float)
+    if len(x) < 2:
+        raise ValueError(f"a window needs at least 2 losses, got {len(x)}")
+    if not (np.isfinite(x).all() and (x > 0).all()):
+        return -math.inf
+    t = np.arange(len(x), dtype=float)
+    return float(-np.polyfit(t, np.log(x), 1)[0])
+
+
+def window_level(losses) -> float:
+    """The loss level of a window: the geometric mean of its losses (NaN if any is not positive)."""
+    x = np.asarray(losses, dtype=float)
+    if not (np.isfinite(x).all() and (x > 0).all()):
+        return math.nan
+    return float(np.exp(np.log(x).mean()))
+
+
+def loss_exponent(p0: float, p1: float, level0: float, level1: float) -> float:
+    """γ of p ∝ L^γ through two windows' progress p0, p1 at loss levels level0 > level1, in
+    [0, MAX_GAMMA] (0 when progress did not fall with the loss, or is not positive)."""
+    if not (p0 > 0 and p1 > 0 and level0 > level1 > 0):
+        return 0.0
+    return float(min(MAX_GAMMA, max(0.0, math.log(p0 / p1) / math.log(level0 / level1))))
+
+
+def expected_ratio(gamma: float, level_before: float, level_now: float) -> float:
+    """The progress a fixed η keeps from a window at loss level `level_before` to one at `level_now`."""
+    return (level_now / level_before) ** gamma
+
+
+@dataclass
+class RampStep:
+    """The ramp's answer after a window: the next η, whether to restore the window's start
+    snapshot, whether the ramp is over, and why."""
+
+    lr: float
+    restore: bool
+    done: bool
+    reason: str
+
+
+@dataclass
+class LrRamp:
+    """The ramp's state: feed it each window's losses (`observe`), run the window it answers with.
+
+    `lr`: the starting η (the prior's); `window`: w, iterations per window; `factor`: 2 (doubling);
+    `max_steps`: doublings at most; `margin`: how much the doubled window must beat the expectation.
+    JSON-able (`to_dict` / `from_dict`), so a fit checkpointed mid-ramp resumes exactly.
+    """
+
+    lr: float
+    window: int = 20
+    factor: float = 2.0
+    max_steps: int = 12
+    margin: float = 0.0
+    windows: int = 0  # windows kept so far
+    iterations: int = 0  # iterations kept so far (the t of the power law)
+    calibration: list[list[float]] = field(default_factory=list)  # [progress, level] at the start η
+    halvings: int = 0
+    gamma: float = math.nan
+    last_progress: float = math.nan
+    last_level: float = math.nan
+    steps: int = 0
+    done: bool = False
+    final_progress: float = math.nan  # progress of the last kept window: the plateau rule's baseline
+
+    def __post_init__(self) -> None:
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"the ramp's start lr must be a finite number > 0, got {self.lr}")
+        if int(self.window) < 2:
+            raise ValueError(f"the ramp's window must be >= 2 iterations, got {self.window}")
+        if not self.factor > 1:
+            raise ValueError(f"the ramp's factor must be > 1, got {self.factor}")
+
+    def observe(self, losses) -> RampStep:
+        """Judge the window just run at `self.lr` (its training losses, in order)."""
+        if self.done:
+            raise RuntimeError("the ramp is over: no more windows to judge")
+        p = window_progress(losses)
+        level = window_level(losses)
+        if not math.isfinite(p) or p < 0:
+            return self._undo(p, "the loss rose" if math.isfinite(p) else "a loss was not finite")
+        if len(self.calibration) < 2:  # two windows at the start η measure how progress decays
+            self._keep(p, level, len(losses))
+            self.calibration.append([p, level])
+            if len(self.calibration) < 2:
+                return RampStep(self.lr, False, False, f"calibration window at η = {self.lr:g}: {p:.3g}/it")
+            (p0, l0), (p1, l1) = self.calibration
+            self.gamma = loss_exponent(p0, p1, l0, l1)
+            return self._double(f"calibration at η: progress goes as loss^{self.gamma:.2f}")
+        expected = self.last_progress * expected_ratio(self.gamma, self.last_level, level)
+        if p > expected * (1 + self.margin):
+            self._keep(p, level, len(losses))
+            if self.steps >= self.max_steps:
+                return self._finish(f"{self.max_steps} doublings: the ramp ends at η = {self.lr:g}")
+            return self._double(f"progress {p:.3g}/it beat the previous η's expected {expected:.3g}/it")
+        return self._undo(p, f"progress {p:.3g}/it below the previous η's expected {expected:.3g}/it")
+
+    def _keep(self, p: float, level: float, n: int) -> None:
+        self.windows += 1
+        self.iterations += n
+        self.last_progress, self.last_level, self.final_progress = p, level, p
+
+    def _double(self, why: str) -> RampStep:
+        self.steps += 1
+        old, self.lr = self.lr, self.lr * self.factor
+        return RampStep(self.lr, False, False, f"{why}: η {old:g} -> {self.lr:g}")
+
+    def _undo(self, p: float, why: str) -> RampStep:
+        """The window is rolled back. Before any doubling, the start η was too high: halve it and
+        calibrate again; after one, keep the previous η and end the ramp."""
+        if self.steps == 0:
+            self.halvings += 1
+            if self.halvings > MAX_HALVINGS:
+                raise FloatingPointError(f"{why} at every η down to {self.lr:g}: training diverges")
+            self.lr /= self.factor
+            self.calibration = []
+            return RampStep(self.lr, True, False, f"{why} at the start η: restored, η halved to {self.lr:g}")
+        self.lr /= self.factor
+        self.done = True
+        return RampStep(self.lr, True, True, f"{why}: window restored, ramp ends at η = {self.lr:g}")
+
+    def _finish(self, why: str) -> RampStep:
+        self.done = True
+        return RampStep(self.lr, False, True, why)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LrRamp:
+        return cls(**{k: (math.nan if v is None else v) for k, v in d.items()})

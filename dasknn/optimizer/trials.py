@@ -1,0 +1,49 @@
+"""Capped trials of the "auto" optimizer: exploration that never costs more than 5% of the run.
+
+After the η ramp, "auto" may try a neighbour of its configuration (η × 2, η ÷ 2, g one step up or
+down) A-B-A: the current configuration's window before and after the trial, so that the slowing of
+progress over time favours neither (`decide.judge_trial`). A trial's iterations are training (kept
+unless it diverges), but its time is exploration, and exploration is capped on the trace's clock:
+a trial may start only while the exploration so far plus the trial stays within `fraction` of the
+elapsed time (the trial's own time included), and it is given exactly the seconds left under that
+cap, so one that would overrun is cut short. A 5-second job explores almost nothing; an hour-long
+one explores for minutes (the issue's rule; Omnivore's Algorithm 1 spends ~10% on search only
+because its epochs last an hour).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+__all__ = ["TRIAL_FRACTION", "neighbours", "trial_seconds"]
+
+TRIAL_FRACTION = 0.05
+"""Trials' share of the elapsed time, at most."""
+
+
+def trial_seconds(elapsed: float, explored: float, fraction: float = TRIAL_FRACTION) -> float:
+    """The longest trial that may start now: the d with explored + d = fraction · (elapsed + d).
+
+    `elapsed`: the run's time so far on the trace's clock (trials included); `explored`: the
+    trials' share of it. 0 when the cap is already reached."""
+    if not 0 <= fraction < 1:
+        raise ValueError(f"fraction must be in [0, 1), got {fraction}")
+    if not (math.isfinite(elapsed) and elapsed >= 0 and math.isfinite(explored) and explored >= 0):
+        raise ValueError(f"elapsed and explored must be finite and >= 0, got {elapsed}, {explored}")
+    return max(0.0, (fraction * elapsed - explored) / (1 - fraction))
+
+
+def neighbours(
+    n_groups: int, lr: float, candidates: Sequence[int], turn: int, lr_factor: float = 2.0
+) -> list[tuple[str, int, float]]:
+    """The trials around (g, η), starting at the `turn`-th in the cycle η × factor, η ÷ factor,
+    the next larger g, the next smaller g among `candidates`: (key, g, η) each."""
+    gs = sorted(int(c) for c in candidates)
+    up = [c for c in gs if c > n_groups]
+    down = [c for c in gs if c < n_groups]
+    cycle = [("lr_up", n_groups, lr * lr_factor), ("lr_down", n_groups, lr / lr_factor)]
+    cycle += [("g_up", up[0], lr)] if up else []
+    cycle += [("g_down", down[-1], lr)] if down else []
+    k = turn % len(cycle)
+    return cycle[k:] + cycle[:k]

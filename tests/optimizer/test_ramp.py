@@ -1,0 +1,103 @@
+"""The η ramp on planted loss curves: doubling while progress beats what the old η would have
+done, undoing the first worse window, and not fooled by the fast early fall of the loss."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dasknn.optimizer.ramp import LrRamp, expected_ratio, loss_exponent, window_level, window_progress
+
+BEST = 0.4
+"""The planted curve's best η: progress grows with η up to it, falls above, diverges past 2·BEST."""
+
+
+def loss_at(s: float) -> float:
+    """The planted loss after `s` units of effective progress: a power law, steep at the start."""
+    return 0.01 + 2.3 / (1 + 20 * s)
+
+
+def effective(lr: float) -> float:
+    return lr if lr <= BEST else BEST * max(0.0, 2 - lr / BEST)
+
+
+def run_ramp(ramp: LrRamp, max_windows: int = 40):
+    """Feed the ramp the planted curve; returns (kept windows' (lr, progress), steps)."""
+    s, kept, steps = 0.0, [], []
+    for _ in range(max_windows):
+        if ramp.done:
+            break
+        lr, w = ramp.lr, ramp.window
+        if lr > 2 * BEST:  # diverges: the loss grows 40% an iteration, overflowing to inf
+            losses = [loss_at(s) * 1.4**i if i < w - 3 else math.inf for i in range(1, w + 1)]
+        else:
+            losses = [loss_at(s + effective(lr) * i) for i in range(1, w + 1)]
+        step = ramp.observe(losses)
+        steps.append(step)
+        if not step.restore:
+            kept.append((lr, window_progress(losses)))
+            s += effective(lr) * w
+    return kept, steps
+
+
+def test_window_progress_is_the_fall_of_log_loss_per_iteration():
+    losses = 2.0 * np.exp(-0.05 * np.arange(10))
+    assert window_progress(losses) == pytest.approx(0.05)
+    assert window_progress([1.0, 1.1, 1.2]) < 0
+    assert window_progress([1.0, math.nan]) == -math.inf
+    with pytest.raises(ValueError, match="at least 2"):
+        window_progress([1.0])
+
+
+def test_the_expected_decay_of_progress_is_a_power_of_the_loss_level():
+    gamma = loss_exponent(1.0, 0.25, 2.0, 1.0)  # progress fell 4x while the loss halved
+    assert gamma == pytest.approx(2.0)
+    assert expected_ratio(gamma, 1.0, 0.5) == pytest.approx(0.25)
+    assert loss_exponent(1.0, 2.0, 2.0, 1.0) == 0.0  # progress rose: no decay expected
+    assert window_level([1.0, 4.0]) == pytest.approx(2.0)
+
+
+def test_the_ramp_doubles_while_progress_improves_and_restores_the_first_worse_window():
+    ramp = LrRamp(lr=0.01, window=20)
+    kept, steps = run_ramp(ramp)
+    assert ramp.done
+    assert ramp.lr == pytest.approx(0.32)  # the last doubling within BEST; 0.64 was worse
+    last = steps[-1]
+    assert last.restore and last.done and "expected" in last.reason
+    assert [lr for lr, _ in kept] == pytest.approx([0.01, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32])
+    assert all(not s.restore for s in steps[:-1])
+
+
+def test_the_planted_curve_has_the_confound_that_fools_a_plain_comparison():
+    """The loss falls fast early at any η: a plain "faster per iteration than the window before"
+    would stop at the first doubling whose raw progress fell, far below the best η; the
+    comparison at the same loss level goes on to 0.32."""
+    kept, _ = run_ramp(LrRamp(lr=0.01, window=20))
+    lrs, raw = [lr for lr, _ in kept], [p for _, p in kept]
+    assert raw[1] < 0.5 * raw[0]  # the same η, one window later: progress more than halved
+    plain_stop = next(k for k in range(2, len(raw)) if raw[k] < raw[k - 1])
+    assert lrs[plain_stop - 1] <= 0.04 and max(lrs) == pytest.approx(0.32)
+
+
+def test_a_diverging_doubling_is_rolled_back_within_one_window():
+    ramp = LrRamp(lr=0.2, window=20)  # 0.2, 0.2, then 0.4 (best), then 0.8: flat, then 1.6 never
+    kept, steps = run_ramp(ramp)
+    assert ramp.lr == pytest.approx(0.4) and ramp.done and steps[-1].restore
+    ramp = LrRamp(lr=1.0, window=10)  # diverges at once: each window undone, η halved
+    kept, steps = run_ramp(ramp)
+    assert steps[0].restore and not steps[0].done and steps[0].lr == pytest.approx(0.5)
+    assert "not finite" in steps[0].reason or "rose" in steps[0].reason
+    assert all(lr <= 2 * BEST for lr, _ in kept)  # no diverging window was kept
+
+
+def test_a_ramp_diverging_at_every_rate_gives_up_and_resumes_from_its_dict():
+    ramp = LrRamp(lr=0.1, window=5)
+    with pytest.raises(FloatingPointError, match="diverges"):
+        for _ in range(20):
+            ramp.observe([1.0, 2.0, 4.0, 8.0, math.inf])
+    ramp = LrRamp(lr=0.01, window=20)
+    run_ramp(ramp, max_windows=3)
+    again = LrRamp.from_dict(ramp.to_dict())
+    assert again == ramp or (again.to_dict() == ramp.to_dict())

@@ -1,0 +1,108 @@
+"""Capped trials, the plateau rule and momentum by measurement, each fed planted numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dasknn.optimizer.momentum import ParameterSample, regressed_momentum, steer_from_trajectory
+from dasknn.optimizer.plateau import Plateau
+from dasknn.optimizer.trials import neighbours, trial_seconds
+
+
+# -- capped trials --------------------------------------------------------------------------------
+def explore(job_seconds: float, segment: float = 1.0, wanted: float = 2.0) -> tuple[float, list]:
+    """A job of training segments with a trial of `wanted` seconds offered after each, cut to what
+    the cap allows; returns (explored seconds, (elapsed, explored) after every trial)."""
+    elapsed = explored = 0.0
+    after = []
+    while elapsed < job_seconds:
+        elapsed += segment
+        allowed = trial_seconds(elapsed, explored)
+        if allowed > 0.01:
+            d = min(wanted, allowed)
+            elapsed, explored = elapsed + d, explored + d
+            after.append((elapsed, explored))
+    return explored, after
+
+
+def test_trials_stay_within_five_percent_of_the_elapsed_time_short_and_long_jobs():
+    short, after = explore(5.0)
+    assert short <= 0.05 * 5.3 and all(x <= 0.05 * e + 1e-12 for e, x in after)
+    long, after = explore(3600.0)
+    assert 0.04 * 3600 < long <= 0.05 * (3600 + 2) and all(x <= 0.05 * e + 1e-9 for e, x in after)
+    assert trial_seconds(100.0, 5.0) == 0.0  # the cap is reached: no trial starts
+    assert trial_seconds(100.0, 0.0) == pytest.approx(5 / 0.95)  # its own time counts as elapsed
+    with pytest.raises(ValueError, match="fraction"):
+        trial_seconds(1.0, 0.0, fraction=1.0)
+
+
+def test_neighbours_cycle_through_the_rate_and_the_group_count():
+    keys = [k for k, _, _ in neighbours(2, 0.1, [1, 2, 4, 8], turn=0)]
+    assert keys == ["lr_up", "lr_down", "g_up", "g_down"]
+    assert neighbours(2, 0.1, [1, 2, 4], turn=2)[0] == ("g_up", 4, 0.1)
+    assert [k for k, _, _ in neighbours(1, 0.1, [1], turn=1)] == ["lr_down", "lr_up"]
+
+
+# -- plateau --------------------------------------------------------------------------------------
+def test_a_plateau_divides_the_rate_by_three_and_repeated_fruitless_drops_stop_the_fit():
+    rule = Plateau(reference=0.02, fraction=0.1, patience=2, smoothing=1, max_drops=2)
+    assert rule.observe(0.015, 0.90).action == "keep"
+    assert rule.observe(0.010, 0.91).action == "keep"
+    step = rule.observe(0.001, 0.92)  # below a tenth of the post-ramp progress
+    assert step.action == "drop" and "÷ 3" in step.reason
+    assert rule.observe(0.004, 0.95).action == "keep"  # the new reference: 0.004 after the drop
+    assert rule.observe(0.0003, 0.95).action == "drop"  # held-out rose 0.92 -> 0.95: it paid
+    assert rule.observe(0.003, 0.95).action == "keep"
+    assert rule.observe(0.0002, 0.95).action == "drop"  # no gain since the last drop: 1 of 2
+    assert rule.observe(0.002, 0.95).action == "keep"
+    step = rule.observe(0.0001, 0.95)
+    assert step.action == "stop" and "converged" in step.reason
+    again = Plateau.from_dict(rule.to_dict())
+    assert again.to_dict() == rule.to_dict()
+
+
+def test_a_steady_fall_never_triggers_the_plateau():
+    rule = Plateau(reference=0.02)
+    assert {rule.observe(0.01, None).action for _ in range(50)} == {"keep"}
+
+
+# -- momentum by measurement ----------------------------------------------------------------------
+def heavy_ball(mu: float, steps: int = 400, coords: int = 200, seed: int = 0) -> np.ndarray:
+    """A trajectory of momentum SGD on a noisy quadratic (curvatures 0.01..1, η = 0.05)."""
+    rng = np.random.default_rng(seed)
+    h = rng.uniform(0.01, 1.0, coords)
+    w, v, out = rng.normal(size=coords), np.zeros(coords), []
+    for _ in range(steps):
+        v = mu * v - 0.05 * (h * w + 0.5 * rng.normal(size=coords))
+        w = w + v
+        out.append(w.copy())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.5, 0.9])
+def test_the_regression_recovers_the_total_momentum_of_a_planted_trajectory(mu):
+    assert regressed_momentum(heavy_ball(mu)) == pytest.approx(mu, abs=0.05)
+
+
+def test_a_measured_total_above_target_lowers_mu_and_one_on_target_leaves_it():
+    high = heavy_ball(0.95)
+    mu, measured, why = steer_from_trajectory(0.9, high, target=0.8)
+    assert measured > 0.85 and mu < 0.9 and "->" in why
+    on = heavy_ball(0.8)
+    mu, measured, why = steer_from_trajectory(0.8, on, target=0.8)
+    assert mu == 0.8 and "unchanged" in why
+    mu, measured, _ = steer_from_trajectory(0.7, np.zeros((3, 5)), target=0.9)
+    assert mu == 0.7 and math.isnan(measured)  # too short to measure: µ left alone
+
+
+def test_the_parameter_sample_reads_the_same_coordinates_every_time():
+    rng = np.random.default_rng(1)
+    params = {"conv1.w": rng.normal(size=(8, 3, 3)), "ip1.w": rng.normal(size=(50, 4)), "ip1.b": np.zeros(4)}
+    sample = ParameterSample(params, size=32, seed=3)
+    a = sample.read(params)
+    assert a.shape == (32,) and np.array_equal(a, ParameterSample(params, size=32, seed=3).read(params))
+    moved = {k: v + 1.0 for k, v in params.items()}
+    assert np.allclose(sample.read(moved) - a, 1.0)
