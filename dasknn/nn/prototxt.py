@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dasknn.nn.caffe_schema import check_message
 from dasknn.nn.layers import LRN, Convolution, Dropout, Filler, Flatten, InnerProduct, Pooling, ReLU
 from dasknn.nn.merge import Concat, Eltwise
 from dasknn.nn.net import Net
@@ -110,19 +111,20 @@ def read_solver(path_or_text: str | os.PathLike) -> dict[str, Any]:
     Fields of caffe.proto's SolverParameter are typed (repeated ones such as `stepvalue` and
     `test_iter` are lists; enums such as `solver_mode` are their names); absent ones get caffe.proto's
     default, except strings and messages without one (`net`, `snapshot_prefix`, ...), which stay
-    absent. Unknown fields are kept as their raw list of values. The legacy `solver_type` enum is
+    absent. A field SolverParameter does not have is refused (`caffe_schema.check_message`: the
+    line and the closest known field), as is one in an inline `net_param`. The legacy `solver_type` enum is
     upgraded into `type` as Caffe does. PrototxtError for: a `type` other than "SGD" (dasknn trains
     with momentum SGD only, as Omnivore); a missing or unknown `lr_policy`, which has no default in
     Caffe (it stops with "Unknown learning rate policy"); `lr_policy: "step"` without `stepsize` > 0.
     """
     message = load_message(path_or_text)
+    check_message(message, "SolverParameter", "solver")
     solver: dict[str, Any] = {}
     for field, (kind, default) in _SOLVER_FIELDS.items():
         if isinstance(kind, str) and kind.endswith("*"):
             solver[field] = get_all_typed(message, field, kind[:-1], "solver")
         elif (value := get_typed(message, field, kind, default, "solver")) is not None:
             solver[field] = value
-    solver.update({f: list(v) for f, v in message.items() if f not in _SOLVER_FIELDS})
     if "solver_type" in solver:
         if "type" in message:
             raise PrototxtError("solver: give either 'type' or the deprecated 'solver_type', not both")
@@ -249,7 +251,7 @@ def read_augment(path_or_text: str | os.PathLike | Mapping, phase: str = "TRAIN"
     DataTransformer: random crop and mirror in TRAIN, centre crop in TEST)."""
     if str(phase).upper() not in PHASES:
         raise ValueError(f"phase must be 'TRAIN' or 'TEST', got {phase!r}")
-    net = load_message(path_or_text)
+    net = _load_net(path_or_text)
     for index, layer in enumerate(get_all_typed(net, "layer", "msg", "net")):
         name = get_typed(layer, "name", "str", "", f"layer #{index}") or f"layer{index}"
         where = f"layer '{name}'"
@@ -445,6 +447,17 @@ def _build(layer: dict, ltype: str, name: str, where: str) -> Any:
     )
 
 
+def _load_net(path_or_text: str | os.PathLike | Mapping) -> Mapping:
+    """A NetParameter message, its fields checked against Caffe's schema; V1 nets refused."""
+    net = load_message(path_or_text)
+    if "layers" in net:
+        raise PrototxtError(
+            "net uses the deprecated V1 'layers' field; upgrade it with Caffe's upgrade_net_proto_text tool"
+        )
+    check_message(net, "NetParameter", "net")
+    return net
+
+
 def read_net(
     path_or_text: str | os.PathLike | Mapping,
     phase: str = "TRAIN",
@@ -465,15 +478,13 @@ def read_net(
     weight (the last on ties) is the main head, whose scores the net outputs. A Softmax on the last
     layer's output is a deploy net's output (dropped: `Net.predict_proba` applies it); Accuracy
     layers are metrics (dropped). `path_or_text` is a path, prototxt text, or a message from
-    `parse_prototxt`. Errors name the layer: PrototxtError.
+    `parse_prototxt`. Every field is checked against Caffe's schema first (`caffe_schema`): a
+    misspelled one is refused with its line and the closest known field, never read as its default.
+    Errors name the layer: PrototxtError.
     """
     if str(phase).upper() not in PHASES:
         raise ValueError(f"phase must be 'TRAIN' or 'TEST', got {phase!r}")
-    phase, net = str(phase).upper(), load_message(path_or_text)
-    if "layers" in net:
-        raise PrototxtError(
-            "net uses the deprecated V1 'layers' field; upgrade it with Caffe's upgrade_net_proto_text tool"
-        )
+    phase, net = str(phase).upper(), _load_net(path_or_text)
     blob, shape, transform, data_layer, label = None, None, None, None, None
     inputs = get_all_typed(net, "input", "str", "net")
     if len(inputs) > 1:

@@ -7,6 +7,7 @@ with line and column, never another exception type.
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import re
@@ -26,6 +27,16 @@ class PrototxtError(ValueError):
         self.message, self.line, self.column, self.source = message, line, column, source
         where = "" if line is None else f"line {line}:{column}: "
         super().__init__(f"{source}, {where}{message}" if source else f"{where}{message}")
+
+
+class Message(dict):
+    """A parsed message, {field: [values]}, that also keeps where each value was written:
+    `positions` {field: [(line, column) per value]} and, on the outermost message, `source`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions: dict[str, list[tuple[int, int]]] = {}
+        self.source: str | None = None
 
 
 # -- text format ----------------------------------------------------------------------------------
@@ -137,7 +148,8 @@ def parse_prototxt(text: str, source: str | None = None) -> dict[str, list]:
     enum names such as `MAX` as str, or nested messages (`name { }`, `name: { }`, `name < >`) as
     dicts. `#` starts a comment; `,` or `;` may end a field; `field: [1, 2]` lists scalars.
     Malformed input raises `PrototxtError` with line:column (after `source`, when given); messages
-    may nest MAX_DEPTH deep. The parser is a loop over tokens with an explicit stack: no recursion.
+    may nest MAX_DEPTH deep. Each message is a `Message`, which also records where its values are.
+    The parser is a loop over tokens with an explicit stack: no recursion.
     """
     if not isinstance(text, str):
         raise TypeError(f"parse_prototxt takes text (str), got {type(text).__name__}")
@@ -146,6 +158,11 @@ def parse_prototxt(text: str, source: str | None = None) -> dict[str, list]:
         return PrototxtError(message, *_position(text, pos), source=source)
 
     tokens = _tokenize(text, error)
+    newlines = [m.start() for m in re.finditer("\n", text)]
+
+    def where(pos: int) -> tuple[int, int]:
+        line = bisect.bisect_left(newlines, pos)
+        return line + 1, pos - (newlines[line - 1] if line else -1)
 
     def punct(j: int, chars: str) -> bool:
         return tokens[j][0] == "punct" and tokens[j][1] in chars
@@ -160,7 +177,8 @@ def parse_prototxt(text: str, source: str | None = None) -> dict[str, list]:
             value += _scalar("str", tokens[j][1], lambda m, at=tokens[j][2]: error(m, at))
         return value, j + 1
 
-    stack: list[tuple[dict, str, int]] = [({}, "", 0)]  # (message, its closing bracket, its offset)
+    stack: list[tuple[Message, str, int]] = [(Message(), "", 0)]  # (message, its closer, its offset)
+    stack[0][0].source = source
     i = 0
     while tokens[i][0] != "end":
         kind, tok, pos = tokens[i]
@@ -175,11 +193,12 @@ def parse_prototxt(text: str, source: str | None = None) -> dict[str, list]:
         else:
             has_colon = punct(i + 1, ":")
             i += 1 + has_colon
-            values = message.setdefault(tok, [])
+            values, positions = message.setdefault(tok, []), message.positions.setdefault(tok, [])
             if punct(i, "{<"):
                 if len(stack) > MAX_DEPTH:
                     raise error(f"messages nested deeper than {MAX_DEPTH} levels", tokens[i][2])
-                values.append({})
+                values.append(Message())
+                positions.append(where(pos))
                 stack.append((values[-1], _CLOSERS[tokens[i][1]], tokens[i][2]))
                 i += 1
                 continue
@@ -188,6 +207,7 @@ def parse_prototxt(text: str, source: str | None = None) -> dict[str, list]:
             bracketed = punct(i, "[")
             i += bracketed
             while not (bracketed and punct(i, "]")):
+                positions.append(where(tokens[i][2] if bracketed else pos))
                 value, i = value_at(i)
                 values.append(value)
                 if not bracketed:

@@ -266,14 +266,15 @@ def test_read_solver_fills_caffe_defaults():
     assert "net" not in solver and "snapshot_prefix" not in solver
 
 
-def test_read_solver_lists_upgrades_and_unknown_fields():
+def test_read_solver_lists_and_upgrades():
     solver = read_solver(
-        "lr_policy: 'multistep' gamma: 0.1 stepvalue: 100 stepvalue: 200\n"
-        "solver_type: SGD solver_mode: 0 my_field: 3 my_field: 'x'"
+        "lr_policy: 'multistep' gamma: 0.1 stepvalue: 100 stepvalue: 200\nsolver_type: SGD solver_mode: 0"
     )
     assert solver["stepvalue"] == [100, 200] and solver["gamma"] == 0.1
     assert solver["type"] == "SGD" and "solver_type" not in solver
-    assert solver["solver_mode"] == "CPU" and solver["my_field"] == [3, "x"]
+    assert solver["solver_mode"] == "CPU"
+    with pytest.raises(PrototxtError, match="line 1:1: solver: unknown field 'my_field'"):
+        read_solver("my_field: 3 lr_policy: 'fixed'")
 
 
 @pytest.mark.parametrize(

@@ -33,18 +33,38 @@ def test_every_shared_caffe_file_passes_the_schema(name):
         assert read_net(path, input_shape=shape).layers
 
 
-@pytest.mark.xfail(strict=True, reason="prototxt fields not yet checked against Caffe's schema")
 @pytest.mark.parametrize(
     "name, line, right, wrong, expected",
     [
-        ("lenet_train_test.prototxt", 50, "stride", "strde", "layer 'conv1' convolution_param: unknown "
-         "field 'strde' .*did you mean 'stride'"),
-        ("lenet_train_test.prototxt", 85, "weight_filler", "weight_filer", "layer 'conv2' "
-         "convolution_param: unknown field 'weight_filer' .*did you mean 'weight_filler'"),
-        ("lenet_train_test.prototxt", 116, "num_output", "num_ouput", "layer 'ip1' inner_product_param: "
-         "unknown field 'num_ouput' .*did you mean 'num_output'"),
-        ("bvlc_googlenet_train_val.prototxt", 758, "bias_filler", "bias_filer", "layer "
-         "'inception_4a/5x5' convolution_param: unknown field 'bias_filer' .*did you mean 'bias_filler'"),
+        (
+            "lenet_train_test.prototxt",
+            50,
+            "stride",
+            "strde",
+            "layer 'conv1' convolution_param: unknown field 'strde' .*did you mean 'stride'",
+        ),
+        (
+            "lenet_train_test.prototxt",
+            85,
+            "weight_filler",
+            "weight_filer",
+            "layer 'conv2' convolution_param: unknown field 'weight_filer' .*did you mean 'weight_filler'",
+        ),
+        (
+            "lenet_train_test.prototxt",
+            116,
+            "num_output",
+            "num_ouput",
+            "layer 'ip1' inner_product_param: unknown field 'num_ouput' .*did you mean 'num_output'",
+        ),
+        (
+            "bvlc_googlenet_train_val.prototxt",
+            758,
+            "bias_filler",
+            "bias_filer",
+            "layer "
+            "'inception_4a/5x5' convolution_param: unknown field 'bias_filer' .*did you mean 'bias_filler'",
+        ),
     ],
 )
 def test_misspelled_field_in_a_real_net_is_refused_with_its_layer_and_line(
@@ -56,7 +76,6 @@ def test_misspelled_field_in_a_real_net_is_refused_with_its_layer_and_line(
     assert info.value.line == line and str(path) in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="prototxt fields not yet checked against Caffe's schema")
 @pytest.mark.parametrize(
     "name, line, right, wrong, expected",
     [
@@ -81,20 +100,29 @@ layer {{ name: "c" type: "Convolution" bottom: "data" top: "c"
 """
 
 
-@pytest.mark.xfail(strict=True, reason="prototxt fields not yet checked against Caffe's schema")
 @pytest.mark.parametrize(
     "body, expected",
     [
-        ("num_output: 2 convolution_param { kernel_size: 3 }",
-         "line 4:.*layer 'c': unknown field 'num_output' .*is a field of ConvolutionParameter"),
-        ("convolution_param { num_output: 2 kernel_size: 3 weight_filler: 'xavier' }",
-         "line 4:.*layer 'c' convolution_param: field 'weight_filler' is a block"),
-        ("convolution_param { num_output: 2 kernel_size: 3 engine: CUDA }",
-         "line 4:.*convolution_param: field 'engine' must be one of DEFAULT, CAFFE, CUDNN, got 'CUDA'"),
-        ("convolution_param { num_output: 2 kernel_size: 3 group: 1 group: 1 }",
-         "line 4:.*convolution_param: field 'group' is given 2 times"),
-        ("convolution_param { num_output: 2 kernel_size: 3 frobnicate: 1 }",
-         "unknown field 'frobnicate' \\(ConvolutionParameter has no such field\\)$"),
+        (
+            "num_output: 2 convolution_param { kernel_size: 3 }",
+            "line 4:.*layer 'c': unknown field 'num_output' .*is a field of ConvolutionParameter",
+        ),
+        (
+            "convolution_param { num_output: 2 kernel_size: 3 weight_filler: 'xavier' }",
+            "line 4:.*layer 'c' convolution_param: field 'weight_filler' is a block",
+        ),
+        (
+            "convolution_param { num_output: 2 kernel_size: 3 engine: CUDA }",
+            "line 4:.*convolution_param: field 'engine' must be one of DEFAULT, CAFFE, CUDNN, got 'CUDA'",
+        ),
+        (
+            "convolution_param { num_output: 2 kernel_size: 3 group: 1 group: 1 }",
+            "line 4:.*convolution_param: field 'group' is given 2 times",
+        ),
+        (
+            "convolution_param { num_output: 2 kernel_size: 3 frobnicate: 1 }",
+            "unknown field 'frobnicate' \\(ConvolutionParameter has no such field\\)$",
+        ),
     ],
 )
 def test_schema_errors_name_the_problem(body, expected):
@@ -102,7 +130,6 @@ def test_schema_errors_name_the_problem(body, expected):
         read_net(NET.format(body=body))
 
 
-@pytest.mark.xfail(strict=True, reason="prototxt fields not yet checked against Caffe's schema")
 def test_a_solver_field_inside_an_inline_net_is_checked():
     text = 'lr_policy: "fixed" net_param { layer { name: "x" type: "ReLU" relu_param { slope: 0 } } }'
     with pytest.raises(PrototxtError, match="solver net_param layer 'x' relu_param: unknown field 'slope'"):
