@@ -571,6 +571,19 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         meta = {**self._checkpoint_meta(), "loop": loop}
         return checkpoint.save(directory, self.state_, meta, tables)
 
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write this fitted model to the new folder `path`, without pickle (`dasknn.saving`)."""
+        from dasknn.saving import save
+
+        return save(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> DistributedCNN:
+        """A model written by `save`: it predicts without a cluster and trains on (`partial_fit`)."""
+        from dasknn.saving import load
+
+        return load(path, cls)
+
     def _check_labels(self, labels, context: str) -> None:
         unseen = np.setdiff1d(labels, self.classes_)
         if unseen.size:

@@ -41,16 +41,19 @@ def digits():
     return np.asarray(X[:256], dtype=np.float32), np.asarray(y[:256])
 
 
-def _proba_in_fresh_process(path, X, tmp_path) -> np.ndarray:
-    """predict_proba of the model saved at `path`, loaded in a new interpreter with no dask client."""
-    np.save(tmp_path / "X.npy", X)
+def _probas_in_fresh_process(paths, X, tmp_path) -> list[np.ndarray]:
+    """predict_proba of each model saved at `paths` on X[i], loaded in one new interpreter that has
+    no dask client."""
+    for i, x in enumerate(X):
+        np.save(tmp_path / f"X{i}.npy", x)
     script = textwrap.dedent(
         f"""
         import numpy as np
         from distributed import default_client
         from dasknn import DistributedCNN
-        est = DistributedCNN.load({str(path)!r})
-        np.save({str(tmp_path / "proba.npy")!r}, est.predict_proba(np.load({str(tmp_path / "X.npy")!r})))
+        for i, path in enumerate({[str(p) for p in paths]!r}):
+            X = np.load({str(tmp_path)!r} + f"/X{{i}}.npy")
+            np.save({str(tmp_path)!r} + f"/proba{{i}}.npy", DistributedCNN.load(path).predict_proba(X))
         try:
             default_client()
         except ValueError:
@@ -61,44 +64,38 @@ def _proba_in_fresh_process(path, X, tmp_path) -> np.ndarray:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "no client"  # predicted without a cluster
-    return np.load(tmp_path / "proba.npy")
+    return [np.load(tmp_path / f"proba{i}.npy") for i in range(len(paths))]
 
 
-@pytest.mark.xfail(strict=True, reason="save/load not built yet")
-def test_a_saved_lenet_predicts_identically_in_a_fresh_process(digits, tmp_path):
+def test_saved_models_predict_identically_in_a_fresh_process_lenet_resnet20_and_a_deleted_prototxt(
+    digits, tmp_path
+):
     X, y = digits
-    est = DistributedCNN(net="lenet", batch_size=32, max_epochs=0.5, **QUICK).fit(X, y)
-    path = est.save(tmp_path / "model")
+    lenet = DistributedCNN(net="lenet", batch_size=32, max_epochs=0.5, **QUICK).fit(X, y)
+    path = lenet.save(tmp_path / "lenet")
     assert sorted(p.name for p in path.iterdir()) == ["arrays.npz", "model.json"]
     with np.load(path / "arrays.npz", allow_pickle=False) as npz:
         assert len(npz.files) > 0
     doc = json.loads((path / "model.json").read_text())
     assert doc["format"] == "dasknn-model" and doc["version"] == 1
-    np.testing.assert_array_equal(_proba_in_fresh_process(path, X[:50], tmp_path), est.predict_proba(X[:50]))
 
-
-@pytest.mark.xfail(strict=True, reason="save/load not built yet")
-def test_a_saved_resnet20_graph_net_predicts_identically_in_a_fresh_process(tmp_path):
     rng = np.random.default_rng(0)
-    X = rng.random((64, 3, 8, 8), dtype=np.float32)
-    y = np.arange(64) % 4
-    est = DistributedCNN(net="resnet20", batch_size=16, max_epochs=0.25, **QUICK).fit(X, y)
-    path = est.save(tmp_path / "resnet")
-    np.testing.assert_array_equal(_proba_in_fresh_process(path, X[:20], tmp_path), est.predict_proba(X[:20]))
+    X_rgb, y_rgb = rng.random((64, 3, 8, 8), dtype=np.float32), np.arange(64) % 4
+    resnet = DistributedCNN(net="resnet20", batch_size=16, max_epochs=0.25, **QUICK).fit(X_rgb, y_rgb)
+    resnet.save(tmp_path / "resnet")
 
-
-@pytest.mark.xfail(strict=True, reason="save/load not built yet")
-def test_a_net_read_from_a_prototxt_loads_after_the_file_is_deleted(digits, tmp_path):
-    X, y = digits
     proto = tmp_path / "tiny.prototxt"
     proto.write_text(TINY_PROTOTXT)
-    est = DistributedCNN(net=str(proto), batch_size=32, max_epochs=0.5, **QUICK).fit(X, y)
-    path = est.save(tmp_path / "tiny-model")
+    tiny = DistributedCNN(net=str(proto), batch_size=32, max_epochs=0.5, **QUICK).fit(X, y)
+    tiny.save(tmp_path / "tiny")
     proto.unlink()
-    np.testing.assert_array_equal(_proba_in_fresh_process(path, X[:50], tmp_path), est.predict_proba(X[:50]))
+
+    models, inputs = [lenet, resnet, tiny], [X[:50], X_rgb[:20], X[:50]]
+    probas = _probas_in_fresh_process([tmp_path / n for n in ("lenet", "resnet", "tiny")], inputs, tmp_path)
+    for est, x, proba in zip(models, inputs, probas, strict=True):
+        np.testing.assert_array_equal(proba, est.predict_proba(x))
 
 
-@pytest.mark.xfail(strict=True, reason="save/load not built yet")
 def test_a_loaded_model_continues_with_partial_fit_and_round_trips_its_records(digits, tmp_path):
     X, y = digits
     est = DistributedCNN(net="lenet", batch_size=32, max_epochs=0.25, **QUICK).fit(X, y)
@@ -114,7 +111,6 @@ def test_a_loaded_model_continues_with_partial_fit_and_round_trips_its_records(d
     np.testing.assert_array_equal(loaded.predict_proba(X[:20]), est.predict_proba(X[:20]))
 
 
-@pytest.mark.xfail(strict=True, reason="save/load not built yet")
 def test_unsaveable_parameters_and_newer_formats_are_refused_by_name(digits, tmp_path):
     from dasknn.callbacks import CSVLogger
 
@@ -143,7 +139,6 @@ def test_unsaveable_parameters_and_newer_formats_are_refused_by_name(digits, tmp
         DistributedCNN.load(tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="save/load not built yet")
 def test_pickle_and_joblib_keep_working(digits, tmp_path):
     X, y = digits
     est = DistributedCNN(net="lenet", batch_size=32, max_epochs=0.1, **QUICK).fit(X, y)

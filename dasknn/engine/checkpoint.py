@@ -48,6 +48,10 @@ __all__ = [
     "WEIGHT_LIMIT",
     "Checkpoint",
     "CheckpointError",
+    "decode",
+    "decode_table",
+    "encode",
+    "encode_table",
     "healthy",
     "latest",
     "list_checkpoints",
@@ -87,8 +91,9 @@ def healthy(state: TrainState, limit: float = WEIGHT_LIMIT) -> bool:
 
 
 # -- encoding --------------------------------------------------------------------------------------
-def _encode(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
-    """JSON-able form of obj; arrays and numpy scalars go to `arrays` under fresh names."""
+def encode(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """JSON-able form of obj; arrays and numpy scalars go to `arrays` under fresh names (also the
+    format of saved models, `dasknn.saving`)."""
     if isinstance(obj, (np.ndarray, np.generic)):
         a = np.asarray(obj)
         if a.dtype.hasobject:
@@ -101,57 +106,57 @@ def _encode(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else {"__float__": repr(obj)}
     if isinstance(obj, tuple):
-        return {"__tuple__": [_encode(v, arrays) for v in obj]}
+        return {"__tuple__": [encode(v, arrays) for v in obj]}
     if isinstance(obj, list):
-        return [_encode(v, arrays) for v in obj]
+        return [encode(v, arrays) for v in obj]
     if isinstance(obj, dict):
         if all(isinstance(k, str) and not k.startswith("__") for k in obj):
-            return {k: _encode(v, arrays) for k, v in obj.items()}
-        return {"__items__": [[_encode(k, arrays), _encode(v, arrays)] for k, v in obj.items()]}
+            return {k: encode(v, arrays) for k, v in obj.items()}
+        return {"__items__": [[encode(k, arrays), encode(v, arrays)] for k, v in obj.items()]}
     raise TypeError(f"a checkpoint cannot hold a {type(obj).__name__}")
 
 
-def _decode(obj: Any, arrays) -> Any:
+def decode(obj: Any, arrays) -> Any:
     if isinstance(obj, list):
-        return [_decode(v, arrays) for v in obj]
+        return [decode(v, arrays) for v in obj]
     if not isinstance(obj, dict):
         return obj
     if "__array__" in obj:
         a = arrays[obj["__array__"]]
         return a[()] if obj.get("scalar") else a
     if "__tuple__" in obj:
-        return tuple(_decode(v, arrays) for v in obj["__tuple__"])
+        return tuple(decode(v, arrays) for v in obj["__tuple__"])
     if "__items__" in obj:
-        return {_hashable(_decode(k, arrays)): _decode(v, arrays) for k, v in obj["__items__"]}
+        return {_hashable(decode(k, arrays)): decode(v, arrays) for k, v in obj["__items__"]}
     if "__float__" in obj:
         return float(obj["__float__"])
-    return {k: _decode(v, arrays) for k, v in obj.items()}
+    return {k: decode(v, arrays) for k, v in obj.items()}
 
 
 def _hashable(key: Any) -> Any:
     return key.item() if isinstance(key, np.generic) else key
 
 
-def _encode_table(df: pd.DataFrame, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+def encode_table(df: pd.DataFrame, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     """Numeric and boolean columns as arrays, the others as JSON lists; attrs encoded."""
     columns = []
     for name in df.columns:
         col = df[name]
         if col.dtype.kind in "biufc":
-            columns.append([str(name), _encode(col.to_numpy(), arrays)])
+            columns.append([str(name), encode(col.to_numpy(), arrays)])
         else:
             values = [None if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in col]
-            columns.append([str(name), _encode([_plain(v) for v in values], arrays)])
-    return {"columns": columns, "attrs": _encode(dict(df.attrs), arrays)}
+            columns.append([str(name), encode([_plain(v) for v in values], arrays)])
+    return {"columns": columns, "attrs": encode(dict(df.attrs), arrays)}
 
 
 def _plain(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
-def _decode_table(obj: dict[str, Any], arrays) -> pd.DataFrame:
-    df = pd.DataFrame({name: _decode(values, arrays) for name, values in obj["columns"]})
-    df.attrs.update(_decode(obj["attrs"], arrays))
+def decode_table(obj: dict[str, Any], arrays) -> pd.DataFrame:
+    df = pd.DataFrame({name: decode(values, arrays) for name, values in obj["columns"]})
+    df.attrs.update(decode(obj["attrs"], arrays))
     return df
 
 
@@ -214,11 +219,11 @@ def save(
         "version": VERSION,
         "iterations_done": int(state.iterations_done),
         "batches_done": int(state.batches_done),
-        "params": {k: _encode(np.asarray(v), arrays)["__array__"] for k, v in state.params.items()},
-        "momentum": {k: _encode(np.asarray(v), arrays)["__array__"] for k, v in state.momentum.items()},
-        "extra": _encode(state.extra, arrays),
-        "meta": _encode(meta or {}, arrays),
-        "tables": {name: _encode_table(df, arrays) for name, df in (tables or {}).items()},
+        "params": {k: encode(np.asarray(v), arrays)["__array__"] for k, v in state.params.items()},
+        "momentum": {k: encode(np.asarray(v), arrays)["__array__"] for k, v in state.momentum.items()},
+        "extra": encode(state.extra, arrays),
+        "meta": encode(meta or {}, arrays),
+        "tables": {name: encode_table(df, arrays) for name, df in (tables or {}).items()},
     }
     _remove_stale_temporaries(directory)
     tmp = directory / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -286,10 +291,10 @@ def load(path: str | os.PathLike) -> Checkpoint:
         momentum={k: arrays[v] for k, v in doc["momentum"].items()},
         batches_done=int(doc["batches_done"]),
         iterations_done=int(doc["iterations_done"]),
-        extra=_decode(doc["extra"], arrays),
+        extra=decode(doc["extra"], arrays),
     )
-    tables = {name: _decode_table(t, arrays) for name, t in doc["tables"].items()}
-    return Checkpoint(state=state, meta=_decode(doc["meta"], arrays), tables=tables, path=path)
+    tables = {name: decode_table(t, arrays) for name, t in doc["tables"].items()}
+    return Checkpoint(state=state, meta=decode(doc["meta"], arrays), tables=tables, path=path)
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
