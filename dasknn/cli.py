@@ -217,30 +217,42 @@ def _validation(args):
     return None, fraction, f"{fraction:.0%} of {args.dataset}, stratified, never trained on"
 
 
-def _experiments_package():
-    """The repository's `experiments` package: from the working directory or the source checkout.
+def _experiments_package(from_cwd: bool = False):
+    """The `experiments` package of dasknn's own source checkout (or, with `from_cwd`, the current
+    directory's), imported from that folder whatever sys.path holds.
 
     Experiments are scripts of the source tree, not of the installed wheel: `dasknn experiment`
-    works from a checkout (an editable install, or any directory holding experiments/).
+    works from a checkout (an editable install). The current directory is never searched unless
+    asked (`--from-cwd`): its `experiments/__init__.py` would run as code with the user's rights.
     """
-    import importlib
+    import importlib.util
 
-    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
-        if (root / "experiments" / "common.py").is_file():
-            if str(root) not in sys.path:
-                sys.path.insert(0, str(root))
-            return importlib.import_module("experiments")
-    raise FileNotFoundError(
-        "the experiments are scripts of the dasknn source checkout (experiments/), not of the installed "
-        "package; run `dasknn experiment` from a checkout (git clone, then pip install -e .)"
-    )
+    root = Path.cwd() if from_cwd else Path(__file__).resolve().parents[1]
+    init = root / "experiments" / "__init__.py"
+    if not (root / "experiments" / "common.py").is_file() or not init.is_file():
+        where = f"the current directory {root}" if from_cwd else f"dasknn's source checkout ({root})"
+        raise FileNotFoundError(
+            f"no experiments/ in {where}: the experiments are scripts of the dasknn source checkout, not "
+            "of the installed package; install a checkout (git clone, then pip install -e .) or run "
+            "`dasknn experiment --from-cwd` inside one"
+        )
+    loaded = sys.modules.get("experiments")
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == init.resolve():
+        return loaded
+    for name in [m for m in sys.modules if m == "experiments" or m.startswith("experiments.")]:
+        del sys.modules[name]  # another folder's experiments: its submodules must not be reused
+    spec = importlib.util.spec_from_file_location("experiments", init)
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["experiments"] = package
+    spec.loader.exec_module(package)
+    return package
 
 
 def cmd_experiment(args) -> int:
     """Run one of the papers' experiments in miniature (experiments/README.md lists them)."""
     import importlib
 
-    package = _experiments_package()
+    package = _experiments_package(from_cwd=args.from_cwd)
     if args.name in (None, "list"):
         for i, name in enumerate(package.EXPERIMENTS, 1):
             doc = (importlib.import_module(f"experiments.{name}").__doc__ or "").strip().splitlines()
@@ -523,7 +535,14 @@ def build_parser() -> argparse.ArgumentParser:
         "experiment",
         parents=[debug],
         help="run a paper's experiment in miniature (`dasknn experiment list`)",
-        description="Run experiments/NAME.py: `dasknn experiment NAME [--tiny] [--out DIR] [options]`.",
+        description="Run experiments/NAME.py of dasknn's source checkout: "
+        "`dasknn experiment [--from-cwd] NAME [--tiny] [--out DIR] [options]`.",
+    )
+    e.add_argument(
+        "--from-cwd",
+        action="store_true",
+        help="run the experiments/ of the current directory instead of dasknn's own checkout; "
+        "RISK: its Python code runs with your rights, so use it only in a checkout you trust",
     )
     e.add_argument("name", nargs="?", default=None, help="the experiment's name, or 'list'")
     e.add_argument("options", nargs=argparse.REMAINDER, help="the experiment's own options (see NAME --help)")

@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from tests.conftest import REPO
 
 HOSTILE = (
@@ -24,7 +22,6 @@ def dasknn(cwd, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="the current directory's experiments/ is imported first")
 def test_experiment_list_ignores_an_experiments_folder_in_the_current_directory(tmp_path):
     (tmp_path / "experiments").mkdir()
     (tmp_path / "experiments" / "__init__.py").write_text(HOSTILE)

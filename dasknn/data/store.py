@@ -5,10 +5,20 @@ pixels, chunked along samples) and `y` (int64 labels), and attributes saying wha
 (`dataset`, `options`, `unit_max`: the raw value that means 1.0) plus `complete: true`, written last.
 It is built in a hidden temporary folder beside its final place and renamed into place only when
 complete, so an interrupted conversion never leaves a store that loads.
+
+zarr reads a chunk whose file is absent as its fill value (zeros: blank images, class 0), so a
+store is checked before it is read. Every chunk is written, even an all-zero one, and the store
+records its `index`: the chunk count of X and y and a SHA-256 of its chunk listing (each chunk
+file's key and size). `read_store` lists the store (no chunk is read) and refuses a missing chunk
+or a listing that no longer matches, naming the store and the first chunk at fault; every read of
+a chunk afterwards (streamed batches included) checks that its file is still there, and a chunk
+that cannot be decoded is refused naming it too. A `StoreError` is bad input (a ValueError).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import os
 import shutil
 import uuid
@@ -18,13 +28,29 @@ from typing import Any
 import dask.array as da
 import numpy as np
 import zarr
+from dask.base import tokenize
+from zarr.core.sync import sync
 
 from .chunks import sample_chunks
 
-__all__ = ["STORE_FORMAT", "data_home", "is_complete", "is_url", "open_store", "read_store", "write_store"]
+__all__ = [
+    "STORE_FORMAT",
+    "StoreError",
+    "check_store",
+    "data_home",
+    "is_complete",
+    "is_url",
+    "open_store",
+    "read_store",
+    "write_store",
+]
 
 STORE_FORMAT = 1
 """Version of the store layout, saved in each store's attributes as `dasknn_store`."""
+
+
+class StoreError(ValueError):
+    """A converted store with a chunk missing, changed or undecodable: bad input naming the chunk."""
 
 
 def data_home() -> Path:
@@ -90,17 +116,120 @@ def read_store(path: str | Path, *, batch_size: int = 64) -> tuple[da.Array, da.
     zx, zy = group["X"], group["y"]
     if zx.shape[0] != zy.shape[0]:
         raise ValueError(f"{path}: X has {zx.shape[0]} samples but y has {zy.shape[0]}")
+    attrs = dict(group.attrs)
+    check_store(group, str(path))
     chunks = sample_chunks(zx.shape[0], zx.shape[1:], batch_size)
-    X = da.from_zarr(zx, chunks=chunks)
-    y = da.from_zarr(zy, chunks=(chunks[0],))
-    return X, y, dict(group.attrs)
+    X = _from_store(CheckedArray(zx, "X", str(path)), chunks, attrs.get("index"))
+    y = _from_store(CheckedArray(zy, "y", str(path)), (chunks[0],), attrs.get("index"))
+    return X, y, attrs
+
+
+def _from_store(array: CheckedArray, chunks: tuple, index: Any) -> da.Array:
+    token = tokenize(array.where, array.name, array.shape, str(array.dtype), index)
+    meta = np.empty((0,) * array.ndim, dtype=array.dtype)
+    return da.from_array(array, chunks=chunks, name=f"from-zarr-{array.name}-{token}", meta=meta, fancy=False)
+
+
+class CheckedArray:
+    """X or y of a store as dask reads it: a read first checks that its chunks' files are there
+    (a listing of keys, no chunk read) and names any chunk it cannot decode (`StoreError`)."""
+
+    def __init__(self, array: Any, name: str, where: str) -> None:
+        self.array, self.name, self.where = array, name, where
+        self.shape, self.dtype, self.ndim = array.shape, array.dtype, array.ndim
+        self.rows_per_chunk = array.chunks[0]
+
+    def _key(self, c: int) -> str:
+        return f"{self.name}/{self.array.metadata.encode_chunk_key((c,) + (0,) * (self.ndim - 1))}"
+
+    def __getitem__(self, key: tuple) -> np.ndarray:
+        rows = key[0] if isinstance(key, tuple) and key else slice(None)
+        start, stop, _ = rows.indices(self.shape[0]) if isinstance(rows, slice) else (0, self.shape[0], 1)
+        touched = range(start // self.rows_per_chunk, -(-stop // self.rows_per_chunk))
+        store, prefix = self.array.store_path.store, self.array.store_path.path
+        group_prefix = prefix[: -len(self.name)]
+        present = sync(_all_exist(store, [group_prefix + self._key(c) for c in touched]))
+        for c, ok in zip(touched, present, strict=True):
+            if not ok:
+                raise StoreError(_missing(self.where, self._key(c), c, self.array.cdata_shape[0], self.name))
+        try:
+            return self.array[key]
+        except Exception as err:
+            for c in touched:
+                try:
+                    self.array[c * self.rows_per_chunk : (c + 1) * self.rows_per_chunk]
+                except Exception as bad:
+                    raise StoreError(
+                        f"{self.where}: chunk {self._key(c)} cannot be decoded ({type(bad).__name__}: "
+                        f"{' '.join(str(bad).split())}); restore the file or convert the dataset again"
+                    ) from bad
+            raise err
+
+
+async def _all_exist(store: Any, keys: list[str]) -> list[bool]:
+    return list(await asyncio.gather(*(store.exists(k) for k in keys)))
+
+
+def _missing(where: str, key: str, c: int, n: int, name: str) -> str:
+    return (
+        f"{where}: missing chunk {key} (chunk {c + 1} of {n} of {name}): zarr would read it as zeros; "
+        "restore the file or convert the dataset again"
+    )
+
+
+def _listing(group: zarr.Group) -> dict[str, int]:
+    """Every file of the store under `group`: its key (relative to the group) and size in bytes."""
+    store, prefix = group.store_path.store, group.store_path.path
+    start = len(prefix) + 1 if prefix else 0
+
+    async def collect() -> dict[str, int]:
+        keys = [k async for k in store.list_prefix(prefix)]
+        sizes = await asyncio.gather(*(store.getsize(k) for k in keys))
+        return {k[start:]: int(size) for k, size in zip(keys, sizes, strict=True)}
+
+    return sync(collect())
+
+
+def _chunk_keys(group: zarr.Group, name: str) -> list[str]:
+    array = group[name]
+    return [f"{name}/{array.metadata.encode_chunk_key(c)}" for c in np.ndindex(*array.cdata_shape)]
+
+
+def store_index(group: zarr.Group) -> dict[str, Any]:
+    """The chunk count of X and y and a SHA-256 of their chunk listing (each key and size)."""
+    listing = _listing(group)
+    keys = {name: _chunk_keys(group, name) for name in ("X", "y")}
+    lines = "".join(f"{k} {listing.get(k, -1)}\n" for name in ("X", "y") for k in keys[name])
+    return {
+        "chunks": {n: len(k) for n, k in keys.items()},
+        "sha256": hashlib.sha256(lines.encode()).hexdigest(),
+    }
+
+
+def check_store(group: zarr.Group, where: str) -> None:
+    """StoreError unless every chunk of X and y has its file and, when the store records its
+    index, the listing still matches it. Lists the store; reads no chunk."""
+    listing = _listing(group)
+    for name in ("X", "y"):
+        keys = _chunk_keys(group, name)
+        for c, key in enumerate(keys):
+            if key not in listing:
+                raise StoreError(_missing(where, key, c, len(keys), name))
+    recorded = group.attrs.get("index")
+    if recorded is not None and store_index(group) != recorded:
+        raise StoreError(
+            f"{where}: its chunk files changed since it was written (their listing no longer matches "
+            f"the index recorded at conversion, {recorded['chunks']} chunks); convert the dataset again"
+        )
 
 
 def _create_array(
     group: zarr.Group, name: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: Any
 ) -> Any:
-    create = getattr(group, "create_array", None) or group.create_dataset  # zarr 3, else zarr 2
-    return create(name, shape=shape, chunks=chunks, dtype=dtype)
+    # every chunk gets its file, an all-zero one too: a missing file then always means damage
+    return group.create_array(
+        name, shape=shape, chunks=chunks, dtype=dtype, config={"write_empty_chunks": True}
+    )
 
 
 def write_store(
@@ -128,6 +257,7 @@ def write_store(
         zx = _create_array(group, "X", X.shape, (per_chunk, *X.shape[1:]), X.dtype)
         zy = _create_array(group, "y", y.shape, (per_chunk,), y.dtype)
         da.store([X, y], [zx, zy], lock=False)
+        group.attrs["index"] = store_index(group)
         group.attrs["complete"] = True
         if path.exists():
             trash = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
