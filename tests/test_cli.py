@@ -50,9 +50,9 @@ def test_bad_options_exit_2_with_the_problem_named(tmp_path):
     code, err = cli("train", "--dataset", "imagenet", "-q")
     assert code == 2 and "imagenet" in err
     code, err = cli("train", "--batch-size", "0")
-    assert code == 2 and "must be > 0" in err
+    assert code == 2 and "batch_size must be an integer >= 1, got 0" in err
     code, err = cli("train", "--lr", "fast")
-    assert code == 2 and "expected 'auto' or a number" in err
+    assert code == 2 and "learning_rate must be 'auto' or a finite number > 0, got 'fast'" in err
     code, err = cli("train", "--lr-grid", "0.1,-0.01")
     assert code == 2 and "--lr-grid" in err and "must be > 0" in err
     code, err = cli(
