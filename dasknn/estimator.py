@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
@@ -26,6 +27,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from dasknn.data import check_X, check_X_y
 from dasknn.data.batching import n_batches
 from dasknn.data.split import split_parts
+from dasknn.data.validation import channels_last_hint
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.estimator_data import choose_data, resolve_augment
@@ -220,6 +222,23 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
     # -- the pieces of a fit ---------------------------------------------------------------------
     def _build_net(self, input_shape, n_classes: int) -> Net:
+        """The net for samples of `input_shape`; where X looks channels-last, a hint is added to the
+        error, or warned when the net builds anyway (a conv net would read rows as channels)."""
+        hint = channels_last_hint(tuple(input_shape))
+        try:
+            net = self._net_for(input_shape, n_classes)
+        except ValueError as err:
+            if not hint or not err.args or not isinstance(err.args[0], str):
+                raise
+            raise type(err)(err.args[0] + hint) from err
+        if hint:
+            shape = ", ".join(map(str, input_shape))
+            warnings.warn(
+                f"net {net.name!r} reads X as (n, C, H, W) = (n, {shape}){hint}", UserWarning, stacklevel=4
+            )
+        return net
+
+    def _net_for(self, input_shape, n_classes: int) -> Net:
         from dasknn.nn import zoo
 
         spec = self.net

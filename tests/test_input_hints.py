@@ -23,14 +23,12 @@ def digits():
     return (d.data / 16).astype(np.float32).reshape(-1, 1, 8, 8), d.target
 
 
-@pytest.mark.xfail(strict=True, reason="no channels-last hint yet")
 def test_channels_last_images_get_a_hint_to_transpose():
     X = np.random.default_rng(0).random((128, 28, 28, 1), dtype=np.float32)
     with pytest.raises(ValueError, match=r"channels-last.*\(n, 28, 28, 1\).*X\.transpose\(0, 3, 1, 2\)"):
         DistributedCNN(net="lenet", **QUICK).fit(X, np.arange(128) % 10)
 
 
-@pytest.mark.xfail(strict=True, reason="no 3-D hint yet")
 def test_three_d_images_get_a_hint_to_add_the_channel_axis(digits):
     X, y = digits
     with pytest.raises(ValueError, match=r"3-D.*X\[:, None\].*\(1797, 1, 8, 8\)"):
@@ -48,7 +46,6 @@ class _Seen(Callback):
             self.before_training = [str(w.message) for w in self.caught]
 
 
-@pytest.mark.xfail(strict=True, reason="no warning for unscaled pixels yet")
 def test_unscaled_pixels_are_warned_about_before_training(digits):
     X, y = digits
     with warnings.catch_warnings(record=True) as caught:
@@ -57,13 +54,12 @@ def test_unscaled_pixels_are_warned_about_before_training(digits):
         DistributedCNN(net="mlp", callbacks=[seen], **QUICK).fit(X * 255, y)
     unscaled = [m for m in seen.before_training if "unscaled" in m]
     assert len(unscaled) == 1 and "reach 255" in unscaled[0] and "X / 255" in unscaled[0]
-    # the gate itself: scaled data and the data a Caffe transform would scale are told apart
+    # the gate itself: the same digits scaled to [0, 1] pass without a warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_X_y(X, y)
 
 
-@pytest.mark.xfail(strict=True, reason="worker overflow RuntimeWarnings reach the console")
 def test_overflow_warnings_of_a_diverging_run_stay_off_the_console(digits, capfd):
     X, y = digits
     params = {**QUICK, "engine": "dask", "learning_rate": 1e4, "max_epochs": 0.5}

@@ -8,6 +8,7 @@ counts, non-integer labels): nothing is materialised on the client.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import dask
@@ -16,9 +17,26 @@ import numpy as np
 
 from .chunks import DEFAULT_BATCH_SIZE, check_batch_size, from_numpy
 
-__all__ = ["check_X", "check_X_y"]
+__all__ = ["channels_last_hint", "check_X", "check_X_y"]
 
 _AXES = ("samples", "channels", "height", "width")
+UNSCALED_LIMIT = 20.0  # inputs beyond this in absolute value are warned about as unscaled
+
+
+def channels_last_hint(sample_shape: tuple[int, ...]) -> str:
+    """A hint when (C, H, W) looks like channels-last images (H, W, C): "" otherwise.
+
+    Looks channels-last: a last axis of 1, 3 or 4 (grey, RGB, RGBA) after two axes of 8 or more.
+    """
+    if len(sample_shape) != 3:
+        return ""
+    h, w, c = sample_shape
+    if c not in (1, 3, 4) or min(h, w) < 8:
+        return ""
+    return (
+        f"; X looks channels-last (n, {h}, {w}, {c}) = (n, height, width, channels): dasknn takes "
+        f"(n, channels, height, width), so pass X.transpose(0, 3, 1, 2) (shape (n, {c}, {h}, {w}))"
+    )
 
 
 def _as_array(a: Any, name: str) -> da.Array | np.ndarray:
@@ -36,6 +54,11 @@ def _structure_X(X: Any, batch_size: int | None) -> da.Array:
         raise ValueError(f"X has dtype {X.dtype}; expected numbers (bool, integer or float)")
     if X.ndim != 4:
         hint = ""
+        if X.ndim == 3:
+            hint = (
+                f"; for one-channel images add the channel axis: X[:, None] (shape "
+                f"({X.shape[0]}, 1, {X.shape[1]}, {X.shape[2]}))"
+            )
         if X.ndim == 2:
             hint = (
                 f"; reshape flat images to (n_samples, channels, height, width) first, "
@@ -78,11 +101,15 @@ def _structure_y(y: Any, X: da.Array) -> da.Array:
     return y if y.chunks[0] == X.chunks[0] else y.rechunk({0: X.chunks[0]})
 
 
-def _check_values(X: da.Array, y: da.Array | None, check_finite: bool) -> None:
+def _check_values(X: da.Array, y: da.Array | None, check_finite: bool, scale: bool = False) -> None:
+    """NaN, inf and non-integer labels refused, counted; with `scale`, inputs far above order 1 warned
+    about (`UNSCALED_LIMIT`). One `dask.compute` of reductions."""
     counts: dict[str, da.Array] = {}
     if check_finite and X.dtype.kind == "f":
         counts["nan"] = da.isnan(X).sum()
         counts["inf"] = da.isinf(X).sum()
+    if scale:
+        counts["largest"] = abs(X).max()
     if y is not None and y.dtype.kind == "f":
         counts["bad_labels"] = (~da.isfinite(y) | (y != da.floor(y))).sum()
     if not counts:
@@ -97,6 +124,16 @@ def _check_values(X: da.Array, y: da.Array | None, check_finite: bool) -> None:
         raise ValueError(
             f"y contains {found['bad_labels']} non-integer labels (fractional, NaN or inf); "
             "labels must be integer class indices (floats are accepted only when all are whole numbers)"
+        )
+    largest = float(found.get("largest", 0.0))
+    if largest > UNSCALED_LIMIT and not found.get("inf", 0):
+        pixels = " (8-bit pixels)" if largest <= 255 else ""
+        warnings.warn(
+            f"X looks unscaled: its values reach {largest:g}{pixels}, while the nets, their initial weights "
+            "and learning rates expect inputs of order 1, and training on them diverges; scale X first, "
+            "e.g. X / 255 for 8-bit pixels (dasknn.data.load scales unless raw=True)",
+            UserWarning,
+            stacklevel=3,
         )
 
 
@@ -125,6 +162,7 @@ def check_X_y(
     counted; strings and objects are rejected (encode them first) — and, given `batch_size`, at
     least one full batch of samples. Negative or sparse label values pass: mapping them to
     classes is the estimator's job. y is rechunked to X's sample chunks when they differ.
+    Values beyond ±UNSCALED_LIMIT (such as 0-255 pixels) are warned about, before any training.
     All value checks run as one `dask.compute` of reductions.
     """
     if batch_size is not None:
@@ -133,5 +171,5 @@ def check_X_y(
     if batch_size is not None and X.shape[0] < batch_size:
         raise ValueError(f"X has {X.shape[0]} samples, fewer than one batch of batch_size={batch_size}")
     y = _structure_y(y, X) if y is not None else None
-    _check_values(X, y, check_finite)
+    _check_values(X, y, check_finite, scale=True)
     return X, (y.astype(np.int64) if y is not None else None)

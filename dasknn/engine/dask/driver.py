@@ -310,8 +310,7 @@ class DaskEngine:
         X, y = data.X, data.y
         placement = plan(cluster_workers(client), config.n_groups, self._throughput(client))
         first_placement = str(placement.roles())
-        if self.blas_threads:
-            client.run(tasks.set_blas_threads, self.blas_threads)
+        client.run(tasks.prepare_worker, self.blas_threads)
         state = start.copy() if start is not None else TrainState.from_net(net)
         conv_net, fc_net = net.split_phases(at=split_layer(net, self.strategy, config.batch_size))
         if fc_net is None:

@@ -284,8 +284,7 @@ def run_replicas(
         devices=worker_devices(workers),
         oversubscribed=k > len(workers),
     )
-    if engine.blas_threads:
-        client.run(tasks.set_blas_threads, engine.blas_threads)
+    client.run(tasks.prepare_worker, engine.blas_threads)
     state = start.copy() if start is not None else TrainState.from_net(net)
     z = {key: np.asarray(v) for key, v in state.params.items()}
     z_prev = {key: z[key] - state.momentum[key] if key in state.momentum else z[key] for key in z}

@@ -212,6 +212,24 @@ def set_blas_threads(n: int) -> int:
     return int(n)
 
 
+DIVERGENCE_WARNINGS = r"(overflow|invalid value|divide by zero) encountered"
+
+
+def prepare_worker(blas_threads: int | None) -> None:
+    """Set up a worker for training: its BLAS threads (when given), and numpy's overflow, invalid-value
+    and divide-by-zero RuntimeWarnings from dasknn's and numpy's own code filtered out in this
+    process, where they would print on the worker's stderr, the user's console for a LocalCluster.
+    A diverging run is the fit's to report (a rollback in `decisions_`, a FloatingPointError when
+    every rate diverges): the loop checks each run's loss and weights, not numpy's warnings."""
+    import warnings
+
+    if blas_threads:
+        set_blas_threads(blas_threads)
+    warnings.filterwarnings(
+        "ignore", message=DIVERGENCE_WARNINGS, category=RuntimeWarning, module=r"(dasknn|numpy)\."
+    )
+
+
 def _forward(net: DeviceNet, weights, x, seed: int, batch: int, shard: int):
     """One shard's conv forward: (host activations, caches), its dropout drawn from the run's
     stream for (batch, shard) (`streams.shard_rng`), so a run is reproducible from its seed."""

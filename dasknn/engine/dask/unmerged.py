@@ -243,8 +243,7 @@ def run_unmerged(
     data = persist_data(engine, client, X, y, config)
     placement = plan(cluster_workers(client), config.n_groups, getattr(engine, "throughput_", None))
     engine.placement_ = placement
-    if engine.blas_threads:
-        client.run(tasks.set_blas_threads, engine.blas_threads)
+    client.run(tasks.prepare_worker, engine.blas_threads)
     state = start.copy() if start is not None else TrainState.from_net(net)
     conv_net, fc_net = net.split_phases(at=split_layer(net, engine.strategy, config.batch_size))
     if fc_net is None:
