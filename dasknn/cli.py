@@ -254,7 +254,17 @@ def cmd_info(args) -> int:
         print("gpu:", device_info("gpu"), f"SGEMM {sgemm_gflops('gpu'):.1f} GFLOP/s")
     else:
         print("gpu: none (CuPy with a CUDA device not found)")
+    from dasknn.nn.onednn import info
+
+    print("kernels:", _kernels_line(info()))
     return 0
+
+
+def _kernels_line(onednn: dict) -> str:
+    """The CPU kernel backend "auto" picks for float32 layers, with oneDNN's version and threads."""
+    if not onednn["available"]:
+        return f"batched lowering (oneDNN unavailable: {onednn['reason']})"
+    return f"oneDNN {onednn['version']} ({onednn['threads']} threads), batched lowering as reference"
 
 
 def cmd_summary(args) -> int:

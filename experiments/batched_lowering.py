@@ -57,6 +57,9 @@ from experiments.common import Experiment, main_for, markdown_table, stamp  # no
 
 NAME = "batched_lowering"
 MIRRORS = "Omnivore Fig. 4 / Caffe con Troll Fig. 2"
+BACKEND = "lowering"
+"""The kernel backend measured: the papers' batched lowering, pinned (not "auto", which picks
+oneDNN where it is installed; `dasknn.nn.onednn`)."""
 VARIABLES = (
     "time_s",
     "gflops",

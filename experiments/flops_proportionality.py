@@ -56,6 +56,9 @@ from experiments.common import Experiment, main_for, markdown_table, stamp  # no
 
 NAME = "flops_proportionality"
 MIRRORS = "Omnivore Fig. 3 / Fig. 11"
+BACKEND = "lowering"
+"""The kernel backend measured: the papers' batched lowering, pinned (not "auto", which picks
+oneDNN where it is installed; `dasknn.nn.onednn`)."""
 VARIABLES = ("time_s", "gflop", "gflops", "pct_sgemm", "pct_sgemm_best", "sgemm_gflops", "speedup_vs_bp1")
 DEVICES = ("cpu", "gpu")
 STRATEGIES = ("batched", "bp1")
@@ -93,10 +96,10 @@ def sgemm_probe(xp, n: int = SGEMM_N, calls: int = 3) -> float:
 def make_nets(net: str, groups: tuple[int, ...]) -> dict:
     """{groups: Net}: CaffeNet per group count, or one LeNet / CIFAR-10 quick (groups = 1 only)."""
     if net == "caffenet":
-        return {g: zoo.caffenet(groups=g) for g in groups}
+        return {g: zoo.caffenet(groups=g, backend=BACKEND) for g in groups}
     if 2 in groups:
         raise ValueError(f"net {net!r} has no grouped convolutions; use --groups 1")
-    return {1: zoo.get_net(net)}
+    return {1: zoo.get_net(net, backend=BACKEND)}
 
 
 def conv_layers(net) -> list[Convolution]:

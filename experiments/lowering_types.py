@@ -53,6 +53,9 @@ from experiments.common import Experiment, main_for, markdown_table, stamp  # no
 
 NAME = "lowering_types"
 MIRRORS = "Caffe con Troll Fig. 8"
+BACKEND = "lowering"
+"""The kernel backend measured: the papers' batched lowering, pinned (not "auto", which picks
+oneDNN where it is installed; `dasknn.nn.onednn`)."""
 VARIABLES = ("time_s", "gflops", "auto_time_s", "auto_over_best", "type1_over_type3", "lowered_bytes")
 
 # name: (k, H = W, pad, batch, log2(d·o))

@@ -22,6 +22,9 @@ class Layer(ABC):
     """Base of all layers: a name, parameters (maybe none), forward and backward."""
 
     type: ClassVar[str] = "Layer"
+    accepts_blocked: ClassVar[bool] = False
+    """True for layers that read and write oneDNN's blocked activations (`dasknn.nn.onednn`);
+    the Net hands every other layer plain arrays."""
 
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name:

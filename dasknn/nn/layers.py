@@ -18,6 +18,7 @@ from dasknn.backend import array_module
 from dasknn.nn.base import Layer, Shape, pair
 from dasknn.nn.fillers import Filler
 from dasknn.nn.lowering import LOWERINGS, conv_backward, conv_forward, conv_output_size
+from dasknn.nn.onednn import OneDNNCache, check_backend, conv_kernel, plain, relu_kernel
 from dasknn.nn.pooling import LRN, Pooling
 from dasknn.nn.randomness import bernoulli
 
@@ -76,9 +77,12 @@ class Convolution(_Weighted):
     together per GEMM (None: `lowering.default_bp`, a cache-sized partition on CPUs, the whole
     batch on GPUs). The bias is added while the output is lifted.
     `group` splits channels into independent convolutions, as Caffe's (CaffeNet uses 2).
+    `backend` ("auto", "lowering" or "onednn") picks oneDNN's direct kernels instead of lowering
+    (`dasknn.nn.onednn`); lowering stays the reference.
     """
 
     type = "Convolution"
+    accepts_blocked = True
 
     def __init__(
         self,
@@ -95,6 +99,7 @@ class Convolution(_Weighted):
         decay_mult: tuple[float, float] = (1.0, 1.0),
         lowering: str = "auto",
         bp: int | None = None,
+        backend: str = "auto",
     ) -> None:
         super().__init__(name, bias_term, weight_filler, bias_filler, lr_mult, decay_mult)
         self.num_output = int(num_output)
@@ -114,6 +119,7 @@ class Convolution(_Weighted):
             raise ValueError(f"layer {name!r}: bp must be >= 1 or None, got {bp}")
         self.lowering = lowering
         self.bp = bp
+        self.backend = check_backend(backend, f"layer {name!r}")
 
     def _infer(self, in_shape):
         if len(in_shape) != 3:
@@ -132,9 +138,14 @@ class Convolution(_Weighted):
         return (self.num_output, self.in_shape[0] // self.group, *self.kernel_size)
 
     def forward(self, x, train=True, rng=None):
-        xp = array_module(x)
         w = self.params["weight"]
         b = self.params["bias"] if self.bias_term else None
+        kernel = conv_kernel(self, x)
+        if kernel is not None:
+            y, cache = kernel.forward(x, w, b)
+            return y, OneDNNCache(kernel, cache)
+        x = plain(x)
+        xp = array_module(x)
         g, cg, og = self.group, x.shape[1] // self.group, self.num_output // self.group
         ys, caches = [], []
         for i in range(g):
@@ -149,6 +160,10 @@ class Convolution(_Weighted):
         return y, caches
 
     def backward(self, dy, cache, need_dx=True):
+        if isinstance(cache, OneDNNCache):
+            dx, dw, db = cache.kernel.backward(dy, cache.data, need_dx)
+            return dx, {"weight": dw, "bias": db} if self.bias_term else {"weight": dw}
+        dy = plain(dy)
         xp = array_module(dy)
         g, og = self.group, self.num_output // self.group
         dxs, dws = [], []
@@ -250,12 +265,19 @@ class ReLU(Layer):
     """Rectified linear unit, with Caffe's optional leaky negative slope."""
 
     type = "ReLU"
+    accepts_blocked = True
 
-    def __init__(self, name: str, negative_slope: float = 0.0) -> None:
+    def __init__(self, name: str, negative_slope: float = 0.0, backend: str = "auto") -> None:
         super().__init__(name)
         self.negative_slope = float(negative_slope)
+        self.backend = check_backend(backend, f"layer {name!r}")
 
     def forward(self, x, train=True, rng=None):
+        kernel = relu_kernel(self, x)
+        if kernel is not None:
+            y, cache = kernel.forward(x)
+            return y, OneDNNCache(kernel, cache)
+        x = plain(x)
         xp = array_module(x)
         if self.negative_slope == 0.0:  # y > 0 exactly where x > 0: y is the cache, no mask pass
             y = xp.maximum(x, 0, dtype=x.dtype)
@@ -264,6 +286,9 @@ class ReLU(Layer):
         return xp.where(positive, x, x * x.dtype.type(self.negative_slope)), positive
 
     def backward(self, dy, cache, need_dx=True):
+        if isinstance(cache, OneDNNCache):
+            return cache.kernel.backward(dy, cache.data), {}
+        dy = plain(dy)
         xp = array_module(dy)
         if self.negative_slope == 0.0:
             return dy * (cache > 0), {}

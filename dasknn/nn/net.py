@@ -29,6 +29,8 @@ from dasknn.backend import array_module, to_device, to_numpy
 from dasknn.nn.base import Layer
 from dasknn.nn.layers import InnerProduct
 from dasknn.nn.loss import accuracy, softmax, softmax_with_loss
+from dasknn.nn.onednn import check_backend, plain
+from dasknn.nn.onednn.memory import add
 
 Shape = tuple[int, ...]
 
@@ -77,6 +79,9 @@ class Net:
     `loss_weights` (Caffe's `loss_weight` of a SoftmaxWithLoss on it, e.g. GoogLeNet's 0.3).
     `transform` carries Caffe's `transform_param` (e.g. {"scale": 1/256}) for the data pipeline.
     Parameters are drawn from each layer's fillers with a generator seeded by `seed`, in layer order.
+    `backend` ("auto", "lowering" or "onednn"; None keeps each layer's own) sets the kernel backend
+    of every conv-phase layer that has one (`dasknn.nn.onednn`); it travels with the layers, so
+    copies, pickles, phase splits and the workers' copies keep it.
     """
 
     def __init__(
@@ -90,6 +95,7 @@ class Net:
         init_params: bool = True,
         loss_weights: dict[str, float] | None = None,
         input_blob: str = "data",
+        backend: str | None = None,
         *,
         _inputs: Sequence[tuple[str, Shape]] | None = None,
         _outputs: Sequence[str] | None = None,
@@ -132,6 +138,8 @@ class Net:
         )
         self._check_outputs(loss_weights, _outputs is not None)
         self._check_size()
+        if backend is not None:
+            self.backend = backend
         if init_params:
             rng = np.random.default_rng(seed)
             for layer in self.layers:
@@ -391,6 +399,20 @@ class Net:
         )
         return conv, fc
 
+    @property
+    def backend(self) -> str:
+        """The kernel backend of the layers that have one: "auto", "lowering", "onednn", or
+        "mixed" when they differ ("auto" for a net without such layers)."""
+        values = {layer.backend for layer in self.layers if hasattr(layer, "backend")}
+        return values.pop() if len(values) == 1 else ("mixed" if values else "auto")
+
+    @backend.setter
+    def backend(self, value: str) -> None:
+        check_backend(value, f"net {self.name!r}")
+        for layer in self.layers:
+            if hasattr(layer, "backend"):
+                layer.backend = value
+
     # -- parameters ------------------------------------------------------------------------------
     @property
     def params(self) -> dict[str, Any]:
@@ -481,6 +503,9 @@ class Net:
         blobs = dict(zip([b for b, _ in self.inputs], unpack(x, [s for _, s in self.inputs]), strict=True))
         caches = []
         for i, layer in enumerate(self.layers):
+            if not layer.accepts_blocked:
+                for b in self.bottoms[i]:
+                    blobs[b] = plain(blobs[b])
             xs = [blobs[b] for b in self.bottoms[i]]
             y, cache = layer.forward(
                 xs if getattr(layer, "multi_input", False) else xs[0], train=train, rng=rng
@@ -490,7 +515,7 @@ class Net:
                 if self._last_read[b] == i and b not in keep:
                     del blobs[b]
             blobs[self.tops[i]] = y
-        return {b: blobs[b] for b in keep}, caches
+        return {b: plain(blobs[b]) for b in keep}, caches
 
     def forward(self, x, train: bool = True, rng: np.random.Generator | None = None):
         """Run every layer; returns (output, caches for `backward`). The output is the main class
@@ -514,6 +539,8 @@ class Net:
             dy = diffs.pop(top, None)
             if dy is None:
                 continue
+            if not layer.accepts_blocked:
+                dy = plain(dy)
             wanted = need_dx or any(b not in inputs for b in self.bottoms[i])
             dx, g = layer.backward(dy, caches[i], need_dx=wanted)
             for k, v in g.items():
@@ -524,9 +551,10 @@ class Net:
             for b, d in zip(self.bottoms[i], dxs, strict=True):
                 if d is None or (b in inputs and not need_dx):
                     continue
-                diffs[b] = d if b not in diffs else diffs[b] + d
+                diffs[b] = d if b not in diffs else add(diffs[b], d)
         if not need_dx:
             return None, grads
+        diffs = {b: plain(d) for b, d in diffs.items()}
         some = next(iter(diffs.values()))
         xp, n = array_module(some), some.shape[0]
         dxs = [

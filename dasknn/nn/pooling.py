@@ -12,6 +12,7 @@ import math
 
 from dasknn.backend import array_module
 from dasknn.nn.base import Layer, pair
+from dasknn.nn.onednn import OneDNNCache, check_backend, lrn_kernel, plain, pool_kernel
 
 POOL_METHODS = ("max", "ave")
 NORM_REGIONS = ("across_channels", "within_channel")
@@ -106,10 +107,12 @@ class Pooling(Layer):
     """Max or average pooling over k×k windows with stride and padding (Caffe's PoolingLayer).
 
     Output size rounds up as Caffe does; a max window only sees real pixels; an average divides by
-    the window's size clipped to the padded image (Caffe's AVE semantics).
+    the window's size clipped to the padded image (Caffe's AVE semantics). `backend` as
+    Convolution's: oneDNN computes it where its divisor is Caffe's (`onednn.average_divisor`).
     """
 
     type = "Pooling"
+    accepts_blocked = True
 
     def __init__(
         self,
@@ -119,8 +122,10 @@ class Pooling(Layer):
         stride: int | tuple[int, int] = 1,
         pad: int | tuple[int, int] = 0,
         global_pooling: bool = False,
+        backend: str = "auto",
     ) -> None:
         super().__init__(name)
+        self.backend = check_backend(backend, f"layer {name!r}")
         if pool not in POOL_METHODS:
             raise ValueError(f"layer {name!r}: unknown pool {pool!r}; expected one of {POOL_METHODS}")
         self.pool = pool
@@ -179,6 +184,11 @@ class Pooling(Layer):
         return (hsize[:, None] * wsize[None, :]).astype(dtype)
 
     def forward(self, x, train=True, rng=None):
+        kernel = pool_kernel(self, x)
+        if kernel is not None:
+            y, cache = kernel.forward(x)
+            return y, OneDNNCache(kernel, cache)
+        x = plain(x)
         xp = array_module(x)
         (kh, kw), (sh, sw) = self.kernel_size, self.stride
         _, oh, ow = self.out_shape
@@ -194,6 +204,9 @@ class Pooling(Layer):
     def backward(self, dy, cache, need_dx=True):
         if not need_dx:
             return None, {}
+        if isinstance(cache, OneDNNCache):
+            return cache.kernel.backward(dy, cache.data), {}
+        dy = plain(dy)
         xp = array_module(dy)
         (kh, kw), (sh, sw) = self.kernel_size, self.stride
         (_, h, w), (_, oh, ow) = self.in_shape, self.out_shape
@@ -229,6 +242,7 @@ class LRN(Layer):
     """
 
     type = "LRN"
+    accepts_blocked = True
 
     def __init__(
         self,
@@ -238,8 +252,10 @@ class LRN(Layer):
         beta: float = 0.75,
         k: float = 1.0,
         norm_region: str = "across_channels",
+        backend: str = "auto",
     ) -> None:
         super().__init__(name)
+        self.backend = check_backend(backend, f"layer {name!r}")
         self.local_size = int(local_size)
         if self.local_size < 1 or self.local_size % 2 == 0:
             raise ValueError(
@@ -279,6 +295,11 @@ class LRN(Layer):
         return dtype.type(1.0), dtype.type(self.alpha / self.local_size**2)
 
     def forward(self, x, train=True, rng=None):
+        kernel = lrn_kernel(self, x)
+        if kernel is not None:
+            y, cache = kernel.forward(x)
+            return y, OneDNNCache(kernel, cache)
+        x = plain(x)
         shift, a = self._coefficients(x.dtype)
         scale = shift + a * self._window_sum(x * x)
         y = x * scale ** x.dtype.type(-self.beta)
@@ -287,6 +308,9 @@ class LRN(Layer):
     def backward(self, dy, cache, need_dx=True):
         if not need_dx:
             return None, {}
+        if isinstance(cache, OneDNNCache):
+            return cache.kernel.backward(dy, cache.data), {}
+        dy = plain(dy)
         x, y, scale = cache
         _, a = self._coefficients(dy.dtype)
         beta = dy.dtype.type(self.beta)

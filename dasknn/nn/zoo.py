@@ -43,7 +43,12 @@ def _ip(name, n, std=None, bias=0.0, decay=(1.0, 1.0)):
     )
 
 
-def lenet(input_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10, seed: int = 0) -> Net:
+def lenet(
+    input_shape: tuple[int, int, int] = (1, 28, 28),
+    num_classes: int = 10,
+    seed: int = 0,
+    backend: str = "auto",
+) -> Net:
     """Caffe's MNIST LeNet (examples/mnist/lenet_train_test.prototxt): 2 conv, 2 max-pool, 2 FC."""
     layers = [
         _conv("conv1", 20, 5),
@@ -54,11 +59,14 @@ def lenet(input_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10
         ReLU("relu1"),
         _ip("ip2", num_classes),
     ]
-    return Net(layers, input_shape, name="LeNet", seed=seed)
+    return Net(layers, input_shape, name="LeNet", seed=seed, backend=backend)
 
 
 def cifar10_quick(
-    input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, seed: int = 0
+    input_shape: tuple[int, int, int] = (3, 32, 32),
+    num_classes: int = 10,
+    seed: int = 0,
+    backend: str = "auto",
 ) -> Net:
     """Caffe's CIFAR-10 quick net (examples/cifar10/cifar10_quick_train_test.prototxt)."""
     layers = [
@@ -74,11 +82,14 @@ def cifar10_quick(
         _ip("ip1", 64, std=0.1),
         _ip("ip2", num_classes, std=0.1),
     ]
-    return Net(layers, input_shape, name="CIFAR10_quick", seed=seed)
+    return Net(layers, input_shape, name="CIFAR10_quick", seed=seed, backend=backend)
 
 
 def cifar10_full(
-    input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, seed: int = 0
+    input_shape: tuple[int, int, int] = (3, 32, 32),
+    num_classes: int = 10,
+    seed: int = 0,
+    backend: str = "auto",
 ) -> Net:
     """Caffe's CIFAR-10 full net (examples/cifar10/cifar10_full_train_test.prototxt), with
     within-channel LRN after the first two pooling layers."""
@@ -100,11 +111,15 @@ def cifar10_full(
         Pooling("pool3", "ave", 3, stride=2),
         _ip("ip1", num_classes, std=0.01, decay=(250.0, 0.0)),
     ]
-    return Net(layers, input_shape, name="CIFAR10_full", seed=seed)
+    return Net(layers, input_shape, name="CIFAR10_full", seed=seed, backend=backend)
 
 
 def caffenet(
-    input_shape: tuple[int, int, int] = (3, 227, 227), num_classes: int = 1000, groups: int = 2, seed: int = 0
+    input_shape: tuple[int, int, int] = (3, 227, 227),
+    num_classes: int = 1000,
+    groups: int = 2,
+    seed: int = 0,
+    backend: str = "auto",
 ) -> Net:
     """BVLC reference CaffeNet (AlexNet with pooling before normalisation).
 
@@ -142,11 +157,15 @@ def caffenet(
         Dropout("drop7", 0.5),
         _ip("fc8", num_classes, std=0.01, decay=d),
     ]
-    return Net(layers, input_shape, name="CaffeNet", seed=seed)
+    return Net(layers, input_shape, name="CaffeNet", seed=seed, backend=backend)
 
 
 def mlp(
-    input_shape: tuple[int, int, int] = (64, 1, 1), num_classes: int = 10, hidden: int = 64, seed: int = 0
+    input_shape: tuple[int, int, int] = (64, 1, 1),
+    num_classes: int = 10,
+    hidden: int = 64,
+    seed: int = 0,
+    backend: str = "auto",
 ) -> Net:
     """A two-layer perceptron written as a CNN: a 1×1 convolution over the features (the conv phase)
     and an InnerProduct classifier (the FC phase). For tabular or flattened data seen as 1×1 images."""
@@ -155,7 +174,7 @@ def mlp(
         ReLU("relu1"),
         _ip("ip1", num_classes),
     ]
-    return Net(layers, input_shape, name="MLP", seed=seed)
+    return Net(layers, input_shape, name="MLP", seed=seed, backend=backend)
 
 
 def residual_block(name: str, bottom: str, n_in: int, n_out: int, stride: int) -> tuple[list, str]:
@@ -193,7 +212,11 @@ def residual_block(name: str, bottom: str, n_in: int, n_out: int, stride: int) -
 
 
 def resnet20(
-    input_shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, seed: int = 0, n: int = 3
+    input_shape: tuple[int, int, int] = (3, 32, 32),
+    num_classes: int = 10,
+    seed: int = 0,
+    n: int = 3,
+    backend: str = "auto",
 ) -> Net:
     """ResNet-20 for CIFAR-sized input (He et al. 2016, §4.2): a 3×3 convolution with 16 filters,
     three stages of `n` = 3 residual blocks with 16, 32 and 64 filters (stride 2 entering stages 2
@@ -216,7 +239,13 @@ def resnet20(
         (Pooling("pool", "ave", global_pooling=True), blob, "pool"),
         (_ip("fc", num_classes), "pool", "fc"),
     ]
-    return Net(entries, input_shape, name="ResNet-20" if n == 3 else f"ResNet-{6 * n + 2}", seed=seed)
+    return Net(
+        entries,
+        input_shape,
+        name="ResNet-20" if n == 3 else f"ResNet-{6 * n + 2}",
+        seed=seed,
+        backend=backend,
+    )
 
 
 NETS: dict[str, Callable[..., Net]] = {
@@ -230,13 +259,17 @@ NETS: dict[str, Callable[..., Net]] = {
 
 
 def get_net(
-    name: str, input_shape: tuple[int, int, int] | None = None, num_classes: int = 10, seed: int = 0
+    name: str,
+    input_shape: tuple[int, int, int] | None = None,
+    num_classes: int = 10,
+    seed: int = 0,
+    backend: str = "auto",
 ) -> Net:
     """A zoo net by name ("lenet", "cifar10_quick", "cifar10_full", "caffenet", "mlp", "resnet20")."""
     key = name.lower().replace("-", "_")
     if key not in NETS:
         raise ValueError(f"unknown net {name!r}; available: {sorted(NETS)}")
-    kwargs = {"num_classes": num_classes, "seed": seed}
+    kwargs = {"num_classes": num_classes, "seed": seed, "backend": backend}
     if input_shape is not None:
         kwargs["input_shape"] = tuple(input_shape)
     return NETS[key](**kwargs)
