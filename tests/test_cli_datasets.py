@@ -29,23 +29,21 @@ def tree(tmp_path_factory):
     return root
 
 
-@pytest.mark.xfail(strict=True, reason="the CLI has no dataset options yet")
 def test_train_on_an_image_folder_at_the_size_and_classes_given(tree, tmp_path):
     run, out = tmp_path / "run", io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main([
         "train", "--dataset", "imagefolder", "--data-dir", str(tree), "--image-size", "28",
         "--classes", "2", "--resize", "warp", "--engine", "simulated", "--max-epochs", "1",
-        "--n-groups", "1", "--lr", "0.01", "--momentum", "0.9", "--batch-size", "4",
+        "--n-groups", "1", "--n-workers", "1", "--lr", "0.01", "--momentum", "0.9", "--batch-size", "4",
         "--validation-fraction", "0", "--eval-size", "24", "--output", str(run),
     ])  # fmt: skip
-    assert code == 0, out.getvalue()
+    assert code in (0, 1), out.getvalue()  # target reached or budget out: both trained
     assert "lenet on imagefolder (24, 3, 28, 28)" in out.getvalue()  # 2 classes of 12 images, 28×28
     history = pd.read_csv(run / "history.csv")
     assert history["epoch"].iloc[-1] == pytest.approx(1.0)
 
 
-@pytest.mark.xfail(strict=True, reason="the CLI has no dataset options yet")
 @pytest.mark.parametrize(
     "argv, expected",
     [
