@@ -18,6 +18,88 @@ from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
 
+MOMENTUM_SAMPLE = 256
+"""Conv weights sampled (fixed, seeded) to measure the total momentum from consecutive updates."""
+
+
+class ParameterSample:
+    """A fixed, seeded sample of `size` coordinates across a weight dict's arrays (the same ones at
+    every read, so successive reads form a trajectory)."""
+
+    def __init__(self, params: dict[str, Any], size: int = MOMENTUM_SAMPLE, seed: int = 0) -> None:
+        if int(size) < 1:
+            raise ValueError(f"the sample needs at least 1 coordinate, got {size}")
+        names = sorted(params)
+        sizes = np.array([int(np.prod(np.shape(params[k]))) for k in names])
+        total = int(sizes.sum())
+        flat = np.random.default_rng(seed).choice(total, size=min(int(size), total), replace=False)
+        edges = np.concatenate([[0], np.cumsum(sizes)])
+        self.index = {
+            k: np.sort(flat[(flat >= edges[i]) & (flat < edges[i + 1])] - edges[i])
+            for i, k in enumerate(names)
+        }
+        self.index = {k: i for k, i in self.index.items() if len(i)}
+
+    def read(self, params: dict[str, Any]) -> np.ndarray:
+        """The sampled coordinates of `params`, as one float64 vector."""
+        return np.concatenate(
+            [np.asarray(params[k], dtype=np.float64).ravel()[i] for k, i in self.index.items()]
+        )
+
+
+class UpdateCorrelation:
+    """Consecutive updates of a `ParameterSample`, their slow drift removed: per update
+    `update_dot` = e_t·e_{t−1} and `update_sq` = |e_{t−1}|², where e_t = Δw_t − m and m is a running
+    mean of the updates over ~`horizon` updates (the drift of the gradient, which makes consecutive
+    updates alike at any µ). NaN until the mean has seen `horizon` updates. Their sums over a
+    segment give the regressed total momentum Σ dot / Σ sq (YellowFin's measurement,
+    `optimizer.momentum`)."""
+
+    def __init__(self, params: dict[str, Any], size: int = MOMENTUM_SAMPLE, horizon: int = 50) -> None:
+        self.sample = ParameterSample(params, size) if params else None
+        self.horizon = int(horizon)
+        self.last: np.ndarray | None = None
+        self.mean: np.ndarray | None = None
+        self.last_dev: np.ndarray | None = None
+        self.seen = 0
+
+    def update(self, params: dict[str, Any]) -> dict[str, float]:
+        out = {"update_dot": float("nan"), "update_sq": float("nan")}
+        if self.sample is None:
+            return out
+        w = self.sample.read(params)
+        if self.last is not None:
+            delta = w - self.last
+            self.seen += 1
+            if self.mean is None:
+                self.mean = delta.copy()
+            dev = delta - self.mean
+            if self.last_dev is not None and self.seen > self.horizon:
+                out = {
+                    "update_dot": float(dev @ self.last_dev),
+                    "update_sq": float(self.last_dev @ self.last_dev),
+                }
+            self.last_dev = dev
+            self.mean += (delta - self.mean) / min(self.seen, self.horizon)
+        self.last = w
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """What continues the measurement exactly in a later run (`load`)."""
+        copy = lambda a: None if a is None else a.copy()  # noqa: E731
+        return {
+            "last": copy(self.last),
+            "mean": copy(self.mean),
+            "last_dev": copy(self.last_dev),
+            "seen": self.seen,
+        }
+
+    def load(self, state: dict[str, Any]) -> None:
+        for key in ("last", "mean", "last_dev"):
+            value = state.get(key)
+            setattr(self, key, None if value is None else np.array(value, dtype=np.float64))
+        self.seen = int(state.get("seen", 0))
+
 
 class ConvModelServer:
     """Conv-phase weights, their momentum buffers and a version counter.
@@ -57,6 +139,7 @@ class ConvModelServer:
         self.log: list[dict[str, Any]] = []
         self.claimed: set[int] = set()
         self._lock = threading.Lock()
+        self.updates = UpdateCorrelation(self.params)
 
     def stop(self) -> None:
         """Tell every compute group to stop: later pushes are refused, so the weights stay as they are."""
@@ -117,6 +200,7 @@ class ConvModelServer:
                 "version_read": version_read,
                 "version_written": written,
                 "staleness": written - version_read - 1,
+                **self.updates.update(self.params),
             }
             if row is not None:
                 out = {**row, **out, "t_end": time.time()}
@@ -140,6 +224,7 @@ class ConvModelServer:
             self.params = {k: np.array(v, copy=True) for k, v in state["params"].items()}
             self.solver.load_state_dict(state["solver"])
             self.version = int(state["version"])
+            self.updates = UpdateCorrelation(self.params)  # no update spans a restore
 
 
 NOISE_EVERY = 4

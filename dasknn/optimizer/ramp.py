@@ -24,7 +24,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LrRamp", "RampStep", "expected_ratio", "loss_exponent", "window_level", "window_progress"]
+__all__ = [
+    "LrRamp",
+    "RampStep",
+    "expected_ratio",
+    "loss_exponent",
+    "progress_and_error",
+    "window_level",
+    "window_progress",
+]
 
 MAX_HALVINGS = 6
 """Windows undone in a row at the start η (halving it each time) before the ramp gives up."""
@@ -35,13 +43,24 @@ MAX_GAMMA = 4.0
 def window_progress(losses) -> float:
     """The fall of log(loss) per iteration over one window: minus the least-squares slope of
     log(loss) against the iteration; −inf when a loss is not finite or not positive."""
+    return progress_and_error(losses)[0]
+
+
+def progress_and_error(losses) -> tuple[float, float]:
+    """(`window_progress`, its standard error): batch losses are noisy, so a window's slope is
+    judged with its uncertainty (the residuals' spread over the iterations' spread)."""
     x = np.asarray(losses, dtype=float)
     if len(x) < 2:
         raise ValueError(f"a window needs at least 2 losses, got {len(x)}")
     if not (np.isfinite(x).all() and (x > 0).all()):
-        return -math.inf
+        return -math.inf, 0.0
     t = np.arange(len(x), dtype=float)
-    return float(-np.polyfit(t, np.log(x), 1)[0])
+    slope, intercept = np.polyfit(t, np.log(x), 1)
+    if len(x) < 3:
+        return float(-slope), 0.0
+    residual = np.log(x) - (slope * t + intercept)
+    se = math.sqrt(float((residual**2).sum()) / (len(x) - 2) / float(((t - t.mean()) ** 2).sum()))
+    return float(-slope), se
 
 
 def window_level(losses) -> float:
@@ -81,7 +100,9 @@ class LrRamp:
     """The ramp's state: feed it each window's losses (`observe`), run the window it answers with.
 
     `lr`: the starting η (the prior's); `window`: w, iterations per window; `factor`: 2 (doubling);
-    `max_steps`: doublings at most; `margin`: how much the doubled window must beat the expectation.
+    `max_steps`: doublings at most; `margin`: how much the doubled window must beat the expectation;
+    `z`: standard errors of a window's slope within which it does not count as worse, or as a rise
+    (a rise or a worse window must stand out of the batch losses' noise).
     JSON-able (`to_dict` / `from_dict`), so a fit checkpointed mid-ramp resumes exactly.
     """
 
@@ -90,6 +111,7 @@ class LrRamp:
     factor: float = 2.0
     max_steps: int = 12
     margin: float = 0.0
+    z: float = 1.0
     windows: int = 0  # windows kept so far
     iterations: int = 0  # iterations kept so far (the t of the power law)
     calibration: list[list[float]] = field(default_factory=list)  # [progress, level] at the start η
@@ -113,9 +135,9 @@ class LrRamp:
         """Judge the window just run at `self.lr` (its training losses, in order)."""
         if self.done:
             raise RuntimeError("the ramp is over: no more windows to judge")
-        p = window_progress(losses)
+        p, se = progress_and_error(losses)
         level = window_level(losses)
-        if not math.isfinite(p) or p < 0:
+        if not math.isfinite(p) or p < -self.z * se:
             return self._undo(p, "the loss rose" if math.isfinite(p) else "a loss was not finite")
         if len(self.calibration) < 2:  # two windows at the start η measure how progress decays
             self._keep(p, level, len(losses))
@@ -126,12 +148,14 @@ class LrRamp:
             self.gamma = loss_exponent(p0, p1, l0, l1)
             return self._double(f"calibration at η: progress goes as loss^{self.gamma:.2f}")
         expected = self.last_progress * expected_ratio(self.gamma, self.last_level, level)
-        if p > expected * (1 + self.margin):
+        if p + self.z * se > expected * (1 + self.margin):  # not worse beyond the window's noise
             self._keep(p, level, len(losses))
             if self.steps >= self.max_steps:
                 return self._finish(f"{self.max_steps} doublings: the ramp ends at η = {self.lr:g}")
             return self._double(f"progress {p:.3g}/it beat the previous η's expected {expected:.3g}/it")
-        return self._undo(p, f"progress {p:.3g}/it below the previous η's expected {expected:.3g}/it")
+        return self._undo(
+            p, f"progress {p:.3g}±{se:.2g}/it below the previous η's expected {expected:.3g}/it"
+        )
 
     def _keep(self, p: float, level: float, n: int) -> None:
         self.windows += 1

@@ -101,3 +101,29 @@ def test_a_ramp_diverging_at_every_rate_gives_up_and_resumes_from_its_dict():
     run_ramp(ramp, max_windows=3)
     again = LrRamp.from_dict(ramp.to_dict())
     assert again == ramp or (again.to_dict() == ramp.to_dict())
+
+
+def noisy_ramp_end(z: float, seed: int, noise: float = 0.15) -> float:
+    """The η a ramp ends at on the planted curve with batch-loss noise (lognormal, σ = `noise`)."""
+    rng = np.random.default_rng(seed)
+    ramp, s = LrRamp(lr=0.01, window=20, z=z), 0.0
+    for _ in range(40):
+        if ramp.done:
+            break
+        lr = ramp.lr
+        if lr > 2 * BEST:
+            losses = [loss_at(s) * 1.4**i for i in range(1, 21)]
+        else:
+            losses = [loss_at(s + effective(lr) * i) * math.exp(rng.normal(0, noise)) for i in range(1, 21)]
+        if not ramp.observe(losses).restore:
+            s += effective(lr) * 20
+    return ramp.lr
+
+
+def test_noisy_batch_losses_do_not_stop_the_ramp_early():
+    """A window counts as worse (or as a rise) only beyond its slope's standard error: with the
+    noise of batch losses a point comparison (z = 0) stops early on chance."""
+    judged = np.median([noisy_ramp_end(1.0, seed) for seed in range(10)])
+    plain = np.median([noisy_ramp_end(0.0, seed) for seed in range(10)])
+    assert judged >= 0.32 and plain <= 0.16
+    assert max(noisy_ramp_end(1.0, seed) for seed in range(10)) < 2 * BEST  # the diverging rate never kept

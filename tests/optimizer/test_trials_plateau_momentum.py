@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from dasknn.optimizer.momentum import ParameterSample, regressed_momentum, steer_from_trajectory
+from dasknn.engine.servers import ParameterSample
+from dasknn.optimizer.momentum import regressed_momentum, steer_from_trajectory, trace_momentum
 from dasknn.optimizer.plateau import Plateau
 from dasknn.optimizer.trials import neighbours, trial_seconds
 
@@ -106,3 +107,23 @@ def test_the_parameter_sample_reads_the_same_coordinates_every_time():
     assert a.shape == (32,) and np.array_equal(a, ParameterSample(params, size=32, seed=3).read(params))
     moved = {k: v + 1.0 for k, v in params.items()}
     assert np.allclose(sample.read(moved) - a, 1.0)
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.9])
+def test_the_simulators_trace_measures_the_total_momentum_of_real_training(mu):
+    """The conv model server's sampled updates (`update_dot`, `update_sq`) on the simulator, one
+    group: the regressed total is the explicit µ."""
+    from dasknn.data import load
+    from dasknn.engine.simulated import SimulatedEngine
+    from dasknn.engine.trace import Budget, RunConfig
+    from dasknn.tradeoff.hardware import HEModel
+    from tests.planted import small_net
+
+    X, y = load("digits", size=8, batch_size=32)
+    engine = SimulatedEngine(HEModel(T_cc=5.0, T_nc=0.0, t_fc=0.5, n_workers=1), verbose=0)
+    trace = engine.run(small_net(), np.asarray(X), np.asarray(y), RunConfig(1, 0.02, mu, 0.0, 32, 0),
+                       Budget(iterations=300)).trace  # fmt: skip
+    measured = trace["update_sq"].notna()
+    assert not measured.head(50).any() and measured.iloc[52:].all()  # once the drift's mean has 50 updates
+    assert trace_momentum(trace) == pytest.approx(mu, abs=0.1)
+    assert math.isnan(trace_momentum(trace[["loss"]]))

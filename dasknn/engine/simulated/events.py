@@ -148,6 +148,8 @@ class Simulation:
             {"iter": sim["conv_iter"] if sim else state.iterations_done, "history": conv_mom}
         )
         self.conv_server.version = sim["conv_version"] if sim else state.iterations_done
+        if sim and "updates" in sim:  # the total-momentum measurement goes on where it was
+            self.conv_server.updates.load(sim["updates"])
         self.fc_server.solver.load_state_dict(
             {"iter": sim["fc_iter"] if sim else state.iterations_done, "history": fc_mom}
         )
@@ -319,6 +321,7 @@ class Simulation:
             "conv_version": self.conv_server.version,
             "conv_iter": self.conv_server.solver.iter,
             "fc_iter": self.fc_server.solver.iter,
+            "updates": self.conv_server.updates.state(),
         }
         return TrainState(
             params={key: np.array(v, copy=True) for key, v in params.items()},
