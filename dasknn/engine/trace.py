@@ -15,6 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from dasknn.rules import LEARNING_RATE, MOMENTUM
+
 TRACE_COLUMNS = (
     "group",
     "iteration",
@@ -48,12 +50,10 @@ class RunConfig:
             raise ValueError(f"n_groups must be >= 1, got {self.n_groups}")
         if int(self.batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        for key in ("lr", "momentum", "weight_decay"):
-            value = getattr(self, key)
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{key} must be a finite number >= 0, got {value}")
-        if self.momentum >= 1:
-            raise ValueError(f"momentum must be < 1, got {self.momentum}")
+        LEARNING_RATE.check("lr", self.lr)
+        MOMENTUM.check("momentum", self.momentum)
+        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
 
     def with_(self, **changes) -> RunConfig:
         return replace(self, **changes)

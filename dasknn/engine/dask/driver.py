@@ -4,7 +4,7 @@ The driver persists X and y on the workers, plans the placement (the FC server's
 model server's, each group's workers and their FLOPS-proportional shares), and starts a `Segment`:
 the conv model server and the merged FC server as actors pinned to their workers, a `ShardServer`
 actor on every worker of a group but its lead, and one long-running loop task per compute group on
-its lead worker (`tasks.group_loop`). Each loop pulls, computes its shards (the remote ones by
+its lead worker (`iteration.group_loop`). Each loop pulls, computes its shards (the remote ones by
 direct actor calls, worker to worker), goes through the FC server and pushes ONE update per
 iteration, so g groups run with no barrier and nothing per iteration passes through the client.
 The driver only polls: it drains the conv model server's log of Trace rows, snapshots both
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -32,10 +31,10 @@ from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
 from dasknn.engine.dask.recovery import ClusterError, Recovery, is_worker_loss, lost_error, resume_batches
 from dasknn.engine.dask.replicas import run_replicas
 from dasknn.engine.dask.restart import run_restarting
-from dasknn.engine.dask.runs import Data, cluster_workers, engine_client, persist_data, stream_data
+from dasknn.engine.dask.runs import Data, begin_run, cluster_workers, engine_client, persist_data, stream_data
 from dasknn.engine.dask.segment import Segment, SegmentFailed, await_data
 from dasknn.engine.dask.unmerged import run_unmerged
-from dasknn.engine.strategy import Strategy, split_layer
+from dasknn.engine.strategy import Strategy
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
 
@@ -310,12 +309,8 @@ class DaskEngine:
         X, y = data.X, data.y
         placement = plan(cluster_workers(client), config.n_groups, self._throughput(client))
         first_placement = str(placement.roles())
-        client.run(tasks.prepare_worker, self.blas_threads)
-        state = start.copy() if start is not None else TrainState.from_net(net)
-        conv_net, fc_net = net.split_phases(at=split_layer(net, self.strategy, config.batch_size))
-        if fc_net is None:
-            raise ValueError(f"net {net.name!r} has no FC phase (no InnerProduct layer) for the FC server")
-        run_id = uuid.uuid4().hex
+        begun = begin_run(self, client, net, config, start)
+        state, conv_net, fc_net, run_id = begun.state, begun.conv_net, begun.fc_net, begun.run_id
         template = client.scatter(conv_net.copy(), broadcast=True, hash=False)
         t0 = time.time()
         deadline = None if budget.seconds is None else t0 + budget.seconds

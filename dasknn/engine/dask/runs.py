@@ -10,6 +10,7 @@ are alive while the long-running loop tasks work.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,9 @@ import numpy as np
 
 from dasknn.data.stream import StreamSource
 from dasknn.engine.dask.recovery import WorkerLostError
-from dasknn.engine.trace import Budget, RunConfig
+from dasknn.engine.strategy import split_layer
+from dasknn.engine.trace import Budget, RunConfig, TrainState
+from dasknn.nn.net import Net
 
 __all__ = [
     "Data",
@@ -113,6 +116,32 @@ def engine_client(engine):
     from distributed import default_client
 
     return default_client()
+
+
+@dataclass
+class RunStart:
+    """What a run on either physical map begins with: its start state, the net's conv and FC
+    phases, and a fresh run id (which names the workers' cached nets and forward caches)."""
+
+    state: TrainState
+    conv_net: Net
+    fc_net: Net
+    run_id: str
+
+
+def begin_run(engine, client, net: Net, config: RunConfig, start: TrainState | None) -> RunStart:
+    """The prelude of a merged or unmerged run: the workers prepared (`tasks.prepare_worker`: BLAS
+    threads limited when the engine says, numpy's warnings filtered), the start state (a copy of
+    `start`, or the net's own weights), the net split at the strategy's split into its conv and FC
+    phases (Omnivore §II-B), a run id."""
+    from dasknn.engine.dask.tasks import prepare_worker
+
+    client.run(prepare_worker, engine.blas_threads)
+    state = start.copy() if start is not None else TrainState.from_net(net)
+    conv_net, fc_net = net.split_phases(at=split_layer(net, engine.strategy, config.batch_size))
+    if fc_net is None:
+        raise ValueError(f"net {net.name!r} has no FC phase (no InnerProduct layer) for an FC server")
+    return RunStart(state, conv_net, fc_net, uuid.uuid4().hex)
 
 
 def persist_data(engine, client, X, y, config: RunConfig) -> Data:

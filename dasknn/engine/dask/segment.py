@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from dasknn.engine.dask import tasks
+from dasknn.engine.dask import iteration, tasks
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
 from dasknn.engine.dask.placement import Placement
 from dasknn.engine.dask.recovery import (
@@ -102,7 +102,7 @@ class Segment:
             self.loops = [
                 submit_pinned(
                     self.client,
-                    tasks.group_loop,
+                    iteration.group_loop,
                     spec if source is None else replace(spec, source=None),
                     template,
                     self.conv_server,

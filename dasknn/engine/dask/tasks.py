@@ -1,18 +1,16 @@
-"""The worker side of the Dask engine: one long-running loop task per compute group.
+"""The worker side of the Dask engine: the shards' computations and the servers that run them.
 
-Omnivore on Dask (ARCHITECTURE.md, "Data flow of one iteration"). A group's loop runs on its lead
-worker and, each iteration: pulls the conv weights (version v) from the conv model server; runs the
-conv forward of each shard on its worker with batched lowering (the cache stays there; the lead
-worker's own shard runs inline in the loop); sends the activations to the merged FC server, which
-returns d(activations); runs each shard's conv backward where its cache is; sums the k gradients
-(a reduction tree, or at one place); pushes ONE update (version v'). A group of one worker does all
-of that inside its loop. Groups run with no barrier.
+A compute group's loop (`iteration.group_loop`, one long-running task on the group's lead worker)
+runs one iteration at a time (`iteration.iteration`, docs/architecture.md "One iteration's data
+flow"); this module holds what the iteration's transports call: a worker's copy of the net
+(`_net`), one shard's conv forward and backward, the unmerged map's whole-net step, the
+`ShardServer` actor that serves a remote shard, the shard tasks (`conv_forward`, `conv_backward`,
+`whole_net_step`) and the sum of gradients (`sum_grads`, `aggregate`, `reduce_on_servers`).
 
 A remote shard runs on the `ShardServer` actor of its worker (one per worker of a group but its
 lead): an actor call goes straight to that worker (~1 ms on a local cluster), where a task goes
 through the scheduler and back (~13 ms), which on LeNet made a 2-worker group slower than one
-worker. `DaskEngine(shard_calls="tasks")` keeps the task path (`conv_forward`/`conv_backward`
-tasks, `aggregate`).
+worker. `DaskEngine(shard_calls="tasks")` keeps the task path.
 
 These functions run on workers. They reach a server directly when its actor lives in the same
 worker process, and through the actor protocol otherwise.
@@ -30,7 +28,7 @@ import numpy as np
 
 from dasknn.data.augment import Augment
 from dasknn.data.stream import StreamSource
-from dasknn.engine.dask.actors import submit_actor, submit_pinned
+from dasknn.engine.dask.actors import submit_actor
 from dasknn.engine.dask.batches import batch_reader
 from dasknn.engine.dask.placement import Placement, shard_sizes
 from dasknn.engine.streams import shard_rng
@@ -251,25 +249,23 @@ def _whole_net(net: DeviceNet, weights, x, y, rng_key, weight: float = 1.0) -> d
     return {"grads": grads, "loss": float(loss) * weight, "accuracy": float(acc) * weight}
 
 
+FC_RNG_STREAM = 5
+"""The dropout stream of a batch's FC phase on the unmerged map, as UnmergedSimulation draws it."""
+
+
+def whole_net_step(run_id: str, template, weights, x, y, device: str, rng_key, weight: float = 1.0):
+    """Forward and backward of the whole net (conv + FC) on one shard, FC computed on this worker
+    (the unmerged map's shard step, as a task or inline).
+
+    Returns {"grads", "loss", "accuracy"}, each multiplied by `weight` (the shard's n_i / B), so the
+    k shards' results sum to the full batch's (SoftmaxWithLoss averages over the shard).
+    """
+    return _whole_net(_net(run_id, template, device), weights, x, y, rng_key, weight)
+
+
 FC_RECORD = ("loss", "main_loss", "accuracy", "grad_sq", "grad_sq_half")
 """What a Trace row takes from the FC server's step: the weighted total loss, the main head's loss
 and accuracy, and the squared gradient norms the noise scale is estimated from."""
-
-
-def _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row) -> dict[str, Any] | None:
-    """A whole iteration of a one-worker group, no task: pull, forward, FC step, backward, push.
-
-    Returns the Trace row the conv model server logged, or None once a server has stopped."""
-    tmo = spec.timeout
-    version, weights = _call(conv_server, "pull", timeout=tmo)
-    net = _net(spec.run_id, template, spec.devices[0])
-    acts, caches = _forward(net, weights, x, spec.seed, row["batch"], 0)
-    fc = _call(fc_server, "step", acts, y, spec.lr, spec.momentum, timeout=tmo)
-    if fc is None:
-        return None
-    grads = _backward(net, weights, caches, fc["dacts"])
-    row.update({k: fc[k] for k in FC_RECORD})
-    return _call(conv_server, "push", grads, version, spec.lr, spec.momentum, row, timeout=tmo)
 
 
 def _until_stopped(ready, spec: GroupSpec, conv_server, what: str) -> bool:
@@ -452,213 +448,9 @@ def reduce_on_servers(shard_servers, token: str, spec, conv_server) -> list | No
     return _actor_results([level[0].take(token)], spec, conv_server)
 
 
-def _actor_iteration(
-    spec, template, conv_server, fc_server, shard_servers, x, y, row, stream: str | None = None
-) -> dict[str, Any] | None:
-    """A group of k > 1 workers with a ShardServer on each worker but the lead: the lead's shard
-    inline, each other shard by direct actor calls (no scheduler round trip), one push.
-
-    The k − 1 remote gradients are summed by a reduction tree of `branching` among the shard
-    servers (its root's sum comes to the lead, which adds its own gradient, as `aggregate` does);
-    with k = 2 the one remote gradient comes back from `backward` itself. With `stream` (the key the
-    servers' streams were opened under), x is the lead's own shard and each server reads its own.
-    Returns the Trace row the conv model server logged, or None once a server has stopped."""
-    tmo = spec.timeout
-    version, weights = _call(conv_server, "pull", timeout=tmo)
-    bounds = shard_bounds(spec)
-    token = f"{spec.run_id}-{spec.group}-{row['batch']}"
-    b = row["batch"]
-    fwd = [
-        srv.forward(token, weights, None if stream else x[bounds[i] : bounds[i + 1]], spec.seed, b, i, stream)
-        for i, srv in enumerate(shard_servers, 1)
-    ]
-    lead = _net(spec.run_id, template, spec.devices[0])
-    acts0, caches0 = _forward(lead, weights, x if stream else x[bounds[0] : bounds[1]], spec.seed, b, 0)
-    remote_acts = _actor_results(fwd, spec, conv_server)
-    if remote_acts is None:
-        return None
-    fc = _call(
-        fc_server, "step", np.concatenate([acts0, *remote_acts]), y, spec.lr, spec.momentum, timeout=tmo
-    )
-    if fc is None:
-        return None
-    dacts = fc["dacts"]
-    tree = len(shard_servers) > 1
-    bwd = [
-        srv.backward(token, dacts[bounds[i] : bounds[i + 1]], tree) for i, srv in enumerate(shard_servers, 1)
-    ]
-    total = _backward(lead, weights, caches0, dacts[bounds[0] : bounds[1]])
-    parts = _actor_results(bwd, spec, conv_server)
-    if parts is None:
-        return None
-    if tree:
-        parts = reduce_on_servers(shard_servers, token, spec, conv_server)
-        if parts is None:
-            return None
-    total = sum_grads(total, *parts)
-    row.update({k: fc[k] for k in FC_RECORD})
-    return _call(conv_server, "push", total, version, spec.lr, spec.momentum, row, timeout=tmo)
-
-
-def _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row) -> dict[str, Any] | None:
-    """A group of k > 1 workers: this (lead) worker's shard inline, one task per other shard, one push.
-
-    The loop runs on the group's lead worker (`spec.workers[0]`), so its shard needs no task: it
-    is computed here while the other workers' forward tasks run. Those tasks keep their caches in
-    their worker process (`conv_forward` returns only the activations) for `conv_backward`, so an
-    iteration costs two task hops per remote shard. Returns the Trace row the conv model server
-    logged, or None once a server has stopped."""
-    from distributed import Future
-
-    tmo = spec.timeout
-    version, weights = _call(conv_server, "pull", timeout=tmo)
-    template_f = Future(spec.template_key, client, state="memory")
-    bounds = np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
-    remote = list(zip(range(1, len(spec.workers)), spec.workers[1:], spec.devices[1:], strict=True))
-    # every scattered future stays referenced until the push: a dropped one could be released
-    # before the scheduler has registered it, and its task would lose a dependency
-    w_futures = {i: client.scatter([weights], workers=[w], direct=True, hash=False)[0] for i, w, _ in remote}
-    shards = {
-        i: client.scatter(x[bounds[i] : bounds[i + 1]], workers=[w], direct=True, hash=False)
-        for i, w, _ in remote
-    }
-    token = f"{spec.group}-{row['batch']}"
-    fwd = {
-        i: submit_pinned(
-            client,
-            conv_forward,
-            spec.run_id,
-            token,
-            i,
-            template_f,
-            w_futures[i],
-            shards[i],
-            device,
-            (spec.seed, row["batch"]),
-            worker=w,
-        )
-        for i, w, device in remote
-    }
-    lead = _net(spec.run_id, template, spec.devices[0])
-    acts0, caches0 = _forward(lead, weights, x[bounds[0] : bounds[1]], spec.seed, row["batch"], 0)
-    if not _wait(list(fwd.values()), spec, conv_server):
-        return None
-    acts = np.concatenate([acts0, *client.gather([fwd[i] for i, _, _ in remote])])
-    fc = _call(fc_server, "step", acts, y, spec.lr, spec.momentum, timeout=tmo)
-    if fc is None:
-        return None
-    dacts = {
-        i: client.scatter(fc["dacts"][bounds[i] : bounds[i + 1]], workers=[w], direct=True, hash=False)
-        for i, w, _ in remote
-    }
-    grads = [
-        submit_pinned(
-            client,
-            conv_backward,
-            spec.run_id,
-            token,
-            i,
-            template_f,
-            w_futures[i],
-            fwd[i],
-            dacts[i],
-            device,
-            worker=w,
-        )
-        for i, w, device in remote
-    ]
-    grads0 = _backward(lead, weights, caches0, fc["dacts"][bounds[0] : bounds[1]])
-    summed, total = aggregate(client, grads, spec.aggregation, spec.branching, spec.ps_worker, local=grads0)
-    if summed is not None:
-        if not _wait([summed], spec, conv_server):
-            return None
-        part = summed.result(timeout=tmo)
-        total = part if total is None else sum_grads(total, part)
-    row.update({k: fc[k] for k in FC_RECORD})
-    pushed = _call(conv_server, "push", total, version, spec.lr, spec.momentum, row, timeout=tmo)
-    del shards, dacts, w_futures, fwd
-    return pushed
-
-
-def group_loop(spec: GroupSpec, template, conv_server, fc_server, shard_servers=None, source=None) -> int:
-    """Run one compute group until its iterations are done, its deadline passes, or the conv model
-    server says stop; returns the number of iterations it pushed.
-
-    The Trace rows (times absolute, seconds since the epoch) go to the conv model server's log with
-    each push. `shard_servers`: the ShardServer actors of `spec.workers[1:]` (None: shard tasks).
-    `source`: the streamed data's StreamSource, when the driver sent it apart from the spec.
-    A second run of the same group's task (dask may run a task again after a worker
-    failure) finds the group claimed and returns at once, so a group never runs twice."""
-    from distributed import get_client, secede
-
-    if source is not None:
-        spec = replace(spec, source=source)
-    client = get_client()
-    secede()  # a long-running task: free the worker's thread for the group's shard tasks
-    if not _call(conv_server, "claim", spec.group, timeout=spec.timeout):
-        return 0
-    stream = None
-    if spec.source is not None and shard_servers and spec.own_reads:  # every worker reads its own shard
-        stream = f"{spec.run_id}-{spec.group}"
-        open_shard_streams(spec, shard_servers, stream)
-        reader = batch_reader(client, spec, rows=tuple(shard_bounds(spec)[:2]))
-    else:
-        reader = batch_reader(client, spec)
-    next_check = 0.0
-    next_trim = time.time() + TRIM_SECONDS
-    i = 0
-    try:
-        while spec.iterations is None or i < spec.iterations:
-            now = time.time()
-            if spec.deadline is not None and now >= spec.deadline:
-                break
-            if now >= next_trim:
-                release_freed_memory()
-                next_trim = now + TRIM_SECONDS
-            if now >= next_check:
-                _, stopped = _call(conv_server, "progress", timeout=spec.timeout)
-                if stopped:
-                    break
-                next_check = now + STOP_CHECK_SECONDS
-            b = spec.first_batch + spec.group + spec.n_groups * i
-            x, y = reader.get(b)
-            row = {"t_start": time.time(), "group": spec.group, "batch": b, "n_images": int(len(y))}
-            if len(spec.workers) == 1:
-                pushed = _one_worker_iteration(spec, template, conv_server, fc_server, x, y, row)
-            elif shard_servers:
-                pushed = _actor_iteration(
-                    spec, template, conv_server, fc_server, shard_servers, x, y, row, stream
-                )
-            else:
-                pushed = _sharded_iteration(client, spec, template, conv_server, fc_server, x, y, row)
-            if pushed is None:
-                break
-            i += 1
-    finally:
-        reader.close()
-        if stream is not None:
-            for srv in shard_servers:
-                try:
-                    srv.close_stream(stream).result(timeout=spec.timeout)
-                except Exception:  # a lost worker's reader went with it
-                    pass
-    return i
-
-
 def shard_bounds(spec) -> np.ndarray:
     """Where each worker's shard of a group's batch starts and ends: k + 1 offsets, from 0 to B."""
     return np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
-
-
-def open_shard_streams(spec, shard_servers, key: str) -> None:
-    """Start each shard server's stream of its rows of the group's batches (`ShardServer.open_stream`);
-    the source itself is sent only to a worker that has not streamed from it yet."""
-    bounds, bare = shard_bounds(spec), replace(spec, source=None)
-    name = spec.source.name
-    for i, srv in enumerate(shard_servers, 1):
-        rows = (int(bounds[i]), int(bounds[i + 1]))
-        if not srv.open_stream(key, bare, rows, name).result(timeout=spec.timeout):
-            srv.open_stream(key, bare, rows, name, spec.source).result(timeout=spec.timeout)
 
 
 # -- the shard tasks of a group of k > 1 workers -------------------------------------------------

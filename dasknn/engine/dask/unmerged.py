@@ -15,147 +15,18 @@ A group of k > 1 workers computes its lead's shard in its loop and the others on
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
-import numpy as np
-
-from dasknn.engine.dask import tasks
+from dasknn.engine.dask import iteration, tasks
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
 from dasknn.engine.dask.batches import BatchReader
-from dasknn.engine.dask.placement import Placement, plan, shard_sizes
-from dasknn.engine.dask.runs import cluster_workers, engine_client, persist_data, wait_for_loops
+from dasknn.engine.dask.placement import Placement, plan
+from dasknn.engine.dask.runs import begin_run, cluster_workers, engine_client, persist_data, wait_for_loops
 from dasknn.engine.servers import ConvModelServer
-from dasknn.engine.strategy import split_layer
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
 
-__all__ = ["run_unmerged", "unmerged_loop", "whole_net_step"]
-
-FC_RNG_STREAM = 5  # the dropout stream of a batch's FC phase, as UnmergedSimulation draws it
-
-
-def whole_net_step(run_id: str, template, weights, x, y, device: str, rng_key, weight: float = 1.0):
-    """Forward and backward of the whole net (conv + FC) on one shard, FC computed on this worker.
-
-    Returns {"grads", "loss", "accuracy"}, each multiplied by `weight` (the shard's n_i / B), so the
-    k shards' results sum to the full batch's (SoftmaxWithLoss averages over the shard).
-    """
-    return tasks._whole_net(tasks._net(run_id, template, device), weights, x, y, rng_key, weight)
-
-
-def _grads_of(out: dict[str, Any]) -> dict[str, np.ndarray]:
-    return out["grads"]
-
-
-def _metrics_of(out: dict[str, Any]) -> tuple[float, float]:
-    return out["loss"], out["accuracy"]
-
-
-def _pull_both(spec, conv_server, fc_model):
-    version, conv_w = tasks._call(conv_server, "pull", timeout=spec.timeout)
-    fc_version, fc_w = tasks._call(fc_model, "pull", timeout=spec.timeout)
-    return version, fc_version, conv_w, fc_w
-
-
-def _push_both(spec, conv_server, fc_model, grads, version, fc_version, fc_keys) -> dict[str, Any] | None:
-    """Push the conv and the FC gradient to their servers; None if a server refused (stopped)."""
-    conv_grads = {k: g for k, g in grads.items() if k not in fc_keys}
-    fc_grads = {k: g for k, g in grads.items() if k in fc_keys}
-    args = (spec.lr, spec.momentum)
-    pushed = tasks._call(conv_server, "push", conv_grads, version, *args, timeout=spec.timeout)
-    if pushed is None:
-        return None
-    fc_pushed = tasks._call(fc_model, "push", fc_grads, fc_version, *args, timeout=spec.timeout)
-    if fc_pushed is None:
-        return None
-    return {**pushed, "fc_staleness": fc_pushed["staleness"]}
-
-
-def _one_worker_iteration(spec, template, conv_server, fc_model, x, y, b) -> dict[str, Any] | None:
-    t_start = time.time()
-    version, fc_version, conv_w, fc_w = _pull_both(spec, conv_server, fc_model)
-    out = whole_net_step(
-        spec.run_id, template, {**conv_w, **fc_w}, x, y, spec.devices[0], (spec.seed, FC_RNG_STREAM, b)
-    )
-    pushed = _push_both(spec, conv_server, fc_model, out["grads"], version, fc_version, set(fc_w))
-    if pushed is None:
-        return None
-    return {
-        "t_start": t_start,
-        "t_end": time.time(),
-        **pushed,
-        "loss": out["loss"],
-        "accuracy": out["accuracy"],
-    }
-
-
-def _sharded_iteration(client, spec, template, conv_server, fc_model, x, y, b) -> dict[str, Any] | None:
-    """k > 1 workers: each runs the whole net on its shard; the gradients are aggregated, pushed once."""
-    t_start = time.time()
-    version, fc_version, conv_w, fc_w = _pull_both(spec, conv_server, fc_model)
-    weights = {**conv_w, **fc_w}
-    bounds = np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
-    # the scattered futures stay referenced until the push (see tasks._sharded_iteration)
-    scattered, outs, grads, metrics = [], [], [], []
-    for i, (w, device) in enumerate(zip(spec.workers, spec.devices, strict=True)):
-        a, z = int(bounds[i]), int(bounds[i + 1])
-        parts = client.scatter([weights, x[a:z], y[a:z]], workers=[w], direct=True, hash=False)
-        scattered.append(parts)
-        out = submit_pinned(
-            client,
-            whole_net_step,
-            spec.run_id,
-            template,
-            *parts,
-            device,
-            (spec.seed, FC_RNG_STREAM, b),
-            (z - a) / spec.batch_size,
-            worker=w,
-        )
-        outs.append(out)
-        grads.append(client.submit(_grads_of, out, workers=[w], pure=False))
-        metrics.append(client.submit(_metrics_of, out, workers=[w], pure=False))
-    total, _ = tasks.aggregate(client, grads, spec.aggregation, spec.branching, spec.ps_worker)
-    summed = total.result(timeout=spec.timeout)
-    loss, acc = (float(sum(v)) for v in zip(*client.gather(metrics), strict=True))
-    pushed = _push_both(spec, conv_server, fc_model, summed, version, fc_version, set(fc_w))
-    del scattered, outs, grads
-    if pushed is None:
-        return None
-    return {"t_start": t_start, "t_end": time.time(), **pushed, "loss": loss, "accuracy": acc}
-
-
-def _actor_sharded_iteration(spec, template, conv_server, fc_model, shard_servers, x, y, b):
-    """k > 1 workers with a ShardServer on each but the lead: the lead's shard inline, the others by
-    direct actor calls (`whole_step`), the k − 1 remote gradients summed by a tree among them."""
-    t_start = time.time()
-    version, fc_version, conv_w, fc_w = _pull_both(spec, conv_server, fc_model)
-    weights = {**conv_w, **fc_w}
-    bounds = np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
-    token, key = f"{spec.run_id}-{spec.group}-{b}", (spec.seed, FC_RNG_STREAM, b)
-    tree = len(shard_servers) > 1
-    calls = []
-    for i, srv in enumerate(shard_servers, 1):
-        a, z = int(bounds[i]), int(bounds[i + 1])
-        calls.append(srv.whole_step(token, weights, x[a:z], y[a:z], key, (z - a) / spec.batch_size, tree))
-    a, z = int(bounds[0]), int(bounds[1])
-    lead = whole_net_step(
-        spec.run_id, template, weights, x[a:z], y[a:z], spec.devices[0], key, (z - a) / spec.batch_size
-    )
-    outs = tasks._actor_results(calls, spec, conv_server)
-    if outs is None:
-        return None
-    parts = tasks.reduce_on_servers(shard_servers, token, spec, conv_server) if tree else [outs[0]["grads"]]
-    if parts is None:
-        return None
-    summed = tasks.sum_grads(lead["grads"], *parts)
-    loss = lead["loss"] + sum(o["loss"] for o in outs)
-    acc = lead["accuracy"] + sum(o["accuracy"] for o in outs)
-    pushed = _push_both(spec, conv_server, fc_model, summed, version, fc_version, set(fc_w))
-    if pushed is None:
-        return None
-    return {"t_start": t_start, "t_end": time.time(), **pushed, "loss": loss, "accuracy": acc}
+__all__ = ["run_unmerged", "unmerged_loop"]
 
 
 def unmerged_loop(
@@ -171,12 +42,9 @@ def unmerged_loop(
 
     client = get_client()
     secede()
-    template_future = None
-    if len(spec.workers) > 1:
-        from distributed import Future
-
-        template_future = Future(spec.template_key, client, state="memory")
     reader = BatchReader(client, spec)
+    model = iteration.ConvAndFCModels(spec, conv_server, fc_model)
+    transport = iteration.transport_for(spec, template, conv_server, shard_servers, client)
     rows: list[dict[str, Any]] = []
     next_check, i = 0.0, 0
     while spec.iterations is None or i < spec.iterations:
@@ -190,15 +58,10 @@ def unmerged_loop(
             next_check = now + tasks.STOP_CHECK_SECONDS
         b = spec.first_batch + spec.group + spec.n_groups * i
         x, y = reader.get(b)
-        if len(spec.workers) == 1:
-            row = _one_worker_iteration(spec, template, conv_server, fc_model, x, y, b)
-        elif shard_servers:
-            row = _actor_sharded_iteration(spec, template, conv_server, fc_model, shard_servers, x, y, b)
-        else:
-            row = _sharded_iteration(client, spec, template_future, conv_server, fc_model, x, y, b)
+        row = {"t_start": time.time(), "group": spec.group, "batch": b, "n_images": int(x.shape[0])}
+        row = iteration.run_iteration(spec, model, transport, x, y, row)
         if row is None:  # the driver stopped the servers
             break
-        row.update(group=spec.group, batch=b, n_images=int(x.shape[0]))
         rows.append(row)
         i += 1
     return rows
@@ -243,11 +106,8 @@ def run_unmerged(
     data = persist_data(engine, client, X, y, config)
     placement = plan(cluster_workers(client), config.n_groups, getattr(engine, "throughput_", None))
     engine.placement_ = placement
-    client.run(tasks.prepare_worker, engine.blas_threads)
-    state = start.copy() if start is not None else TrainState.from_net(net)
-    conv_net, fc_net = net.split_phases(at=split_layer(net, engine.strategy, config.batch_size))
-    if fc_net is None:
-        raise ValueError(f"net {net.name!r} has no FC phase (no InnerProduct layer) for the FC model server")
+    begun = begin_run(engine, client, net, config, start)
+    state, conv_net, fc_net, run_id = begun.state, begun.conv_net, begun.fc_net, begun.run_id
     conv_keys, fc_keys = set(conv_net.params), set(fc_net.params)
     where = placement.conv_server_worker
     conv_params = {k: v for k, v in state.params.items() if k in conv_keys}
@@ -256,7 +116,6 @@ def run_unmerged(
     fc_future, fc_model = _model_server(client, engine, fc_params, fc_net, state, config, where)
     work = net.copy()
     work.set_params(state.params)
-    run_id = uuid.uuid4().hex
     template = client.scatter(work, broadcast=True, hash=False)
     shard_futures = {}
     if tasks.uses_shard_servers(engine):
