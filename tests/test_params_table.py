@@ -18,11 +18,12 @@ from dasknn.estimator_params import PARAMS, RESUME_PARAMS, Param
 from dasknn.rules import Boolean
 
 CLI_ONLY = {
-    "dataset", "data_dir", "lr_grid", "connect_timeout", "tls_ca_file", "tls_cert", "tls_key",
+    "dataset", "data_dir", "size", "classes", "resize", "lr_grid", "connect_timeout", "tls_ca_file", "tls_cert", "tls_key",
     "validation_fraction", "val_split", "output", "verbose", "debug", "help", "func",
 }  # fmt: skip
-"""`dasknn train` options that are not estimator parameters, or that the command turns into one
-(--validation-fraction 0 means none; -q sets verbose; the TLS files make `security`)."""
+"""`dasknn train` options that are not estimator parameters (the dataset and its loader's options,
+the output), or that the command turns into one (--validation-fraction 0 means none; -q sets
+verbose; the TLS files make `security`; --lr-grid is an optimizer option)."""
 
 
 def _train_actions():
