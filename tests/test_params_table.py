@@ -18,8 +18,8 @@ from dasknn.estimator_params import PARAMS, RESUME_PARAMS, Param
 from dasknn.rules import Boolean
 
 CLI_ONLY = {
-    "dataset", "data_dir", "size", "classes", "resize", "lr_grid", "connect_timeout", "tls_ca_file", "tls_cert", "tls_key",
-    "validation_fraction", "val_split", "output", "verbose", "debug", "help", "func",
+    "dataset", "data_dir", "size", "classes", "resize", "lr_grid", "connect_timeout", "tls_ca_file",
+    "tls_cert", "tls_key", "validation_fraction", "val_split", "output", "verbose", "debug", "help", "func",
 }  # fmt: skip
 """`dasknn train` options that are not estimator parameters (the dataset and its loader's options,
 the output), or that the command turns into one (--validation-fraction 0 means none; -q sets
