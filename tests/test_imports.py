@@ -2,7 +2,7 @@
 
 The imports are read with `ast`, not run: every `import` and `from ... import` at any depth (inside
 functions and methods too), relative ones resolved, those under `if TYPE_CHECKING:` left out (they
-never run). ARCHITECTURE "Layers of the code": each layer imports only those below it, and
+never run). docs/architecture.md "Layers": each layer imports only those below it, and
 `engine/simulated/` reaches neither `dasknn.engine.dask` nor `distributed`.
 """
 

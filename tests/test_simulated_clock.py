@@ -1,5 +1,5 @@
 """The simulated engine's clock is a model fixed by the fit's inputs, never the live machine's speed
-(ARCHITECTURE "The simulator"): same seed, same weights, idle or loaded."""
+(docs/architecture.md "The simulator's clock"): same seed, same weights, idle or loaded."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Engines: the run of g compute groups for a budget, returning a Trace (ARCHITECTURE "Layers").
+"""Engines: the run of g compute groups for a budget, returning a Trace (docs/architecture.md "Layers").
 
 At this level, what every engine shares: `trace` (RunConfig, Budget, TrainState, the Trace and
 the Engine protocol), `strategy` (Omnivore's layout or another paper's, and RALP's split),

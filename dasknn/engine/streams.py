@@ -1,6 +1,6 @@
 """The random streams of a run, derived from its seed: every engine draws the same numbers.
 
-A run's randomness is its seed and nothing else (ARCHITECTURE.md "Arrays and devices"): each use
+A run's randomness is its seed and nothing else (docs/architecture.md "Arrays and devices"): each use
 has its own stream, and a stream that belongs to one iteration is keyed by that iteration's global
 batch, so it does not depend on which group, worker, thread or device computes it, nor on the
 order in which groups run. Layers receive the generator (`dasknn.nn.randomness`); they never make one.

@@ -1,6 +1,6 @@
 """`DeviceNet`: one copy of a net on one device, fed and read back with the fewest host↔device copies.
 
-ARCHITECTURE.md "Arrays and devices", Omnivore §III-A (a device is a black box that computes): a
+docs/architecture.md "Arrays and devices", Omnivore §III-A (a device is a black box that computes): a
 worker keeps one device copy of the conv-phase net per run, whatever its number of threads. One
 iteration of a shard then moves, and nothing else: the weights once (one packed buffer, skipped
 when the same weights are loaded already), the input images once, each dropout mask once (drawn on

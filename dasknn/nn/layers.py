@@ -3,7 +3,7 @@
 A layer holds hyperparameters and parameters only. `forward(x, train, rng)` returns the output and a
 cache; `backward(dy, cache)` returns the input gradient and the parameter gradients. Caches are plain
 data, so a forward can run in one task and its backward in a later task on the same worker
-(ARCHITECTURE.md, "Data flow of one iteration"). Shapes are per image (C, H, W) without the batch.
+(docs/architecture.md, "One iteration's data flow"). Shapes are per image (C, H, W) without the batch.
 All array maths goes through `xp = array_module(x)`: the same code runs on numpy and cupy.
 """
 

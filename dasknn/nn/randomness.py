@@ -4,7 +4,7 @@ Every random draw of a layer in training (Dropout's mask today) goes through thi
 is made on the host from the caller's `np.random.Generator` and copied to the layer's device, so a
 CuPy net draws exactly the masks a numpy net draws from the same generator, and a run is
 reproducible from its seed. Who derives the generators (one per iteration and shard in the engines,
-ARCHITECTURE.md "Arrays and devices") is the caller's business; a layer never makes its own.
+docs/architecture.md "Arrays and devices") is the caller's business; a layer never makes its own.
 """
 
 from __future__ import annotations

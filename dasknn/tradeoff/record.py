@@ -1,6 +1,6 @@
 """Experiment records: Traces of many runs as one `xarray.Dataset`, with Omnivore's penalties.
 
-ARCHITECTURE "Records"; penalties as Omnivore appendix D-D and F-C, relative to the
+docs/architecture.md "Records"; penalties as Omnivore appendix D-D and F-C, relative to the
 synchronous strategy g = 1 (S = 0): P_HE = HE(S)/HE(0) with HE = time per iteration, P_SE =
 SE(S)/SE(0) with SE = iterations to the target loss ℓ_F, and P_total = P_HE · P_SE.
 

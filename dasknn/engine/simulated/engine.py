@@ -1,4 +1,6 @@
-"""SimulatedEngine: the Engine contract on a modeled clock, in one process (ARCHITECTURE "The simulator").
+"""SimulatedEngine: the Engine contract on a modeled clock, in one process.
+
+docs/architecture.md "The simulator's clock".
 
 The engine checks its timing model and strategy, picks the event loop of its strategy
 (`events.Simulation` for Omnivore's compute groups, `strategies` for the others), runs it for the

@@ -1,6 +1,7 @@
 """The simulator's event loop: g compute groups in one process, real SGD maths, a modeled clock.
 
-ARCHITECTURE "The simulator"; Omnivore §III-B (compute groups, merged FC) and §IV-B (HE model).
+docs/architecture.md "The simulator's clock"; Omnivore §III-B (compute groups, merged FC) and
+§IV-B (HE model).
 Each group iteration: read the conv weights (version v); conv forward; join the merged FC server's
 FIFO queue (one batch at a time, t_fc each); conv backward; push ONE summed gradient (version v').
 Time is modeled by discrete events, so only the clock is a model: which weight version each

@@ -1,6 +1,6 @@
 """oneDNN as a kernel backend of the conv phase's layers (convolution, pooling, ReLU, LRN).
 
-docs: ARCHITECTURE.md "Arrays and devices". Batched lowering (`dasknn.nn.lowering`, Caffe con Troll
+docs: docs/architecture.md "Arrays and devices". Batched lowering (`dasknn.nn.lowering`, Caffe con Troll
 §2) stays the reference; a layer's `backend` picks who computes it:
 
 - "lowering": the layers' own numpy/cupy maths, always.
