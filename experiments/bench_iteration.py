@@ -1,14 +1,22 @@
 """Benchmark: one full training iteration (forward, backward, SGD update) of dasknn vs PyTorch.
 
-Targets: LeNet (b = 64) within 1.0× of PyTorch CPU's time, CIFAR-10 quick (b = 128) within 1.5×
-(goal 1.0×); CaffeNet (b = 32, 1000 classes) for reference. Same net shapes, same batch, same SGD
-with momentum and weight decay, the same number of threads on both sides (numpy's BLAS through
-threadpoolctl, torch.set_num_threads; both printed), timed alternately in one run; the table
-reports medians and the ratio dasknn / PyTorch (below 1 means dasknn is faster).
+Every kernel backend of dasknn installed here ("lowering", the papers' batched lowering; "onednn";
+"auto", which picks oneDNN for float32 CPU layers) beside PyTorch CPU: same net shapes, same batch,
+same SGD with momentum and weight decay, the same number of threads on every side (numpy's BLAS
+and oneDNN's OpenMP through threadpoolctl, torch.set_num_threads; all printed), every side timed
+once per round, rounds interleaved. Each iteration is split into the conv phase (forward and
+backward), the FC phase (forward, loss, backward), the solver's update and the rest. The table
+reports medians, the spread (min..max) and the ratio over PyTorch's median (below 1: dasknn is
+faster); a second table names the backend and oneDNN implementation each conv-phase layer ran.
+
+Targets of "auto" at 1 thread: LeNet (b = 64) ≤ 1.05× PyTorch, CIFAR-10 quick (b = 128) ≤ 1.1×,
+CaffeNet (b = 32, 1000 classes) ≤ 1.1×.
 
     python -m experiments.bench_iteration [--repeats 30] [--threads N] [--nets lenet cifar10_quick caffenet]
+        [--backends lowering onednn auto]
 
-Writes experiments/results/bench_iteration/bench_iteration.csv.
+Writes experiments/results/bench_iteration/bench_iteration_t{threads}_{nets}.csv and
+backends_t{threads}_{nets}.csv.
 """
 
 from __future__ import annotations
@@ -26,7 +34,6 @@ if __package__ in (None, ""):
 from dasknn.backend import device_info  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
 from dasknn.nn.solver import SGD  # noqa: E402
-from dasknn.nn.train import train_step  # noqa: E402
 from experiments.common import RESULTS_ROOT, machine_line, parser, write_tables  # noqa: E402
 
 RESULTS = RESULTS_ROOT / "bench_iteration"
@@ -35,7 +42,8 @@ NETS = {
     "cifar10_quick": ((3, 32, 32), 128, 10),
     "caffenet": ((3, 227, 227), 32, 1000),
 }
-TARGETS = {"lenet": 1.0, "cifar10_quick": 1.5}
+TARGETS = {"lenet": 1.05, "cifar10_quick": 1.1, "caffenet": 1.1}
+"""Targets of backend "auto" at 1 thread: dasknn's iteration time over PyTorch's."""
 CAFFENET_REPEATS = 5
 """CaffeNet iterations take seconds each: at most this many timed runs per side."""
 
@@ -107,9 +115,70 @@ def _torch_caffenet():
     )
 
 
-def bench(name: str, repeats: int, threads: int) -> dict:
+PHASES = ("conv", "fc", "solver", "rest")
+"""Parts of one iteration on both sides: the conv phase's forward and backward, the FC phase's
+forward, loss and backward, the SGD update, and the rest of the step (the wall time not in those)."""
+
+
+def split_torch(tnet):
+    """(conv part, FC part) of a torch Sequential, cut at its Flatten as `Net.split_phases` cuts."""
+    import torch.nn as tnn
+
+    cut = next(i for i, m in enumerate(tnet) if isinstance(m, tnn.Flatten))
+    return tnet[:cut], tnet[cut:]
+
+
+def ours_step(conv, fc, solver, x, y, rng) -> dict[str, float]:
+    """One dasknn iteration in its phases (Omnivore §II-B), timed part by part."""
+    t0 = time.perf_counter()
+    acts, caches = conv.forward(x, train=True, rng=rng)
+    t1 = time.perf_counter()
+    out = fc.train_step(acts, y, rng=rng, need_dx=True)
+    t2 = time.perf_counter()
+    _, grads = conv.backward(out["dx"], caches)
+    grads.update(out["grads"])
+    t3 = time.perf_counter()
+    solver.step(solver_params(conv, fc), grads)
+    t4 = time.perf_counter()
+    return {"conv": (t1 - t0) + (t3 - t2), "fc": t2 - t1, "solver": t4 - t3, "total": t4 - t0}
+
+
+def solver_params(conv, fc) -> dict:
+    return {**conv.params, **fc.params}
+
+
+def torch_step(tconv, tfc, opt, loss_fn, tx, ty) -> dict[str, float]:
+    """One PyTorch iteration cut the same way: conv forward, FC forward+loss+backward (to the
+    activations), conv backward, SGD step."""
+    t0 = time.perf_counter()
+    opt.zero_grad()
+    acts = tconv(tx)
+    t1 = time.perf_counter()
+    cut = acts.detach().requires_grad_()
+    loss_fn(tfc(cut), ty).backward()
+    t2 = time.perf_counter()
+    acts.backward(cut.grad)
+    t3 = time.perf_counter()
+    opt.step()
+    t4 = time.perf_counter()
+    return {"conv": (t1 - t0) + (t3 - t2), "fc": t2 - t1, "solver": t4 - t3, "total": t4 - t0}
+
+
+def backends_available() -> list[str]:
+    """The kernel backends this install can run: lowering always, oneDNN (and auto) when installed."""
+    from dasknn.nn.onednn import available
+
+    return ["lowering", "onednn", "auto"] if available() else ["lowering", "auto"]
+
+
+def bench(name: str, repeats: int, threads: int, backends: list[str]) -> tuple[list[dict], list[dict]]:
+    """Rows (net, side) with median and spread per phase, all sides timed in the same rounds, and
+    the backend that ran per layer."""
     import torch
     from threadpoolctl import threadpool_info, threadpool_limits
+
+    from dasknn.nn.onednn import info as onednn_info
+    from dasknn.nn.onednn import net_backends
 
     shape, batch, classes = NETS[name]
     if name == "caffenet":
@@ -117,64 +186,101 @@ def bench(name: str, repeats: int, threads: int) -> dict:
     rng = np.random.default_rng(0)
     x = rng.random((batch, *shape), dtype=np.float32)
     y = rng.integers(0, classes, batch)
-    net = zoo.get_net(name, input_shape=shape, num_classes=classes)
-    solver = SGD.for_net(net, base_lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    torch.set_num_threads(threads)
-    tnet = torch_net(name)
-    opt = torch.optim.SGD(tnet.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def ours():
-        train_step(net, solver, x, y, rng=rng)  # dropout (CaffeNet) draws from a seeded stream
-
-    def theirs():
-        opt.zero_grad()
-        loss_fn(tnet(tx), ty).backward()
-        opt.step()
-
-    times = {"dasknn": [], "torch": []}
+    sides = {}
+    layer_rows = []
     with threadpool_limits(limits=threads):
+        for backend in backends:
+            net = zoo.get_net(name, input_shape=shape, num_classes=classes, backend=backend)
+            conv, fc = net.split_phases()
+            solver = SGD.for_net(net, base_lr=1e-3, momentum=0.9, weight_decay=5e-4)
+            sides[backend] = lambda conv=conv, fc=fc, solver=solver: ours_step(conv, fc, solver, x, y, rng)
+            for row in net_backends(conv, batch=batch):
+                layer_rows.append({"net": name, "backend": backend, **row})
+        torch.set_num_threads(threads)
+        tnet = torch_net(name)
+        tconv, tfc = split_torch(tnet)
+        opt = torch.optim.SGD(tnet.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
+        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        sides["torch"] = lambda: torch_step(tconv, tfc, opt, loss_fn, tx, ty)
         blas = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+        onednn_threads = onednn_info().get("threads", 0)
+        torch_threads = torch.get_num_threads()
         for _ in range(2 if name == "caffenet" else 3):
-            ours()
-            theirs()
-        for _ in range(repeats):
-            for key, step in (("dasknn", ours), ("torch", theirs)):
+            for step in sides.values():
+                step()
+        times = {side: [] for side in sides}
+        for _ in range(repeats):  # interleaved rounds: every side once per round
+            for side, step in sides.items():
                 time.sleep(0.05)  # let the other library's idle threads stop spinning
                 t0 = time.perf_counter()
-                step()
-                times[key].append(time.perf_counter() - t0)
-    ours_ms, torch_ms = 1e3 * np.median(times["dasknn"]), 1e3 * np.median(times["torch"])
-    return {
-        "net": name,
-        "batch": batch,
-        "dasknn_blas_threads": max(blas, default=0),
-        "torch_threads": torch.get_num_threads(),
-        "runs": repeats,
-        "dasknn_ms": ours_ms,
-        "torch_ms": torch_ms,
-        "ratio_dasknn_over_torch": ours_ms / torch_ms,
-        "target": TARGETS.get(name, np.nan),
-    }
+                parts = step()
+                parts["wall"] = time.perf_counter() - t0
+                times[side].append(parts)
+    rows = []
+    torch_ms = 1e3 * np.median([t["wall"] for t in times["torch"]])
+    for side, runs in times.items():
+        walls = 1e3 * np.array([t["wall"] for t in runs])
+        parts = {p: 1e3 * np.median([t[p] for t in runs]) for p in ("conv", "fc", "solver")}
+        parts["rest"] = 1e3 * np.median([t["wall"] - t["conv"] - t["fc"] - t["solver"] for t in runs])
+        rows.append(
+            {
+                "net": name,
+                "batch": batch,
+                "side": side,
+                "threads": threads,
+                "blas_threads": max(blas, default=0),
+                "onednn_threads": onednn_threads if side in ("onednn", "auto") else 0,
+                "torch_threads": torch_threads,
+                "runs": repeats,
+                "ms": float(np.median(walls)),
+                "ms_min": float(walls.min()),
+                "ms_max": float(walls.max()),
+                **{f"{p}_ms": v for p, v in parts.items()},
+                "ratio_over_torch": float(np.median(walls)) / torch_ms,
+                "target": TARGETS.get(name, np.nan) if side == "auto" else np.nan,
+            }
+        )
+    return rows, layer_rows
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     cli = parser(__doc__)
     cli.add_argument("--repeats", type=int, default=30)
-    cli.add_argument("--threads", type=int, default=None, help="BLAS/torch threads (default: all cores)")
+    cli.add_argument(
+        "--threads", type=int, default=None, help="BLAS/oneDNN/torch threads (default: all cores)"
+    )
     cli.add_argument("--nets", nargs="+", choices=list(NETS), default=list(NETS))
+    cli.add_argument(
+        "--backends",
+        nargs="+",
+        choices=["lowering", "onednn", "auto"],
+        default=None,
+        help="dasknn's kernel backends to time (default: every one installed)",
+    )
     args = cli.parse_args(argv)
     try:
         import torch  # noqa: F401
     except ImportError:
         sys.exit("this benchmark compares against PyTorch: pip install 'dasknn[bench]' (or torch==2.13.0)")
     threads = args.threads or device_info()["cores"]
-    table = pd.DataFrame([bench(name, args.repeats, threads) for name in args.nets])
+    backends = args.backends or backends_available()
+    rows, layers = [], []
+    for name in args.nets:
+        r, lr = bench(name, args.repeats, threads, backends)
+        rows += r
+        layers += lr
+        print(pd.DataFrame(r).to_string(index=False, float_format=lambda v: f"{v:.3f}"), flush=True)
+    table, layer_table = pd.DataFrame(rows), pd.DataFrame(layers)
     print(machine_line())
+    print(layer_table.to_string(index=False))
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print("targets: LeNet ratio <= 1.0; CIFAR-10 quick <= 1.5 (goal 1.0); medians of `runs` per side")
-    write_tables(RESULTS, {"bench_iteration": table})
+    print(
+        "targets ('auto' at 1 thread, ratio over PyTorch): LeNet <= 1.05, CIFAR-10 quick <= 1.1, "
+        "CaffeNet <= 1.1; medians of `runs` interleaved rounds, spread ms_min..ms_max"
+    )
+    stem = f"t{threads}_{'-'.join(args.nets)}"
+    write_tables(RESULTS, {f"bench_iteration_{stem}": table, f"backends_{stem}": layer_table})
     return table
 
 
