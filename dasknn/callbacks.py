@@ -6,6 +6,8 @@ A callback is any object with some of these methods (`Callback` has them all, do
 - `on_evaluation(est, record)`: after each evaluation, with its history row (`time`, `iteration`,
   `epoch`, `loss`, `accuracy`, and with validation data `val_loss`, `val_accuracy`; `phase`,
   `lr`, `event`); returning True stops the fit cleanly after this evaluation;
+- `on_evaluated_state(est, record, state)`: after `on_evaluation`, with the evaluated `TrainState`
+  (EarlyStopping keeps its best one);
 - `on_progress(est, info)`: while the optimizer searches (no evaluation then), with `time`,
   `epoch` and `phase`, so that progress shows between evaluations;
 - `on_fit_end(est)`: after the last evaluation, also when the fit raised.
@@ -88,6 +90,7 @@ class EarlyStopping(Callback):
         self.best_iteration: int | None = None
         self.no_change = 0
         self.stopped_iteration: int | None = None
+        self.best_state = None  # with restore_best: the state of the best evaluation
 
     def on_fit_begin(self, est) -> None:
         self._reset()
@@ -112,6 +115,11 @@ class EarlyStopping(Callback):
             self.stopped_iteration = int(record["iteration"])
             return True
         return False
+
+    def on_evaluated_state(self, est, record: dict[str, Any], state) -> None:
+        """Keep the evaluated state when it is the best so far (`restore_best`; skorch's `load_best`)."""
+        if self.restore_best and self.no_change == 0 and self.best_iteration == record["iteration"]:
+            self.best_state = state.copy()
 
 
 class ProgressBar(Callback):

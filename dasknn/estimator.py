@@ -643,7 +643,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self, engine, net: Net, X, y, start, resume_from, partial_epochs, selection, validation, evaluation
     ) -> None:
         from dasknn.callbacks import EarlyStopping, ProgressBar, call
-        from dasknn.fitting import Trainer
+        from dasknn.fitting import Loop
 
         callbacks = list(self.callbacks or [])
         if self.early_stopping:
@@ -653,66 +653,105 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         nb = n_batches(X.shape[0], self.batch_size)
         epochs = self.max_epochs if partial_epochs is None else partial_epochs
         max_iterations = None if epochs is None else max(1, int(epochs * nb))
-        trainer = Trainer(
-            self,
+        auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
+        session = None
+        if resume_from is not None:
+            session = dict(resume_from.meta.get("loop", {}))
+            auto = session.get("kind", "auto" if auto else "fixed") == "auto"
+
+        def notify(hook: str, info: dict) -> bool:
+            if hook == "on_evaluation":
+                return call(callbacks, hook, self, info["row"]) | bool(
+                    call(callbacks, "on_evaluated_state", self, info["row"], info["state"])
+                )
+            return call(callbacks, hook, self, info)
+
+        loop = Loop(
             engine,
             net,
             X,
             y,
-            self._evaluator(net, evaluation, validation),
-            max_iterations=max_iterations,
+            batch_size=self.batch_size,
+            weight_decay=float(self.weight_decay),
+            seed=self.random_state,
+            time_budget=self.time_budget if auto else None,
+            max_iterations=max_iterations if auto else None,
+            evaluate=self._evaluator(net, evaluation, validation),
+            selection=selection if auto else None,
+            notify=notify,
+            target_accuracy=self.target_accuracy,
+            n_classes=len(self.classes_),
             checkpoint_dir=self.checkpoint_dir,
             meta=self._checkpoint_meta(),
-            selection_score=selection,
-            callbacks=callbacks,
+            verbose=max(0, self.verbose - 1),
         )
         state = start.copy() if start is not None else TrainState.from_net(net)
-        loop = trainer.restore(resume_from) if resume_from is not None else None
-        if partial_epochs is not None and hasattr(self, "history_"):
-            trainer.history, trainer.traces = list(self.history_), [self.trace_]
-            trainer.events = self.decisions_.to_dict("records")
-        auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
+        if resume_from is not None:
+            session = loop.restore(resume_from)
+        elif partial_epochs is not None and hasattr(self, "history_"):
+            loop.continue_records(self.history_, self.trace_, self.decisions_)
+        policy = self._policy(engine, auto, partial_epochs, max_iterations, loop.n_batches)
         call(callbacks, "on_fit_begin", self)
         try:
-            result, runs = self._loop(trainer, state, loop, auto, partial_epochs)
-            best = trainer.best_state
-            if best is not None and best.iterations_done != result["state"].iterations_done:
-                result["state"] = best
-                net.set_params(best.params)
-                why = f"restored the best (iteration {best.iterations_done})"
-                trainer.record(best, trainer.history[-1]["time"], phase="end", event=why)
+            result = loop.run(policy, state, session)
         finally:
             call(callbacks, "on_fit_end", self)
-        self._finish(trainer, net, result, runs)
+        self._finish(loop, net, result, callbacks)
 
-    def _loop(self, trainer, state, loop, auto: bool, partial_epochs):
-        """Run the optimizer or the fixed-knob loop; returns its result and runs by config."""
+    def _policy(self, engine, auto: bool, partial_epochs, max_iterations, nb: int):
+        """The loop's policy: Algorithm 1 or the online optimizer for "auto" knobs, else fixed knobs."""
+        from dasknn.estimator_params import optimizer_class
+        from dasknn.optimizer.fixed import FixedKnobs
+
+        if not auto:
+            config = self._fixed_config(partial_epochs is not None)
+            return FixedKnobs(config, self.time_budget, max_iterations, verbose=max(0, self.verbose - 1))
+        options: dict[str, Any] = {**(self.optimizer_options or {}), "verbose": max(0, self.verbose - 1)}
+        # training is evaluated (and stops at the target) at least once per pass over the data, as
+        # the fixed knobs' runs are: the two report time to accuracy at the same granularity
+        if self.optimizer == "online":
+            options.setdefault("segment_iterations", min(nb, 200))
+            options.setdefault("target_accuracy", self.target_accuracy)
+        else:
+            options.setdefault("stop_check_iterations", nb)
+        for knob in ("n_groups", "learning_rate", "momentum"):
+            if getattr(self, knob) != "auto":
+                options[knob] = getattr(self, knob)
+        return optimizer_class(self.optimizer)(engine, **options)
+
+    def _finish(self, loop, net: Net, result, callbacks) -> None:
+        """The fitted attributes from a finished loop; early stopping's best state restored."""
+        from dasknn.callbacks import EarlyStopping
         from dasknn.fitting import runs_by_config
 
-        if (loop or {}).get("kind", "auto" if auto else "fixed") == "auto":
-            result = trainer.optimize(state, loop)
-            runs = runs_by_config(result["trace"], result["decisions"], self.random_state)
-        else:
-            result = trainer.fixed(state, self._fixed_config(partial_epochs is not None), loop)
-            runs = result["runs"]
-        return result, runs
-
-    def _finish(self, trainer, net: Net, result: dict, runs: dict) -> None:
-        """The fitted attributes from a finished loop; early stopping's best state restored."""
-        self.state_ = result["state"]
-        self.trace_ = result["trace"]
+        state = result.state
+        restorer = next((cb for cb in callbacks if isinstance(cb, EarlyStopping) and cb.restore_best), None)
+        best = None if restorer is None else restorer.best_state
+        if best is not None and best.iterations_done != state.iterations_done:
+            state = best
+            net.set_params(best.params)
+            why = f"restored the best (iteration {best.iterations_done})"
+            loop.record(best, loop.history[-1]["time"], phase="end", event=why)
+        self.state_ = state
+        self.trace_ = result.trace
         if self.engine == "simulated":
             self.trace_.attrs["simulated_gflops"] = self.simulated_gflops_
-        self.decisions_ = result["decisions"]
-        self.config_ = result["config"]
-        self._loop_ = result["loop"]
-        self.history_ = trainer.history
-        self.checkpoint_ = trainer.last_checkpoint
+        self.decisions_ = result.decisions
+        self.config_ = result.config
+        self._loop_ = result.session
+        self.history_ = loop.history
+        self.checkpoint_ = loop.last_checkpoint
         self.net_ = net
-        self.stopped_by_ = trainer.stopped_by
-        self.best_iteration_ = None if trainer.restorer is None else trainer.restorer.best_iteration
+        self.stopped_by_ = result.stopped_by
+        self.best_iteration_ = None if restorer is None else restorer.best_iteration
         self.n_iter_ = int(self.state_.iterations_done)
         self.report_ = self.time_to_accuracy()
+        if result.session.get("kind") == "fixed":
+            train = self.trace_[self.trace_["phase"] == "train"] if "phase" in self.trace_ else self.trace_
+            train = train.drop(columns=["phase", "run", "kept"], errors="ignore")
+            runs = _by_lr(train, self.config_)
+        else:
+            runs = runs_by_config(self.trace_, self.decisions_, self.random_state)
         self.tradeoff_ = self._tradeoff(runs, net, self.decisions_)
 
     def time_to_accuracy(self, thresholds=None, rule: str = "first") -> pd.DataFrame:
@@ -816,6 +855,13 @@ if DistributedCNN.__doc__:  # the Parameters section comes from the table (`dask
     DistributedCNN.__doc__ = DistributedCNN.__doc__.replace(
         "{parameters}", parameters_doc().replace("\n", "\n    ")
     )
+
+
+def _by_lr(trace: pd.DataFrame, config: RunConfig) -> dict[RunConfig, pd.DataFrame]:
+    """Fixed knobs' trace rows per learning rate (a rollback changes it), keyed by RunConfig."""
+    if not len(trace) or "lr" not in trace:
+        return {}
+    return {config.with_(lr=float(lr)): rows for lr, rows in trace.groupby("lr", sort=False)}
 
 
 def _announce(client) -> None:

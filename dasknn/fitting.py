@@ -1,48 +1,62 @@
-"""The training loops behind DistributedCNN.fit and partial_fit: fixed knobs or Omnivore's optimizer,
-the history record, divergence rollback and checkpoints.
+"""The one training loop behind every fit: engine runs, clock and budget, evaluation, the one
+divergence rollback, checkpoints and callbacks; a policy says what to run next.
 
-The fixed loop runs the engine in chunks: each at most time_budget / 20 seconds (2 s
-without a time budget) and at most one epoch of iterations, and evaluates after each (training
-samples and validation data, `Evaluator`), calling the callbacks (`dasknn.callbacks`). It
-checkpoints (when given a directory) at the end of every chunk that completes an epoch and at the
-end of the fit. The loop's own state (elapsed time, budgets spent, the current
-learning rate, history, trace, events) travels in the checkpoint's metadata, and the engines
-continue a `TrainState` exactly (the simulator carries its in-flight iterations, clock and random
-generators in `TrainState.extra`), so a fit resumed from a checkpoint on the simulated engine makes
-the same engine calls as the uninterrupted fit and ends with the same weights.
+`Loop.run(policy, start)` asks its policy (`dasknn.policy.Policy`: Omnivore's Algorithm 1, the
+online optimizer or fixed knobs) for the next run, makes it on the engine from the state the
+policy names (the current one, or a snapshot of an earlier run), charges it to the clock
+(`dasknn.policy.RunLog`), judges divergence, and for a run whose iterations are kept evaluates the
+new state (training samples and validation data, `Evaluator`), appends a history row and calls the
+callbacks (`dasknn.callbacks`), then hands the policy what it measured and asks again
+(docs/architecture.md, "The loop and its policies"). The loop's own state (elapsed time, budgets
+spent, history, trace, decisions) and the policy's session travel in each checkpoint's metadata,
+and the engines continue a `TrainState` exactly (the simulator carries its in-flight iterations,
+clock and random generators in `TrainState.extra`), so a fit resumed from a checkpoint on the
+simulated engine makes the same engine calls as the uninterrupted fit and ends with the same weights.
 
-Divergence (a non-finite loss, a FloatingPointError, weights that are non-finite or larger than
-`checkpoint.WEIGHT_LIMIT`, or an evaluation loss above `DIVERGED_LOSS` × ln(n_classes)): the chunk
-is undone (back to the state it started from: the last good snapshot), the learning rate is divided
-by 10, an `events` row (action "rollback") and a history row (`event`) record it, and training
-continues; the time the failed chunk took stays spent. After `MAX_ROLLBACKS` rollbacks in a row
-from one state, FloatingPointError.
+Divergence, judged here only: a FloatingPointError, a non-finite loss, `attrs["diverged"]`, weights
+that are non-finite or larger than `checkpoint.WEIGHT_LIMIT`, an evaluation loss above
+`DIVERGED_LOSS` × ln(n_classes) (when the policy asks: `NextRun.loss_limit`), or the policy's
+own rule for the run (`NextRun.diverges`). A kept run that diverged is rolled back: the current
+state stays the one it started from, its trace rows stay on the record (phase "rolled_back", their
+time spent), and the policy chooses what follows (fixed knobs and Algorithm 1 divide η by 10, the
+online optimizer by its `lr_factor`). After `MAX_ROLLBACKS` rollbacks in a row, FloatingPointError.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from dasknn.callbacks import EarlyStopping, call
 from dasknn.data.batching import n_batches
 from dasknn.engine import checkpoint
-from dasknn.engine.trace import Budget, RunConfig, TrainState
+from dasknn.engine.trace import Budget, RunConfig, TrainState, make_trace
+from dasknn.policy import CURRENT, START, NextRun, Outcome, Policy, RunLog, Stop
+from dasknn.tradeoff.statistical import final_loss
 
-__all__ = ["CHECKPOINTS_KEPT", "MAX_ROLLBACKS", "Evaluator", "Trainer", "runs_by_config"]
+__all__ = [
+    "CHECKPOINTS_KEPT",
+    "DIVERGED_LOSS",
+    "MAX_ROLLBACKS",
+    "Evaluator",
+    "FitResult",
+    "Loop",
+    "run_policy",
+    "runs_by_config",
+]
 
 CHECKPOINTS_KEPT = 3
 """Checkpoints kept in checkpoint_dir during a fit (older ones are deleted after each save)."""
 MAX_ROLLBACKS = 6
-"""Rollbacks in a row (lr divided by 10 each time) before training gives up with FloatingPointError."""
+"""Rollbacks in a row (lr lowered each time) before training gives up with FloatingPointError."""
 DIVERGED_LOSS = 2.0
-"""A chunk whose end state's evaluation loss exceeds DIVERGED_LOSS × ln(n_classes) (twice the loss of
+"""A run whose end state's evaluation loss exceeds DIVERGED_LOSS × ln(n_classes) (twice the loss of
 uniform guessing) has blown up, even with finite numbers."""
 
 
@@ -73,68 +87,115 @@ class Evaluator:
         return scores
 
 
-class _ReportingScore:
-    """The optimizer's probe score (the selection part's loss), telling the callbacks how far the
-    fit is after each probe: the search has no evaluations, but progress should still show."""
+@dataclass
+class FitResult:
+    """What `Loop.run` returns: the model's state, the knobs it goes on with, the records."""
 
-    def __init__(self, trainer: Trainer, score) -> None:
-        self.trainer, self.score = trainer, score
-        self.n_samples = getattr(score, "n_samples", None)
-
-    def __call__(self, state: TrainState) -> float:
-        loss = self.score(state)
-        trainer = self.trainer
-        t = _clock(state)
-        if t is None:
-            t = trainer.wall_offset + time.perf_counter() - trainer.wall0
-        info = {"time": t, "epoch": state.batches_done / trainer.nb, "phase": "search"}
-        call(trainer.callbacks, "on_progress", trainer.est, info)
-        return loss
+    state: TrainState
+    config: RunConfig
+    trace: pd.DataFrame
+    decisions: pd.DataFrame
+    session: dict[str, Any]
+    history: list[dict[str, Any]]
+    stopped_by: str = ""
 
 
-def _clock(state: TrainState) -> float | None:
+def _one_iteration(engine, config: RunConfig, budget: Budget) -> float:
+    """What a simulated run that raised is charged: the modelled time of the one iteration in which
+    it failed (conv phase of a group of N/g workers plus the FC step), at most its seconds budget;
+    never the wall clock, so the charge is the same on any machine. The whole seconds budget would
+    charge an iteration-bounded trial the rest of the run."""
+    conv_time = getattr(engine, "conv_time", None)
+    if conv_time is None:
+        return budget.seconds or 0.0
+    k = max(1, (getattr(engine, "n_workers", None) or config.n_groups) // config.n_groups)
+    seconds = float(conv_time(k)) + float(getattr(engine, "t_fc", 0.0))
+    return seconds if budget.seconds is None else min(seconds, budget.seconds)
+
+
+def _clock(state: TrainState | None) -> float | None:
     """The simulator's clock carried in a state (None for engines whose runs start their clock at 0)."""
-    sim = state.extra.get("simulator")
+    sim = None if state is None else state.extra.get("simulator")
     return None if sim is None else float(sim["clock"])
 
 
-class Trainer:
-    """One fit's (or partial_fit's) training: history, events, checkpoints, and the loop that runs."""
+class Loop:
+    """One fit's training: the engine runs a policy asks for, the clock, evaluation, rollback,
+    checkpoints and callbacks (the module docstring).
+
+    `evaluate(state) -> scores` (an `Evaluator`), else `should_stop(state, trace) -> bool` (the
+    optimizers' own `optimize`), decides what a kept run's evaluation records; `selection(state) ->
+    loss` scores states for the policy (the selection part, `optimizer.search.SelectionLoss`);
+    `notify(hook, info) -> bool` calls the callbacks (True: a callback asks to stop);
+    `target_accuracy` stops the fit when the held-out metric (else the training one) reaches it.
+    """
 
     def __init__(
         self,
-        est,
         engine,
         net,
         X,
         y,
-        evaluate,
         *,
-        max_iterations: int | None,
+        batch_size: int,
+        weight_decay: float = 0.0,
+        seed: int = 0,
+        time_budget: float | None = None,
+        max_iterations: int | None = None,
+        evaluate: Callable[[TrainState], dict[str, float]] | None = None,
+        should_stop: Callable[[TrainState, pd.DataFrame], bool] | None = None,
+        selection: Callable[[TrainState], float] | None = None,
+        notify: Callable[[str, dict[str, Any]], bool] | None = None,
+        target_accuracy: float | None = None,
+        n_classes: int = 2,
         checkpoint_dir: str | Path | None = None,
         meta: dict[str, Any] | None = None,
-        selection_score=None,
-        callbacks=(),
+        verbose: int = 0,
     ) -> None:
-        self.est, self.engine, self.net, self.X, self.y = est, engine, net, X, y
-        self.evaluate = evaluate
-        self.selection_score = selection_score
-        self.callbacks = list(callbacks)
-        self.nb = n_batches(X.shape[0], est.batch_size)
-        self.max_iterations = max_iterations
+        self.engine, self.net, self.X, self.y = engine, net, X, y
+        self.batch_size, self.weight_decay, self.seed = int(batch_size), float(weight_decay), seed
+        self.n_batches = n_batches(int(X.shape[0]), int(batch_size))
+        self.log = RunLog(time_budget, max_iterations, verbose)
+        self.evaluator, self.should_stop, self.selection = evaluate, should_stop, selection
+        self.notify = notify or (lambda hook, info: False)
+        self.target_accuracy, self.verbose = target_accuracy, verbose
+        self.loss_limit = DIVERGED_LOSS * math.log(max(2, n_classes))
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.meta = dict(meta or {})
         self.history: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
-        self.traces: list[pd.DataFrame] = []
-        self.wall0, self.wall_offset = time.perf_counter(), 0.0
-        self.last_checkpoint: Path | None = None
-        self.loss_limit = DIVERGED_LOSS * math.log(max(2, len(est.classes_)))
-        self.restorer = next(
-            (cb for cb in self.callbacks if isinstance(cb, EarlyStopping) and cb.restore_best), None
-        )
-        self.best_state: TrainState | None = None
+        self.snapshots: dict[str, TrainState] = {}
+        self.rollbacks_in_row = 0
+        self.stop_at_start = False
         self.stopped_by = ""
+        self.last_checkpoint: Path | None = None
+        self.wall0, self.wall_offset = time.perf_counter(), 0.0
+
+    # -- what a policy may read (dasknn.policy.Fit) ----------------------------------------------
+    @property
+    def has_selection(self) -> bool:
+        return self.selection is not None
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether kept runs are evaluated (and may stop the fit)."""
+        return self.evaluator is not None or self.should_stop is not None
+
+    @property
+    def checkpoints(self) -> bool:
+        """Whether the fit writes checkpoints (policies then hand their sessions to the loop)."""
+        return self.checkpoint_dir is not None
+
+    def snapshot(self, name: str) -> TrainState:
+        if name not in self.snapshots:
+            raise KeyError(f"no snapshot {name!r}: the loop keeps those since the last kept run")
+        return self.snapshots[name]
+
+    def score(self, name: str) -> float:
+        return self._score(self.snapshot(name), make_trace([], "unknown"))
+
+    def evaluate(self, fields: dict[str, Any]) -> bool:
+        """Evaluate the current state now (a history row with `fields`); True when the fit should stop."""
+        return self.record(self.snapshots[CURRENT], self.log.elapsed, **fields)
 
     # -- records ---------------------------------------------------------------------------------
     def record(
@@ -150,39 +211,38 @@ class Trainer:
         True when the fit should stop: the target accuracy reached (on the held-out metric when there
         is validation data, else on training samples), or a callback's `on_evaluation` returned True.
         """
+        if self.evaluator is None:
+            return bool(self.should_stop is not None and self.should_stop(state, self.log.trace()))
         if scores is None:
             with np.errstate(over="ignore", invalid="ignore"):
-                scores = self.evaluate(state)
+                scores = self.evaluator(state)
         row = {
             "time": float(t),
             "iteration": state.iterations_done,
-            "epoch": state.batches_done / self.nb,
+            "epoch": state.batches_done / self.n_batches,
             "phase": phase,
             **scores,
             "wall_time": self.wall_offset + time.perf_counter() - self.wall0,
             **fields,
         }
         self.history.append(row)
-        if self.est.verbose >= 2:
+        if self.verbose >= 1:
             note = f" {fields['event']}" if fields.get("event") else ""
             val = f" val_accuracy={row['val_accuracy']:.2%}" if "val_accuracy" in row else ""
             print(
                 f"[dasknn] t={row['time']:7.1f}s it={state.iterations_done:6d} epoch={row['epoch']:5.2f} "
                 f"loss={row['loss']:.4f} accuracy={row['accuracy']:.2%}{val}{note}"
             )
-        stop = call(self.callbacks, "on_evaluation", self.est, row)
-        r = self.restorer
-        if r is not None and r.no_change == 0 and r.best_iteration == state.iterations_done:
-            self.best_state = state.copy()  # the monitored value improved at this evaluation
+        stop = self.notify("on_evaluation", {"row": row, "state": state})
         if stop and not self.stopped_by:
             self.stopped_by = f"a callback stopped the fit at iteration {state.iterations_done}"
-        target = self.est.target_accuracy
+        target = self.target_accuracy
         metric = "val_accuracy" if "val_accuracy" in row else "accuracy"
         reached = target is not None and row[metric] >= target
         return stop or reached
 
     def recoveries(self, trace: pd.DataFrame, config: RunConfig) -> str:
-        """The Dask engine's recoveries from lost workers in this run, as events and a history note."""
+        """The Dask engine's recoveries from lost workers in a run, as decision rows and a history note."""
         notes = []
         for r in trace.attrs.get("recoveries") or []:
             roles = r.get("roles")
@@ -191,259 +251,212 @@ class Trainer:
                 f"lost {r.get('worker')} ({roles}): {r.get('iterations_redone')} iterations redone, "
                 f"n_groups {r.get('n_groups_before')} -> {r.get('n_groups_after')}"
             )
-            self.events.append(
-                {"phase": "train", "action": "recovery", "n_groups": r.get("n_groups_after"), "lr": config.lr,
-                 "momentum": config.momentum, "reason": why}
-            )  # fmt: skip
+            self.log.record(
+                "train", "recovery", config.with_(n_groups=r.get("n_groups_after") or config.n_groups), why
+            )
             notes.append(f"recovery: {why}")
         return "; ".join(notes)
 
     def restore(self, ckpt: checkpoint.Checkpoint) -> dict[str, Any]:
-        """Take history, events and trace from a checkpoint; returns its loop state."""
-        tables = ckpt.tables
+        """History, decisions, trace and clock from a checkpoint; returns its policy session."""
+        tables, session = ckpt.tables, dict(ckpt.meta.get("loop", {}))
         self.history = tables["history"].to_dict("records") if "history" in tables else []
-        self.events = tables["events"].to_dict("records") if "events" in tables else []
-        self.traces = [tables["trace"]] if "trace" in tables and len(tables["trace"]) else []
         if self.history:
             self.wall_offset = float(self.history[-1]["wall_time"])
-        return dict(ckpt.meta.get("loop", {}))
+        trace = tables.get("trace", pd.DataFrame({"t_end": []}))
+        events = tables.get("events", pd.DataFrame())
+        log = self.log
+        log.elapsed = float(session.get("elapsed", 0.0))
+        log.iterations = int(session.get("iterations", len(trace)))
+        if "charged" in session:  # an optimizer's session: its runs one by one
+            log.restore({**session, "trace": trace, "decisions": events})
+        else:
+            log.segments, log.charged = ([trace], [math.nan]) if len(trace) else ([], [])
+            log.rows = events.to_dict("records")
+            log.attrs.update(trace.attrs)
+        self.rollbacks_in_row = int(session.get("rollbacks_in_row", 0))
+        return session
 
-    def full_trace(self) -> pd.DataFrame:
-        frames = [t for t in self.traces if len(t)]
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"t_end": []})
+    def continue_records(
+        self, history: list[dict[str, Any]], trace: pd.DataFrame, decisions: pd.DataFrame
+    ) -> None:
+        """Go on from a previous fit's records (partial_fit): its history, trace, decisions and clock."""
+        self.history = list(history)
+        self.log.segments, self.log.charged = ([trace], [math.nan]) if len(trace) else ([], [])
+        self.log.rows = decisions.to_dict("records")
+        self.log.elapsed = float(history[-1]["time"]) if history else 0.0
 
-    def save(self, state: TrainState, loop: dict[str, Any]) -> Path | None:
-        """A checkpoint of `state` with the loop state and the records; None without a directory."""
+    def save(self, state: TrainState, session: dict[str, Any]) -> Path | None:
+        """A checkpoint of `state` with the policy's session and the records; None without a directory."""
         if self.checkpoint_dir is None:
             return None
-        tables = {
-            "history": pd.DataFrame(self.history),
-            "events": pd.DataFrame(self.events),
-            "trace": self.full_trace(),
+        log = self.log
+        loop = {
+            **session,
+            "elapsed": log.elapsed,
+            "iterations": log.iterations,
+            "rollbacks_in_row": self.rollbacks_in_row,
         }
+        if "charged" in session:
+            loop["charged"] = list(log.charged)
+            loop["kept"] = sorted(log.kept)
+        tables = {"history": pd.DataFrame(self.history), "events": log.decisions(), "trace": log.trace()}
         self.last_checkpoint = checkpoint.save(
             self.checkpoint_dir, state, {**self.meta, "loop": loop}, tables, keep=CHECKPOINTS_KEPT
         )
         return self.last_checkpoint
 
-    # -- fixed knobs -----------------------------------------------------------------------------
-    def fixed(self, start: TrainState, config: RunConfig, loop: dict[str, Any] | None = None) -> dict:
-        """Train with `config` (n_groups, lr, momentum fixed; lr only lowered by rollbacks) from `start`.
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self, policy: Policy, start: TrainState, resume: dict[str, Any] | None = None) -> FitResult:
+        """Run `policy` from `start` (or go on from a checkpoint's `resume` session, `restore` first)."""
+        self.snapshots = {START: start, CURRENT: start}
+        if resume is not None and resume.get("finished"):  # the checkpointed fit had ended
+            return self.result(start, RunConfig(**resume["config"]), resume)
+        if resume is None and self.evaluator is not None:  # the curve starts at the starting weights
+            fields = dict(getattr(policy, "start_fields", {}))
+            self.stop_at_start = self.record(start, self.log.elapsed, phase="start", **fields, event="start")
+        policy.begin(self, resume)
+        step = policy.next_run(None)
+        while not isinstance(step, Stop):
+            if step.checkpoint is not None:
+                self.save(self.snapshots[CURRENT], step.checkpoint)
+            step = policy.next_run(self.execute(step))
+        state = self.snapshot(step.state)
+        if self.evaluator is not None and (
+            not self.history or self.history[-1]["iteration"] != state.iterations_done
+        ):
+            self.record(
+                state, self._trace_end(), phase="end", event="end"
+            )  # the model returned, even mid-search
+        session = step.session or {"kind": "auto", "finished": True}
+        self.save(state, session)
+        return self.result(state, step.config, session)
 
-        `loop`: a checkpoint's loop state, to continue that fit where it stopped (`restore` first).
-        """
-        est = self.est
-        state = start
-        if loop is None:
-            loop = {
-                "kind": "fixed",
-                "elapsed": self.history[-1]["time"] if self.history else 0.0,
-                "first_iteration": state.iterations_done,
-                "rollbacks_in_row": 0,
-                "checkpoint_epoch": math.floor(state.batches_done / self.nb),
-                "finished": False,
-            }
-            done = self.record(state, loop["elapsed"], phase="start", lr=config.lr, event="start")
-            loop["finished"] = done
-        else:
-            config = RunConfig(**loop["config"])
-        chunk = max(2.0, (est.time_budget or 60.0) / 20)
-        if "time_end" not in loop:
-            loop["time_end"] = None if est.time_budget is None else loop["elapsed"] + est.time_budget
-        time_end = loop["time_end"]
-        while not loop["finished"]:
-            good = state
-            state, config = self._chunk(state, config, loop, chunk)
-            epoch = math.floor(state.batches_done / self.nb)
-            spent = state.iterations_done - loop["first_iteration"]
-            loop["finished"] = (
-                loop["finished"]
-                or (time_end is not None and loop["elapsed"] >= time_end)
-                or (self.max_iterations is not None and spent >= self.max_iterations)
-            )
-            if loop["finished"] or (state is not good and epoch > loop["checkpoint_epoch"]):
-                loop["checkpoint_epoch"], loop["final_saved"] = epoch, loop["finished"]
-                self.save(state, {**loop, "config": asdict(config)})
-        if not loop.get("final_saved"):
-            loop["final_saved"] = True
-            self.save(state, {**loop, "config": asdict(config)})
+    def result(self, state: TrainState, config: RunConfig, session: dict[str, Any]) -> FitResult:
         self.net.set_params(state.params)
-        full = self.full_trace()
-        train = full[full["phase"] == "train"] if "phase" in full else full
-        runs = {c: rows.drop(columns=["phase"]) for c, rows in _by_config(train, config).items()}
-        events = pd.DataFrame(self.events)
-        loop["config"] = asdict(config)
-        return {
-            "state": state,
-            "trace": full,
-            "decisions": events,
-            "runs": runs,
-            "config": config,
-            "loop": loop,
-        }
+        trace = self.log.trace()
+        return FitResult(state, config, trace, self.log.decisions(), session, self.history, self.stopped_by)
 
-    def _chunk(self, state: TrainState, config: RunConfig, loop: dict, chunk: float):
-        """One engine run from `state`; on divergence roll back and lower lr. Returns (state, config)."""
-        est = self.est
-        time_end = loop["time_end"]
-        seconds = chunk if time_end is None else min(chunk, time_end - loop["elapsed"])
-        iterations = self.nb
-        if self.max_iterations is not None:
-            spent = state.iterations_done - loop["first_iteration"]
-            iterations = min(iterations, self.max_iterations - spent)
-        budget = Budget(seconds=seconds, iterations=iterations)
-        result = None
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            try:
-                result = self.engine.run(self.net, self.X, self.y, config, budget, start=state.copy())
-            except FloatingPointError:
-                pass
-        trace = result.trace.copy() if result is not None else pd.DataFrame({"t_start": [], "t_end": []})
-        t0 = _clock(state) or 0.0
-        end_clock = None if result is None else _clock(result.state)
-        if end_clock is not None:
-            duration = end_clock - t0
-        else:
-            duration = float(trace["t_end"].max()) if len(trace) else seconds
-        if len(trace):
-            trace[["t_start", "t_end"]] += loop["elapsed"] - (t0 if end_clock is not None else 0.0)
-        loop["elapsed"] += duration
-        diverged = (
-            result is None
-            or bool(trace.attrs.get("diverged"))
-            or (len(trace) > 0 and not np.isfinite(trace["loss"].to_numpy(dtype=float)).all())
-            or not checkpoint.healthy(result.state)
-        )
+    def execute(self, step: NextRun) -> Outcome:
+        """One engine run of `step`: charged, judged, rolled back or kept, evaluated."""
+        start = self.snapshot(step.start)
+        trace, state, diverged, seconds = self._engine_run(step.config, step.budget, start, step.keep)
+        seg, run = self.log.add_run(trace, seconds, step.phase)
+        score = None
+        if step.score and not diverged:
+            score = self._score(state, seg)
+        if step.diverges is not None and not diverged:
+            diverged = bool(step.diverges(seg, math.inf if score is None else score))
         scores = None
-        if not diverged:
+        if step.keep and not diverged and self.evaluator is not None:
             with np.errstate(over="ignore", invalid="ignore"):
-                scores = self.evaluate(result.state)
-            diverged = not scores["loss"] <= self.loss_limit
-        trace["phase"] = "rolled_back" if diverged else "train"
-        self.traces.append(trace)
-        if not diverged:
-            loop["rollbacks_in_row"] = 0
-            event = self.recoveries(trace, config)
-            loop["finished"] = self.record(result.state, loop["elapsed"], scores, lr=config.lr, event=event)
-            return result.state, config
-        loop["rollbacks_in_row"] += 1
-        if loop["rollbacks_in_row"] > MAX_ROLLBACKS:
+                scores = self.evaluator(state)
+            diverged = step.loss_limit and not scores["loss"] <= self.loss_limit
+        out = Outcome(run, step, seg, state, f"run{run}", start, diverged, seconds, score)
+        if state is not None:
+            self.snapshots[out.snapshot] = state
+        if not step.keep:
+            return out
+        if diverged:
+            return self._rolled_back(out)
+        self.rollbacks_in_row = 0
+        self.log.kept.add(run)
+        self.snapshots = {n: s for n, s in self.snapshots.items() if s is start or n == START}
+        self.snapshots.update({CURRENT: state, out.snapshot: state})
+        if self.evaluates:
+            fields = dict(step.note or {})
+            event = self.recoveries(seg, step.config)
+            if "event" in fields:
+                fields["event"] = event
+            out.stop = self.record(state, self._trace_end(), scores, **fields)
+        return out
+
+    def _rolled_back(self, out: Outcome) -> Outcome:
+        """The one divergence handler: the current state stays the run's start; too many in a row raise."""
+        out.trace["phase"] = "rolled_back"
+        self.log.segments[out.run]["phase"] = "rolled_back"
+        self.rollbacks_in_row += 1
+        if self.rollbacks_in_row > MAX_ROLLBACKS:
             raise FloatingPointError(
                 f"training diverged {MAX_ROLLBACKS + 1} times in a row from iteration "
-                f"{state.iterations_done}, down to lr={config.lr:g}; check the data and the net"
+                f"{out.start_state.iterations_done}, down to lr={out.config.lr:g}; check the data and the net"
             )
-        new = config.with_(lr=config.lr / 10)
-        why = f"diverged at lr={config.lr:g}: back to the state of iteration {state.iterations_done}, lr / 10"
-        self.events.append(
-            {
-                "phase": "train",
-                "action": "rollback",
-                "n_groups": new.n_groups,
-                "lr": new.lr,
-                "momentum": new.momentum,
-                "time": loop["elapsed"],
-                "iteration": state.iterations_done,
-                "diverged": True,
-                "chosen": True,
-                "reason": why,
-            }
-        )
-        if est.verbose >= 2:
-            print(f"[dasknn] {why}")
-        event = f"rollback: lr {config.lr:g} -> {new.lr:g}"
-        loop["finished"] = self.record(state, loop["elapsed"], lr=new.lr, event=event)
-        return state, new
+        return out
 
-    # -- Omnivore's optimizer --------------------------------------------------------------------
-    def optimize(self, start: TrainState, loop: dict[str, Any] | None = None) -> dict:
-        """Omnivore's Algorithm 1 picks the "auto" knobs; a checkpoint after every train epoch.
+    def _trace_end(self) -> float:
+        trace = self.log.trace()
+        return float(trace["t_end"].max()) if len(trace) else self.log.elapsed
 
-        `loop`: a checkpoint's optimizer session (`restore` first) to go on from. The optimizer rolls
-        back diverged train runs itself (last good state, lr / 10; `optimizer._Session.train`).
-        """
-        from dasknn.estimator_params import optimizer_class
+    def _engine_run(self, config: RunConfig, budget: Budget, start: TrainState, keep: bool):
+        """The engine's run: (trace, end state or None, diverged, seconds charged).
 
-        est = self.est
-        options: dict[str, Any] = {**(est.optimizer_options or {}), "verbose": max(0, est.verbose - 1)}
-        # training is evaluated (and stops at the target) at least once per pass over the data, as
-        # the fixed loop's chunks are: the two report time to accuracy at the same granularity
-        if est.optimizer == "online":
-            options.setdefault("segment_iterations", min(self.nb, 200))
-            options.setdefault("target_accuracy", est.target_accuracy)
+        Charged: the run's span in the engine's clock, or on a real clock its wall time (start-up
+        included); a run with no iteration done its seconds budget; a raising run its wall time
+        (on a simulated clock one modelled iteration: nothing read from the wall clock is charged
+        there)."""
+        t0 = time.perf_counter()
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # divergence is an outcome
+                result = self.engine.run(
+                    self.net, self.X, self.y, config, budget, start=start.copy() if keep else start
+                )
+        except FloatingPointError:
+            result = None
+        wall = time.perf_counter() - t0
+        trace = make_trace([], "unknown") if result is None else result.trace
+        state = None if result is None else result.state
+        losses = trace["loss"].to_numpy(dtype=float)
+        diverged = state is None or bool(trace.attrs.get("diverged")) or not np.isfinite(losses).all()
+        diverged = diverged or not checkpoint.healthy(state)  # exploding weights
+        span = float(trace["t_end"].max() - trace["t_start"].min()) if len(trace) else 0.0
+        simulated = getattr(self.engine, "time_unit", None) == "simulated s"
+        if trace.attrs.get("time_unit") == "simulated s":
+            seconds = span
+        elif simulated:  # a raising simulated run: one modelled iteration, never the wall clock
+            seconds = _one_iteration(self.engine, config, budget)
         else:
-            options.setdefault("stop_check_iterations", self.nb)
-        for knob in ("n_groups", "learning_rate", "momentum"):
-            if getattr(est, knob) != "auto":
-                options[knob] = getattr(est, knob)
-        if self.selection_score is not None:  # probes judged on the selection part, not on their batches
-            options["probe_score"] = _ReportingScore(self, self.selection_score)
-        optimizer = optimizer_class(est.optimizer)(self.engine, **options)
-        final: dict[str, Any] = {"session": loop}
-        if loop is not None and loop.get("finished"):  # the checkpointed fit had ended
-            self.net.set_params(start.params)
-            config, decisions = RunConfig(**loop["config"]), pd.DataFrame(self.events)
-            return {
-                "state": start,
-                "trace": self.full_trace(),
-                "decisions": decisions,
-                "config": config,
-                "loop": loop,
-            }
+            seconds = max(span, wall)
+        if result is not None and not len(trace) and budget.seconds is not None:
+            seconds = max(seconds, budget.seconds)  # the engine waited out its budget
+        return trace, state, diverged, seconds
 
-        def should_stop(state: TrainState, trace: pd.DataFrame) -> bool:
-            return self.record(state, float(trace["t_end"].max()) if len(trace) else 0.0)
-
-        def on_epoch(state: TrainState, session: dict, trace: pd.DataFrame, decisions: pd.DataFrame) -> None:
-            final["session"] = session
-            self.traces, self.events = [trace], decisions.to_dict("records")
-            self.save(state, session)
-
-        resume = None
-        if loop is not None and not loop.get("finished"):
-            resume = {**loop, "trace": self.full_trace(), "decisions": pd.DataFrame(self.events)}
-        elif not self.history:  # the curve starts at the starting weights, time 0
-            self.record(
-                start if start is not None else TrainState.from_net(self.net),
-                0.0,
-                phase="start",
-                event="start",
-            )
-        result = optimizer.optimize(
-            self.net,
-            self.X,
-            self.y,
-            batch_size=est.batch_size,
-            weight_decay=float(est.weight_decay),
-            seed=est.random_state,
-            time_budget=est.time_budget,
-            max_iterations=self.max_iterations,
-            should_stop=should_stop,
-            start=start,
-            on_epoch=None if self.checkpoint_dir is None else on_epoch,
-            resume=resume,
+    def _score(self, state: TrainState, seg: pd.DataFrame) -> float:
+        """The selection loss of `state` (its time charged to the clock), else the run's smoothed
+        training loss (NaN without a run); the callbacks hear of the progress."""
+        if self.selection is None:
+            return final_loss(seg) if len(seg) else math.nan
+        t0 = time.perf_counter()
+        value = float(self.selection(state))
+        self.log.charge(self._scoring_seconds(time.perf_counter() - t0, seg))
+        t = _clock(state)
+        if t is None:
+            t = self.wall_offset + time.perf_counter() - self.wall0
+        self.notify(
+            "on_progress", {"time": t, "epoch": state.batches_done / self.n_batches, "phase": "search"}
         )
-        if not self.history or self.history[-1]["iteration"] != result.state.iterations_done:
-            t_end = float(result.trace["t_end"].max()) if len(result.trace) else 0.0
-            self.record(result.state, t_end, phase="end", event="end")  # the model returned, even mid-search
-        session = {**(final["session"] or {"kind": "auto"}), "finished": True}
-        session["config"] = asdict(result.chosen)
-        self.traces, self.events = [result.trace], result.decisions.to_dict("records")
-        if self.checkpoint_dir is not None:
-            self.save(result.state, session)
-        return {
-            "state": result.state,
-            "trace": result.trace,
-            "decisions": result.decisions,
-            "config": result.chosen,
-            "loop": session,
-        }
+        return value if math.isfinite(value) else math.inf
+
+    def _scoring_seconds(self, wall: float, seg: pd.DataFrame) -> float:
+        """The clock's charge for scoring a state: its wall time, or on a simulated clock the forward
+        passes over the scorer's samples, a third of an iteration's time per batch."""
+        simulated = "simulated s" in (
+            self.log.attrs.get("time_unit"),
+            getattr(self.engine, "time_unit", None),
+        )
+        if not simulated:  # (before any run the log has no unit yet: the engine says it)
+            return wall
+        n = getattr(self.selection, "n_samples", None)
+        if not n or not len(seg):
+            return 0.0
+        per_iteration = float((seg["t_end"] - seg["t_start"]).median())
+        return per_iteration / 3 * n / max(1, int(seg["n_images"].median()) if "n_images" in seg else 1)
 
 
-def _by_config(trace: pd.DataFrame, config: RunConfig) -> dict[RunConfig, pd.DataFrame]:
-    """The fixed loop's trace rows per learning rate (a rollback changes it), keyed by RunConfig."""
-    if not len(trace) or "lr" not in trace:
-        return {}
-    return {config.with_(lr=float(lr)): rows for lr, rows in trace.groupby("lr", sort=False)}
+def run_policy(policy: Policy, engine, net, X, y, *, start: TrainState | None = None, **options) -> FitResult:
+    """Run `policy` on a `Loop` without evaluation data (the optimizers' own `optimize`); sets the
+    final weights on `net`."""
+    loop = Loop(engine, net, X, y, **options)
+    return loop.run(policy, start.copy() if start is not None else TrainState.from_net(net))
 
 
 def runs_by_config(trace: pd.DataFrame, decisions: pd.DataFrame, seed: int) -> dict:

@@ -1,14 +1,16 @@
-"""The optimizers that drive any engine to a target accuracy.
+"""The policies of the training loop: they say what to run next, and never call the engine.
 
+Each is a `dasknn.policy.Policy` that `dasknn.fitting.Loop` asks for its next run.
 `grid.py`: Omnivore's Algorithm 1 with its cold start (§IV-C, appendix E), the grid search over
-(g, µ, η); `session.py`: one run of it; `cold_start.py`: the appendix E-D cold start; `search.py`:
-the shared pieces (probes, their scores, the decisions log, the HE model from probes);
-`online.py`: the online optimizer, with its measurements (`measure.py`) and pure decisions
-(`decide.py`) apart (Pollux/AdaptDL, YellowFin, AdaScale). The parts of "auto", each pure and fed
-planted measurements in its tests: `prior.py` (where a fit starts: g from the HE model, η and µ from
-the net's solver or the cache of the last fit), `ramp.py` (η doubled on the training path),
-`trials.py` (A-B-A trials capped at 5% of the elapsed time), `momentum.py` (total momentum
-regressed from the weights' trajectory) and `plateau.py` (η ÷ 3 on a plateau, then a stop).
+(g, µ, η); `session.py`: one fit of it; `cold_start.py`: the appendix E-D cold start; `search.py`:
+the shared pieces (probes, their scores, the HE model from probes); `online.py`: the online
+optimizer, with its measurements (`measure.py`) and pure decisions (`decide.py`) apart
+(Pollux/AdaptDL, YellowFin, AdaScale); `fixed.py`: fixed knobs, the trivial policy. The parts of
+"auto", each pure and fed planted measurements in its tests: `prior.py` (where a fit starts: g from
+the HE model, η and µ from the net's solver or the cache of the last fit), `ramp.py` (η doubled on
+the training path), `trials.py` (A-B-A trials capped at 5% of the elapsed time), `momentum.py`
+(total momentum regressed from the weights' trajectory) and `plateau.py` (η ÷ 3 on a plateau, then
+a stop).
 """
 
 from dasknn.optimizer.grid import OmnivoreOptimizer

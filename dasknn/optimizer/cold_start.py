@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from dasknn.optimizer.search import Probe, clear_winner, state_hash
+from dasknn.optimizer.search import Probe, Runs, clear_winner, record_probe, state_hash
 
 if TYPE_CHECKING:  # pragma: no cover
     from dasknn.engine.trace import TrainState
@@ -29,14 +29,14 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["cold_start_groups", "cold_start_lr", "ladder"]
 
 
-def cold_start_lr(session: _Session, state: TrainState) -> Probe | None:
+def cold_start_lr(session: _Session, state: TrainState) -> Runs:
     """η* at g = 1, µ = cold_start_momentum: lr_grid in order, stop at the first worse rate."""
     opt, log = session.opt, session.log
     probes: list[Probe] = []
     why = "every rate of lr_grid probed: the lowest score"
     for i, lr in enumerate(opt.lr_grid):
         reason = f"cold-start rate {i + 1} of {len(opt.lr_grid)}"
-        p = session.prober.probe(session.base.with_(lr=lr), state, "cold_start", reason)
+        p = yield from session.prober.probe(session.base.with_(lr=lr), state, "cold_start", reason)
         if p is None:
             why = "the budget ran out during the cold start"
             break
@@ -66,7 +66,7 @@ def ladder(candidates: list[int], up_to: int) -> list[int]:
     return steps
 
 
-def cold_start_groups(session: _Session, state: TrainState, sync: Probe, up_to: int) -> tuple[Probe, str]:
+def cold_start_groups(session: _Session, state: TrainState, sync: Probe, up_to: int) -> Runs:
     """The cold start's g (steps 2-3 of the module docstring): (the winning probe, why)."""
     from dasknn.optimizer.search import momentum_lr_grid
 
@@ -77,7 +77,7 @@ def cold_start_groups(session: _Session, state: TrainState, sync: Probe, up_to: 
         grid = momentum_lr_grid(last.config.lr, last.config.momentum, opt.momentum_grid)
         if opt.learning_rate is not None:
             grid = [(m, lr) for m, lr in grid if lr == opt.learning_rate]
-        probes = prober.grid(
+        probes = yield from prober.grid(
             last.config.with_(n_groups=g),
             grid,
             state,
@@ -90,7 +90,7 @@ def cold_start_groups(session: _Session, state: TrainState, sync: Probe, up_to: 
             why = "the budget ran out" if not probes else "every probe diverged"
             log.record("cold_start", "stop_ladder", last.config.with_(n_groups=g), f"g={g}: {why}")
             break
-        winner, _, why = prober.pick(finite)
+        winner, _, why = yield from prober.pick(finite)
         best_of[g], last = winner, winner
         log.record("cold_start", "choose_at_g", winner.config, why, score=winner.score)
         if winner.config.momentum == 0 and opt.momentum_grid != (0.0,):
@@ -99,14 +99,14 @@ def cold_start_groups(session: _Session, state: TrainState, sync: Probe, up_to: 
             break
     if len(best_of) == 1:
         return sync, "no g > 1 to try (or none ran): g = 1"
-    return _equal_time_winner(session, best_of)
+    return (yield from _equal_time_winner(session, best_of))
 
 
 def _seconds(session: _Session, p: Probe) -> float:
     return float(sum(session.log.charged[r] for r in p.runs))
 
 
-def _equal_time_winner(session: _Session, best_of: dict[int, Probe]) -> tuple[Probe, str]:
+def _equal_time_winner(session: _Session, best_of: dict[int, Probe]) -> Runs:
     """Continue each g's winner to the same time, then the lowest loss (one more round if unclear)."""
     log, prober = session.log, session.prober
     contenders = list(best_of.values())
@@ -120,9 +120,9 @@ def _equal_time_winner(session: _Session, best_of: dict[int, Probe]) -> tuple[Pr
                 if budget is None:
                     break
                 start_hash = state_hash(p.state)
-                prober.advance(p, p.state, budget)
-                log.record_probe(
-                    "extend", p, f"equal time for every g: {target:.3g} s", prober.window, start_hash
+                yield from prober.advance(p, p.state, budget)
+                record_probe(
+                    log, "extend", p, f"equal time for every g: {target:.3g} s", prober.window, start_hash
                 )
         finite = [p for p in contenders if not p.diverged and math.isfinite(p.score)]
         if not finite:

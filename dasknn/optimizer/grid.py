@@ -1,8 +1,8 @@
 """Omnivore's optimizer: a cold start, then epochs of a grid search over (g, µ, η) and training.
 
 Omnivore §V-B (Algorithm 1), appendix E and its cold start (§IV-C,
-appendix E-D). Engine-agnostic: it talks to an engine only through
-`run(net, X, y, config, budget, start) -> RunResult`, so it drives the SimulatedEngine and the
+appendix E-D). A policy of the training loop (`dasknn.policy.Policy`): it never calls the engine,
+it asks the loop (`dasknn.fitting.Loop`) for runs, so it drives the SimulatedEngine and the
 DaskEngine alike. Times and budgets are in the engine's clock ("simulated s" on the simulator).
 
 1. Cold start (g = 1, µ = 0.9): probe η in `lr_grid` order from the same state, stopping at the
@@ -27,6 +27,7 @@ engine run pays a start-up cost (actors), so prefer fewer, longer probes there.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 from typing import Any
 
 from dasknn.engine.trace import RunConfig, TrainState
@@ -38,7 +39,8 @@ from dasknn.optimizer.search import (
     float_option,
     int_option,
 )
-from dasknn.optimizer.session import EpochCallback, OptimizerResult, StopCallback, _Session
+from dasknn.optimizer.session import OptimizerResult, StopCallback, _Session
+from dasknn.policy import CURRENT, NextRun, Outcome, Stop
 from dasknn.tradeoff.hardware import HEModel
 
 __all__ = ["OmnivoreOptimizer"]
@@ -157,6 +159,7 @@ class OmnivoreOptimizer:
         )
         self.momentum_early_stop = momentum_early_stop
         self.verbose = int_option(verbose, "verbose", minimum=0)
+        self.max_epochs: int | None = None  # train epochs, when `optimize` is given max_epochs
         # pinned knobs: the user fixed them, the optimizer tunes only the others
         self.n_groups = int_option(n_groups, "n_groups")
         self.learning_rate = None
@@ -173,6 +176,38 @@ class OmnivoreOptimizer:
             return max(20, 5 * int(n_groups)), None
         return self.probe_iterations, self.probe_seconds
 
+    # -- the policy (dasknn.policy.Policy) -------------------------------------------------------
+    def begin(self, fit, resume: dict[str, Any] | None) -> None:
+        """Start a fit of Algorithm 1 on the loop's `fit` (or go on from a checkpoint's `resume` session)."""
+        base = RunConfig(
+            1, self.lr_grid[0], self.cold_start_momentum, fit.weight_decay, fit.batch_size, fit.seed
+        )
+        self._session = _Session(self, fit, base, self.max_epochs)
+        self._session.checkpoints = fit.checkpoints
+        state = fit.snapshot(CURRENT)
+        if resume is not None:
+            self._session.session = dict(resume)
+            self._steps = self._session.resume(state, resume)
+        else:
+            self._steps = self._session.run(state)
+        self._started = False
+
+    def next_run(self, last: Outcome | None) -> NextRun | Stop:
+        """The next probe or train run of Algorithm 1, or Stop; a train epoch's session rides on the
+        next run as its checkpoint."""
+        session = self._session
+        try:
+            step = self._steps.send(last) if self._started else next(self._steps)
+        except StopIteration as done:
+            stop = done.value
+            final = {**(session.session or {"kind": "auto"}), "finished": True, "config": asdict(stop.config)}
+            return replace(stop, session=final)
+        self._started = True
+        if session.pending:
+            session.pending = False
+            step = replace(step, checkpoint=session.session)
+        return step
+
     def optimize(
         self,
         net,
@@ -187,28 +222,36 @@ class OmnivoreOptimizer:
         max_iterations: int | None = None,
         should_stop: StopCallback | None = None,
         start: TrainState | None = None,
-        on_epoch: EpochCallback | None = None,
-        resume: dict[str, Any] | None = None,
         **unknown: Any,
     ) -> OptimizerResult:
         """Train `net` on (X, y) by Omnivore Algorithm 1 until a budget is spent; sets its final weights.
 
         `time_budget` in the engine's clock, probes included; `max_iterations` counts every update
         run, probes included; `max_epochs` counts train epochs, the synchronous cold-start epoch
-        included; `should_stop(state, trace_so_far)` is checked after each train run.
-        `on_epoch(state, session, trace, decisions)` is called after each train epoch (a checkpoint
-        hook): `session` is the JSON-able rest of the optimizer's state (phase, the
-        config it goes on with, clock, budgets spent, history, g candidates, HE model). `resume`:
-        such a `session`, with `start` its state and `resume["trace"]`, `resume["decisions"]` the
-        records so far: the optimizer goes on from that epoch's end as the original run would.
+        included; `should_stop(state, trace_so_far)` is checked after each train run. The fit runs
+        on `dasknn.fitting.Loop` (DistributedCNN's fits add evaluation, checkpoints and callbacks).
         """
-        limits = check_optimize_args(
-            unknown, time_budget, max_epochs, max_iterations, should_stop, start, on_epoch
+        from dasknn.fitting import run_policy
+
+        limits = check_optimize_args(unknown, time_budget, max_epochs, max_iterations, should_stop, start)
+        self.max_epochs = limits["max_epochs"]
+        done = run_policy(
+            self,
+            self.engine,
+            net,
+            X,
+            y,
+            batch_size=batch_size,
+            weight_decay=weight_decay,
+            seed=seed,
+            time_budget=limits["time_budget"],
+            max_iterations=limits["max_iterations"],
+            should_stop=should_stop,
+            start=start,
+            selection=self.probe_score,
+            verbose=self.verbose,
         )
-        base = RunConfig(1, self.lr_grid[0], self.cold_start_momentum, weight_decay, batch_size, seed)
-        session = _Session(self, net, X, y, base, should_stop, limits)
-        session.on_epoch = on_epoch
-        state = start.copy() if start is not None else TrainState.from_net(net)
-        if resume is not None:
-            return session.resume(state, resume)
-        return session.run(state)
+        session = self._session
+        return OptimizerResult(
+            done.state, done.trace, done.decisions, done.config, session.history, session.he_model
+        )

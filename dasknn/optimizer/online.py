@@ -34,9 +34,8 @@ numbers that drove it: `seconds_per_iteration`, `noise_scale`, `total_momentum`,
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -45,8 +44,8 @@ from dasknn.data.batching import n_batches
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.optimizer import decide, measure
 from dasknn.optimizer.search import (
-    Prober,
-    SearchLog,
+    Runs,
+    Snapshots,
     check,
     check_optimize_args,
     check_values,
@@ -55,7 +54,8 @@ from dasknn.optimizer.search import (
     initial_groups,
     int_option,
 )
-from dasknn.optimizer.session import EpochCallback, OptimizerResult, StopCallback
+from dasknn.optimizer.session import OptimizerResult, StopCallback
+from dasknn.policy import CURRENT, NextRun, Outcome, Stop
 from dasknn.tradeoff.hardware import HEModel
 from dasknn.tradeoff.statistical import final_loss
 
@@ -64,10 +64,6 @@ __all__ = ["OnlineOptimizer"]
 
 def _unit(value: float) -> bool:
     return 0 <= value < 1
-
-
-MAX_ROLLBACKS = 6
-"""Diverged training segments in a row (rate / lr_factor each time) before giving up."""
 
 
 @dataclass
@@ -179,6 +175,32 @@ class OnlineOptimizer:
         )
         self.verbose = int_option(verbose, "verbose", minimum=0)
 
+    # -- the policy (dasknn.policy.Policy) -------------------------------------------------------
+    def begin(self, fit, resume: dict[str, Any] | None) -> None:
+        """Start a fit on the loop's `fit` (or go on from a checkpoint's `resume` session)."""
+        self._run = _OnlineRun(self, fit)
+        base = RunConfig(1, self.initial_lr, 0.0, fit.weight_decay, fit.batch_size, fit.seed)
+        self._steps = self._run.run(fit.snapshot(CURRENT), base, resume)
+        self._started = False
+
+    def next_run(self, last: Outcome | None) -> NextRun | Stop:
+        """The next segment or trial, or Stop; the session after a segment rides on the next run."""
+        run = self._run
+        try:
+            step = self._steps.send(last) if self._started else next(self._steps)
+        except StopIteration as done:
+            stop = done.value
+            final = {
+                **(run.last_session or {"kind": "auto"}),
+                "finished": True,
+                "config": asdict(stop.config),
+            }
+            return replace(stop, session=final)
+        self._started = True
+        if run.pending is not None:
+            step, run.pending = replace(step, checkpoint=run.pending), None
+        return step
+
     def optimize(
         self,
         net,
@@ -193,19 +215,16 @@ class OnlineOptimizer:
         max_iterations: int | None = None,
         should_stop: StopCallback | None = None,
         start: TrainState | None = None,
-        on_epoch: EpochCallback | None = None,
-        resume: dict[str, Any] | None = None,
         **unknown: Any,
     ) -> OptimizerResult:
         """Train `net` on (X, y) until a budget is spent or `should_stop(state, trace)` says so.
 
         The arguments are `OmnivoreOptimizer.optimize`'s: `time_budget` in the engine's clock,
-        trials included; `max_epochs` passes over the data; `on_epoch(state, session, trace,
-        decisions)` after every segment (a checkpoint hook); `resume` such a session to go on from.
+        trials included; `max_epochs` passes over the data. The fit runs on `dasknn.fitting.Loop`.
         """
-        limits = check_optimize_args(
-            unknown, time_budget, max_epochs, max_iterations, should_stop, start, on_epoch
-        )
+        from dasknn.fitting import run_policy
+
+        limits = check_optimize_args(unknown, time_budget, max_epochs, max_iterations, should_stop, start)
         time_budget, max_epochs, max_iterations = (
             limits["time_budget"],
             limits["max_epochs"],
@@ -214,24 +233,39 @@ class OnlineOptimizer:
         if max_epochs is not None:
             per_epoch = max_epochs * n_batches(int(X.shape[0]), int(batch_size))
             max_iterations = per_epoch if max_iterations is None else min(max_iterations, per_epoch)
-        run = _OnlineRun(self, net, X, y, int(batch_size), time_budget, max_iterations)
-        run.should_stop, run.on_epoch = should_stop, on_epoch
-        base = RunConfig(1, self.initial_lr, 0.0, float(weight_decay), int(batch_size), int(seed))
-        state = start.copy() if start is not None else TrainState.from_net(net)
-        return run.run(state, base, resume)
+        done = run_policy(
+            self,
+            self.engine,
+            net,
+            X,
+            y,
+            batch_size=batch_size,
+            weight_decay=weight_decay,
+            seed=seed,
+            time_budget=time_budget,
+            max_iterations=max_iterations,
+            should_stop=should_stop,
+            start=start,
+            selection=self.probe_score,
+            verbose=self.verbose,
+        )
+        return OptimizerResult(
+            done.state, done.trace, done.decisions, done.config, self._run.history, self._run.he_model
+        )
 
 
 class _OnlineRun:
     """One `optimize` call of the online optimizer: the log and clock, the measurements, the loop."""
 
-    def __init__(self, opt: OnlineOptimizer, net, X, y, batch_size, time_budget, max_iterations) -> None:
-        self.opt, self.net, self.batch_size = opt, net, batch_size
-        self.log = SearchLog(opt.engine, net, X, y, time_budget, max_iterations, opt.verbose)
-        self.scorer = Prober(self.log, lambda g: (None, None), scorer=opt.probe_score)
-        self.passes = n_batches(int(X.shape[0]), batch_size)
-        self.should_stop: StopCallback | None = None
-        self.on_epoch: EpochCallback | None = None
+    def __init__(self, opt: OnlineOptimizer, fit) -> None:
+        self.opt, self.fit, self.net, self.batch_size = opt, fit, fit.net, fit.batch_size
+        self.log = fit.log
+        self.snapshots = Snapshots()
+        self.passes = fit.n_batches
+        self.pending: dict[str, Any] | None = None  # a session for the checkpoint before the next run
+        self.last_session: dict[str, Any] | None = None
         self.stopped = ""
+        self.stop_asked = False  # the loop's evaluation after the last segment asked to stop
         self.tpi: dict[int, float] = {}  # measured seconds per iteration at each g that ran
         self.noise = measure.NoiseScale()
         self.explored = 0.0
@@ -242,14 +276,14 @@ class _OnlineRun:
         self.he_model: HEModel | None = None
         self.candidates: list[int] = []
         self.score = math.nan
-        self.pending: tuple[_Segment, str] | None = None  # a trial waiting for its "after" segment
+        self.trial: tuple[_Segment, str] | None = None  # a trial waiting for its "after" segment
         self.last_trace = pd.DataFrame()  # the last segment measured
 
     # -- set-up ----------------------------------------------------------------------------------
     def he(self) -> tuple[HEModel, str]:
         """The HE model: the argument, the simulated engine's timing, else the net's FLOP split."""
         opt, n = self.opt, self.n_workers
-        timing = getattr(opt.engine, "timing", None)
+        timing = getattr(self.fit.engine, "timing", None)
         if opt.he_model is not None:
             return opt.he_model, "HE model from the he_model argument"
         if isinstance(timing, HEModel) and timing.n_workers == (n or timing.n_workers):
@@ -263,9 +297,10 @@ class _OnlineRun:
         """The saturating g, µ for its implicit momentum, the initial rate (pinned knobs kept)."""
         opt = self.opt
         self.n_workers = opt.n_workers or (opt.he_model.n_workers if opt.he_model else None)
-        self.n_workers = self.n_workers or getattr(opt.engine, "n_workers", None)
-        if self.n_workers is None and callable(getattr(opt.engine, "conv_worker_count", None)):
-            self.n_workers = opt.engine.conv_worker_count()  # a DaskEngine's cluster as it is now
+        engine = self.fit.engine
+        self.n_workers = self.n_workers or getattr(engine, "n_workers", None)
+        if self.n_workers is None and callable(getattr(engine, "conv_worker_count", None)):
+            self.n_workers = engine.conv_worker_count()  # a DaskEngine's cluster as it is now
         self.candidates = group_candidates(self.n_workers, opt.max_groups or self.n_workers or 32)
         self.he_model, source = self.he()
         g, why = initial_groups(self.he_model, self.candidates, fixed_workers=self.n_workers is not None)
@@ -277,25 +312,21 @@ class _OnlineRun:
         return base.with_(n_groups=g, lr=lr, momentum=mu), why
 
     # -- the loop --------------------------------------------------------------------------------
-    def run(self, state: TrainState, base: RunConfig, resume: dict[str, Any] | None) -> OptimizerResult:
+    def run(self, state: TrainState, base: RunConfig, resume: dict[str, Any] | None) -> Runs:
+        """The online loop: segments, measurements, decisions and trials, as the runs it asks for."""
         log = self.log
         if resume is not None:
             config = self.restore(resume)
         else:
             config, why = self.first_config(base)
-            self.score = self.score_of(state, None)
+            self.score = self.fit.score(CURRENT) if self.fit.has_selection else math.nan
             log.record("online", "start", config, why, score=self.score)
-        rollbacks, before = 0, math.nan
+        before = math.nan
         while not self.finished():
-            seg = self.segment(config, state, self.segment_length(config), "train")
+            seg = yield from self.segment(config, state, self.segment_length(config), "train")
             if seg is None:
                 break
-            if seg.diverged:
-                rollbacks += 1
-                if rollbacks > MAX_ROLLBACKS:
-                    raise FloatingPointError(
-                        f"training diverged {rollbacks} times in a row, down to lr={config.lr:g}"
-                    )
+            if seg.diverged:  # the loop rolled it back (and gives up after too many in a row)
                 self.lr_ceiling = min(self.lr_ceiling, config.lr)
                 config = config.with_(lr=config.lr / self.opt.lr_factor)
                 log.record(
@@ -308,7 +339,7 @@ class _OnlineRun:
                     **self.numbers(config),
                 )
                 continue
-            rollbacks, state = 0, seg.state
+            state = seg.state
             self.measured(seg)
             log.record(
                 "train",
@@ -327,7 +358,7 @@ class _OnlineRun:
             if self.finished():
                 break
             config = self.steer(config, seg)
-            state, config, before = self.explore(state, config, seg, before)
+            state, config, before = yield from self.explore(state, config, seg, before)
         return self.finish(state, config)
 
     def segment_length(self, config: RunConfig) -> int:
@@ -340,36 +371,40 @@ class _OnlineRun:
             return self.opt.trial_iterations
         return max(5 * config.n_groups, self.segment_length(config) // 2)
 
-    def segment(self, config: RunConfig, state: TrainState, iterations: int, phase: str) -> _Segment | None:
-        """One engine run from `state`, scored; None when the budget is spent."""
+    def segment(self, config: RunConfig, state: TrainState, iterations: int, phase: str) -> Runs:
+        """One kept run from `state`, scored by the loop; None when the budget is spent. A trial
+        (phase "explore") also diverges when its score reaches `divergence_limit` × its start."""
         log = self.log
         budget = log.budget(iterations=iterations)
         if budget is None:
             return None
-        seg, end, diverged, seconds, run = log.run(config, budget, state, phase)
         start_score = self.score
-        if not math.isfinite(start_score) and len(seg):  # no scorer: the first losses of this run
-            start_score = float(seg["loss"].head(10).mean())
-        end_score = math.inf if diverged else self.score_of(end, seg)
-        diverged = diverged or (
-            phase == "explore" and decide.diverging(start_score, end_score, self.opt.divergence_limit)
-        )
-        if not diverged:
-            log.kept.add(run)
-            self.score = end_score
-        return _Segment(config, seg, end, diverged, seconds, run, start_score, end_score)
 
-    def score_of(self, state: TrainState, seg: pd.DataFrame | None) -> float:
-        """The probe score of a state (its time charged to the clock), else the smoothed training loss."""
-        if self.opt.probe_score is None:
-            return math.nan if seg is None else final_loss(seg)
-        t0 = time.perf_counter()
-        value = float(self.opt.probe_score(state))
-        empty = pd.DataFrame({"t_start": [], "t_end": []})
-        self.log.charge(
-            self.scorer.scoring_seconds(time.perf_counter() - t0, seg if seg is not None else empty)
+        def start_of(trace: pd.DataFrame) -> float:  # no scorer: the first losses of this run
+            if not math.isfinite(start_score) and len(trace):
+                return float(trace["loss"].head(10).mean())
+            return start_score
+
+        def diverges(trace: pd.DataFrame, score: float) -> bool:
+            return decide.diverging(start_of(trace), score, self.opt.divergence_limit)
+
+        request = NextRun(
+            config,
+            budget,
+            start=self.snapshots.name(state),
+            phase=phase,
+            score=True,
+            diverges=diverges if phase == "explore" else None,
         )
-        return value if math.isfinite(value) else math.inf
+        out = yield request
+        self.snapshots.seen(out)
+        self.stop_asked = out.stop
+        end_score = math.inf if out.score is None else out.score
+        if not out.diverged:
+            self.score = end_score
+        return _Segment(
+            config, out.trace, out.state, out.diverged, out.seconds, out.run, start_of(out.trace), end_score
+        )
 
     # -- measuring and deciding ------------------------------------------------------------------
     def measured(self, seg: _Segment) -> None:
@@ -474,16 +509,14 @@ class _OnlineRun:
             return config.with_(lr=lr), direction, f"try the rate {direction}: {config.lr:g} -> {lr:g}"
         return None
 
-    def explore(
-        self, state: TrainState, config: RunConfig, seg: _Segment, before: float
-    ) -> tuple[TrainState, RunConfig, float]:
+    def explore(self, state: TrainState, config: RunConfig, seg: _Segment, before: float) -> Runs:
         """Run a trial when exploration time allows; judge it A-B-A; returns (state, config, the
         current config's progress before a pending trial)."""
         log, opt = self.log, self.opt
-        pending = self.pending
+        pending = self.trial
         current = seg.progress
         if pending is not None:  # this segment is the "after" of the trial
-            self.pending = None
+            self.trial = None
             trial, key = pending
             adopt, why = decide.judge_trial(trial.progress, before, seg.progress, opt.margin)
             self.rejected[key] = 0 if adopt else self.rejected.get(key, 0) + 1
@@ -510,7 +543,7 @@ class _OnlineRun:
         ttt, how = self.time_to_target()
         if not decide.explore_allowed(self.explored, seconds, ttt, opt.exploration_fraction):
             return state, config, current
-        trial = self.segment(trial_config, state, iterations, "explore")
+        trial = yield from self.segment(trial_config, state, iterations, "explore")
         if trial is None:
             return state, config, current
         self.explored += trial.seconds
@@ -542,7 +575,7 @@ class _OnlineRun:
             progress=trial.progress,
             **self.numbers(trial_config),
         )
-        self.pending = (trial, key)
+        self.trial = (trial, key)
         self.segment_done(trial.state, config, trial)
         return trial.state, config, current
 
@@ -564,10 +597,10 @@ class _OnlineRun:
                 "momentum": seg.config.momentum,
             }
         )
-        if self.should_stop is not None and self.should_stop(state, log.trace()):
+        if self.stop_asked:
             self.stopped = "should_stop returned True"
-        if self.on_epoch is not None:
-            self.on_epoch(state, self.session(config), log.trace(), log.decisions())
+        if self.fit.checkpoints:
+            self.pending = self.last_session = self.session(config)
 
     def session(self, config: RunConfig) -> dict[str, Any]:
         """The JSON-able rest of the run's state, for checkpoints (`restore` reads it back)."""
@@ -589,10 +622,9 @@ class _OnlineRun:
         }
 
     def restore(self, session: dict[str, Any]) -> RunConfig:
-        """Go on from a `session` (with its "trace" and "decisions"): the log, clock and measurements."""
-        log = self.log
+        """Go on from a checkpoint's `session` (the loop restored the clock and records): the measurements."""
         self.first_config(RunConfig(**session["config"]))
-        log.restore(session)
+        self.last_session = dict(session)
         self.history = list(session["history"])
         self.tpi = {int(g): float(t) for g, t in session["tpi"].items()}
         self.explored = float(session["explored"])
@@ -603,11 +635,10 @@ class _OnlineRun:
     def finished(self) -> bool:
         return bool(self.stopped) or self.log.exhausted()
 
-    def finish(self, state: TrainState, config: RunConfig) -> OptimizerResult:
+    def finish(self, state: TrainState, config: RunConfig) -> Stop:
         log = self.log
         why = self.stopped or ("budget spent" if log.exhausted() else "stopped")
         log.record(
             "train", "stop", config, f"{why}; exploration {self.explored:.3g} s", **self.numbers(config)
         )
-        self.net.set_params(state.params)
-        return OptimizerResult(state, log.trace(), log.decisions(), config, self.history, self.he_model)
+        return Stop(why, config, state=self.snapshots.name(state))

@@ -6,24 +6,24 @@ the last 10 logged losses, `tradeoff.statistical.final_loss`, as in the referenc
 or, with a `SelectionLoss` scorer, the loss of its end weights on the selection part (samples set
 aside from training): every probe is then judged on the same images, so the batch noise of
 20-iteration probes does not pick the winner.
-`SearchLog` keeps the time account: each run is charged its span in the engine's clock (its
-wall-clock time on a real cluster, start-up included), so the returned trace counts the search.
+The loop (`dasknn.fitting.Loop`) makes the runs a `Prober` asks for and keeps the time account
+(`dasknn.policy.RunLog`): each run is charged its span in the engine's clock (its wall-clock time
+on a real cluster, start-up included), so the fit's trace counts the search.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from dasknn.engine.checkpoint import healthy
-from dasknn.engine.trace import Budget, RunConfig, TrainState, make_trace
+from dasknn.engine.trace import Budget, RunConfig, TrainState
+from dasknn.policy import CURRENT, DECISION_COLUMNS, NextRun, Outcome, RunLog
 from dasknn.tradeoff.hardware import HEModel, phase_costs, time_per_iteration
 from dasknn.tradeoff.statistical import final_loss
 
@@ -32,8 +32,9 @@ __all__ = [
     "Judge",
     "Probe",
     "Prober",
-    "SearchLog",
+    "Runs",
     "SelectionLoss",
+    "Snapshots",
     "check",
     "check_optimize_args",
     "check_values",
@@ -43,24 +44,11 @@ __all__ = [
     "he_model_from_probe",
     "initial_groups",
     "int_option",
+    "mark_winner",
     "momentum_lr_grid",
+    "record_probe",
     "state_hash",
 ]
-
-TIME_RESOLUTION = 1e-9
-"""The fraction of a time budget below which what is left of it counts as spent."""
-
-DECISION_COLUMNS = tuple(
-    "phase action n_groups lr momentum score window_loss iterations seconds time diverged chosen "
-    "start_hash run reason".split()
-)
-"""One row per probe or decision. `score`: smoothed loss at the probe's end, or the selection loss
-of its end weights when the optimizer has a `probe_score`; `window_loss`: mean training loss over
-its last `winner_window` iterations; `iterations`: the probe's so far (a train epoch's);
-`seconds`: time charged to the row's engine run (probe and extend rows add up to the search time);
-`time`: the optimizer's clock after it; `chosen`: the winning probe, or a decision that sets the
-training config (whose n_groups, lr, momentum it then holds); `start_hash`: digest of the state the
-row's run started from; `run`: the engine run's index in the trace's `run` column(-1 for decisions)."""
 
 
 # -- option checks ---------------------------------------------------------------------------------
@@ -105,7 +93,7 @@ def float_option(value: Any, name: str) -> float | None:
 
 # -- probes ----------------------------------------------------------------------------------------
 def check_optimize_args(
-    unknown: dict[str, Any], time_budget, max_epochs, max_iterations, should_stop, start, on_epoch
+    unknown: dict[str, Any], time_budget, max_epochs, max_iterations, should_stop, start
 ) -> dict[str, Any]:
     """The checks every optimizer's `optimize` makes of its arguments; returns the budgets
     {"time_budget", "max_epochs", "max_iterations"} checked (at least one given)."""
@@ -121,7 +109,6 @@ def check_optimize_args(
     )
     check(should_stop is None or callable(should_stop), f"should_stop must be callable; got {should_stop!r}")
     check(start is None or isinstance(start, TrainState), f"start must be a TrainState; got {start!r}")
-    check(on_epoch is None or callable(on_epoch), f"on_epoch must be callable; got {on_epoch!r}")
     return limits
 
 
@@ -294,201 +281,94 @@ def initial_groups(model: HEModel, candidates: Sequence[int], fixed_workers: boo
     return max(candidates), "the FC server never saturates: start at the largest g (Algorithm 1, g = CG)"
 
 
-def _one_iteration(engine, config: RunConfig, budget: Budget) -> float:
-    """What a simulated run that raised is charged: the modelled time of the one iteration in which
-    it failed (conv phase of a group of N/g workers plus the FC step), at most its seconds budget;
-    never the wall clock, so the charge is the same on any machine. The whole seconds budget would
-    charge an iteration-bounded trial the rest of the run."""
-    conv_time = getattr(engine, "conv_time", None)
-    if conv_time is None:
-        return budget.seconds or 0.0
-    k = max(1, (getattr(engine, "n_workers", None) or config.n_groups) // config.n_groups)
-    seconds = float(conv_time(k)) + float(getattr(engine, "t_fc", 0.0))
-    return seconds if budget.seconds is None else min(seconds, budget.seconds)
+def record_probe(
+    log: RunLog, action: str, probe: Probe, reason: str, window: int, start_hash: str = ""
+) -> None:
+    """A probe's decision row: its score, window loss, iterations, charge and run."""
+    log.record(
+        probe.phase,
+        action,
+        probe.config,
+        reason,
+        score=probe.score,
+        window_loss=probe.window_loss(window),
+        iterations=len(probe.trace),
+        seconds=log.charged[probe.runs[-1]],
+        diverged=probe.diverged,
+        start_hash=start_hash or probe.start_hash,
+        run=probe.runs[-1],
+    )
 
 
-class SearchLog:
-    """The optimizer's clock, budgets, engine runs (stitched into one trace) and decision rows."""
+def mark_winner(log: RunLog, probe: Probe) -> None:
+    """Flag the winning probe's rows; its runs stay on the model's path (`kept` in the trace)."""
+    log.kept.update(probe.runs)
+    for row in log.rows:
+        if row["run"] in probe.runs:
+            row["chosen"] = True
 
-    def __init__(
-        self, engine, net, X, y, time_budget: float | None, max_iterations: int | None, verbose: int = 0
-    ):
-        self.engine, self.net, self.X, self.y = engine, net, X, y
-        self.time_budget, self.max_iterations, self.verbose = time_budget, max_iterations, verbose
-        self.elapsed, self.iterations = 0.0, 0
-        self.segments: list[pd.DataFrame] = []
-        self.charged: list[float] = []
-        self.rows: list[dict[str, Any]] = []
-        self.kept: set[int] = set()
-        self.attrs: dict[str, Any] = {}
 
-    # -- budgets ---------------------------------------------------------------------------------
-    def exhausted(self) -> bool:
-        return (self.time_budget is not None and self.time_left() <= 0) or (
-            self.max_iterations is not None and self.iterations >= self.max_iterations
-        )
+Runs = Generator[NextRun, Outcome, Any]
+"""A policy's steps as a generator: it yields the runs it asks for and is sent what they measured."""
 
-    def time_left(self) -> float:
-        """Seconds left of the time budget; a remainder below `TIME_RESOLUTION` of the budget is none
-        (a float remainder of a sum of charges, such as 1e-17 s, cannot advance the clock: each run
-        charged it would leave the clock where it was, and a loop of such runs would never end)."""
-        if self.time_budget is None:
-            return math.inf
-        left = self.time_budget - self.elapsed
-        return left if left > TIME_RESOLUTION * self.time_budget else 0.0
 
-    def budget(self, iterations: int | None = None, seconds: float | None = None) -> Budget | None:
-        """`iterations`/`seconds` clipped to what is left of the optimizer's budgets; None if spent."""
-        if self.exhausted() or (seconds is not None and not seconds > 0):
-            return None
-        if self.time_budget is not None:
-            seconds = self.time_left() if seconds is None else min(seconds, self.time_left())
-        if self.max_iterations is not None:
-            left = self.max_iterations - self.iterations
-            iterations = left if iterations is None else min(iterations, left)
-        return Budget(seconds=seconds, iterations=iterations)
+class Snapshots:
+    """The policy's side of named snapshots: the states the loop handed back, by name, so that a
+    step can ask to start from a state it holds (`name`)."""
 
-    def restore(self, session: dict[str, Any]) -> None:
-        """The clock, budgets spent, runs and decisions of an optimizer's checkpointed `session`
-        (its "trace" and "decisions" included), so that a resumed optimizer goes on where it was."""
-        self.elapsed, self.iterations = float(session["elapsed"]), int(session["iterations"])
-        self.charged, self.kept = [float(c) for c in session["charged"]], {int(r) for r in session["kept"]}
-        trace = session["trace"]
-        runs = trace["run"].to_numpy() if "run" in trace else []
-        self.segments = [
-            trace[runs == i].drop(columns=["kept"], errors="ignore") for i in range(len(self.charged))
-        ]
-        self.attrs.update(trace.attrs)
-        self.rows = session["decisions"].to_dict("records")
+    def __init__(self) -> None:
+        self.names: dict[str, TrainState] = {}
 
-    # -- runs ------------------------------------------------------------------------------------
-    def run(self, config: RunConfig, budget: Budget, start: TrainState, phase: str):
-        """One engine run charged to the clock: (its trace on the optimizer's clock, end state or None,
-        diverged, seconds, run id).
+    def name(self, state: TrainState) -> str:
+        """The snapshot name of `state` (a state the loop handed back), else the current state."""
+        return next((n for n, s in self.names.items() if s is state), CURRENT)
 
-        Charged: the run's span in the engine's clock, or on a real clock its wall time (start-up
-        included); a run with no iteration done its seconds budget; a raising run its wall time
-        (on a simulated clock its seconds budget: nothing read from the wall clock is charged there).
-        A FloatingPointError, a non-finite loss, `attrs["diverged"]` or weights that are non-finite
-        or beyond `checkpoint.WEIGHT_LIMIT` is divergence.
-        """
-        t0 = time.perf_counter()
-        try:
-            with np.errstate(over="ignore", invalid="ignore"):  # divergence is an outcome here, not news
-                result = self.engine.run(self.net, self.X, self.y, config, budget, start=start)
-        except FloatingPointError:
-            result = None
-        wall = time.perf_counter() - t0
-        trace = make_trace([], "unknown") if result is None else result.trace
-        state = None if result is None else result.state
-        losses = trace["loss"].to_numpy(dtype=float)
-        diverged = state is None or bool(trace.attrs.get("diverged")) or not np.isfinite(losses).all()
-        diverged = diverged or not healthy(state)  # exploding weights
-        span = float(trace["t_end"].max() - trace["t_start"].min()) if len(trace) else 0.0
-        simulated = getattr(self.engine, "time_unit", None) == "simulated s"
-        if trace.attrs.get("time_unit") == "simulated s":
-            seconds = span
-        elif simulated:  # a raising simulated run: one modelled iteration, never the wall clock
-            seconds = _one_iteration(self.engine, config, budget)
-        else:
-            seconds = max(span, wall)
-        if result is not None and not len(trace) and budget.seconds is not None:
-            seconds = max(seconds, budget.seconds)  # the engine waited out its budget
-        run_id = len(self.segments)
-        seg = trace.copy()
-        if len(seg):
-            shift = self.elapsed + (seconds - span) - float(trace["t_start"].min())
-            seg["t_start"] += shift
-            seg["t_end"] += shift
-        seg["phase"], seg["run"] = phase, run_id
-        self.segments.append(seg)
-        self.charged.append(seconds)
-        self.attrs.update({k: v for k, v in trace.attrs.items() if k in ("engine", "time_unit")})
-        self.elapsed += seconds
-        self.iterations += len(trace)
-        return seg, state, diverged, seconds, run_id
-
-    def charge(self, seconds: float) -> None:
-        """Time spent between engine runs (scoring a probe) on the optimizer's clock."""
-        self.elapsed += max(0.0, float(seconds))
-
-    def trace(self) -> pd.DataFrame:
-        """Every run so far, end to end on the optimizer's clock, with `phase`, `run` and `kept`."""
-        frames = [s for s in self.segments if len(s)]
-        df = pd.concat(frames, ignore_index=True) if frames else make_trace([], "unknown")
-        df["phase"] = df["phase"] if "phase" in df else pd.Series(dtype=object)
-        df["run"] = df["run"] if "run" in df else pd.Series(dtype=int)
-        df["kept"] = df["run"].isin(self.kept)
-        df.attrs = {"engine": "unknown", "time_unit": "s", **self.attrs}
-        return df
-
-    # -- decisions -------------------------------------------------------------------------------
-    def record(self, phase: str, action: str, config: RunConfig, reason: str, **values: Any) -> None:
-        """One decision row (DECISION_COLUMNS), printed when verbose (probes only from verbose 2)."""
-        row = {key: np.nan for key in DECISION_COLUMNS}
-        row.update(
-            phase=phase, action=action, n_groups=config.n_groups, lr=config.lr, momentum=config.momentum
-        )
-        row.update(time=self.elapsed, diverged=False, chosen=False, start_hash="", run=-1, reason=reason)
-        row.update(values)
-        self.rows.append(row)
-        if self.verbose >= (2 if action in ("probe", "extend") else 1):
-            print(
-                f"[omnivore t={row['time']:.4g}] {phase} {action}: g={config.n_groups} lr={config.lr:g} "
-                f"momentum={config.momentum:g} score={row['score']:.4g}; {reason}"
-            )
-
-    def record_probe(self, action: str, probe: Probe, reason: str, window: int, start_hash: str = "") -> None:
-        self.record(
-            probe.phase,
-            action,
-            probe.config,
-            reason,
-            score=probe.score,
-            window_loss=probe.window_loss(window),
-            iterations=len(probe.trace),
-            seconds=self.charged[probe.runs[-1]],
-            diverged=probe.diverged,
-            start_hash=start_hash or probe.start_hash,
-            run=probe.runs[-1],
-        )
-
-    def mark_winner(self, probe: Probe) -> None:
-        """Flag the winning probe's rows; its runs stay on the model's path (`kept` in the trace)."""
-        self.kept.update(probe.runs)
-        for row in self.rows:
-            if row["run"] in probe.runs:
-                row["chosen"] = True
-
-    def decisions(self) -> pd.DataFrame:
-        """DECISION_COLUMNS, then any measured numbers the rows carry (the online optimizer's)."""
-        extra = list(dict.fromkeys(k for row in self.rows for k in row if k not in DECISION_COLUMNS))
-        return pd.DataFrame(self.rows, columns=[*DECISION_COLUMNS, *extra])
+    def seen(self, out: Outcome) -> None:
+        """Remember a run's end state; after a kept run the older snapshots are gone (the loop's rule)."""
+        if out.request.keep and not out.diverged:
+            self.names = {n: s for n, s in self.names.items() if s is out.start_state}
+        if out.state is not None:
+            self.names[out.snapshot] = out.state
 
 
 @dataclass
 class Prober:
     """Runs probes from a checkpoint and picks the winner (Omnivore appendix E-D)."""
 
-    log: SearchLog
+    log: RunLog
     length: Callable[[int], tuple[int | None, float | None]]
     threshold: float = 0.05
     window: int = 50
     max_extensions: int = 1
     judge: Judge | None = None
-    scorer: Callable[[TrainState], float] | None = None
+    scored: bool = False
+    snapshots: Snapshots = field(default_factory=Snapshots)
 
-    def probe(
-        self, config: RunConfig, start: TrainState, phase: str, reason: str, repeats: int = 1
-    ) -> Probe | None:
+    def run(
+        self, config: RunConfig, budget: Budget, start: TrainState, phase: str, keep: bool = False
+    ) -> Runs:
+        """Ask the loop for one run of `config` from `start`; returns its `Outcome`."""
+        request = NextRun(
+            config,
+            budget,
+            start=self.snapshots.name(start),
+            keep=keep,
+            phase=phase,
+            score=self.scored and not keep,
+        )
+        out = yield request
+        self.snapshots.seen(out)
+        return out
+
+    def probe(self, config: RunConfig, start: TrainState, phase: str, reason: str, repeats: int = 1) -> Runs:
         """`config` from `start` for `repeats` probe lengths; None if the budget is spent."""
         iterations, seconds = self.length(config.n_groups)
         budget = self.log.budget(iterations and iterations * repeats, seconds and seconds * repeats)
         if budget is None:
             return None
         p = Probe(config, state_hash(start), phase, self.judge)
-        self.advance(p, start, budget)
-        self.log.record_probe("probe", p, reason, self.window)
+        yield from self.advance(p, start, budget)
+        record_probe(self.log, "probe", p, reason, self.window)
         return p
 
     def grid(
@@ -499,7 +379,7 @@ class Prober:
         phase: str,
         label: str = "",
         early_stop: bool = False,
-    ) -> list[Probe]:
+    ) -> Runs:
         """Probe `config` at each (momentum, lr) of `points` from `start`; stops when the budget does.
 
         `early_stop`: each rate's momenta run from the highest down and stop at the first one whose
@@ -518,7 +398,7 @@ class Prober:
             if lr in skipped:
                 continue
             c = config.with_(lr=lr, momentum=momentum)
-            p = self.probe(c, start, phase, f"{label}grid point {i + 1} of {len(order)}")
+            p = yield from self.probe(c, start, phase, f"{label}grid point {i + 1} of {len(order)}")
             if p is None:
                 break
             probes.append(p)
@@ -541,37 +421,26 @@ class Prober:
             prev = p
         return probes
 
-    def extend(self, p: Probe) -> None:
+    def extend(self, p: Probe) -> Runs:
         """Run a probe one probe length further from its own end state."""
         budget = self.log.budget(*self.length(p.config.n_groups))
         if budget is None or p.diverged or p.state is None:
             return
         start_hash = state_hash(p.state)
-        self.advance(p, p.state, budget)
-        self.log.record_probe("extend", p, "no clear winner: probe longer", self.window, start_hash)
+        yield from self.advance(p, p.state, budget)
+        record_probe(self.log, "extend", p, "no clear winner: probe longer", self.window, start_hash)
 
-    def advance(self, p: Probe, start: TrainState, budget: Budget) -> None:
-        seg, p.state, diverged, _, run = self.log.run(p.config, budget, start, p.phase)
-        p.trace = seg if not len(p.trace) else pd.concat([p.trace, seg], ignore_index=True)
-        p.diverged = p.diverged or diverged
-        p.runs.append(run)
-        if self.scorer is not None and not p.diverged and p.state is not None:
-            t0 = time.perf_counter()
-            p.selection_loss = self.scorer(p.state)
-            self.log.charge(self.scoring_seconds(time.perf_counter() - t0, seg))
+    def advance(self, p: Probe, start: TrainState, budget: Budget) -> Runs:
+        """Run the probe on from `start`; the loop scores its end state when probes are scored."""
+        out = yield from self.run(p.config, budget, start, p.phase)
+        p.trace = out.trace if not len(p.trace) else pd.concat([p.trace, out.trace], ignore_index=True)
+        p.state = out.state
+        p.diverged = p.diverged or out.diverged
+        p.runs.append(out.run)
+        if self.scored and not p.diverged and p.state is not None:
+            p.selection_loss = out.score
 
-    def scoring_seconds(self, wall: float, seg: pd.DataFrame) -> float:
-        """The clock's charge for scoring a probe: its wall time, or on a simulated clock the
-        forward passes over the scorer's samples, a third of an iteration's time per batch."""
-        if self.log.attrs.get("time_unit") != "simulated s":
-            return wall
-        n = getattr(self.scorer, "n_samples", None)
-        if not n or not len(seg):
-            return 0.0
-        per_iteration = float((seg["t_end"] - seg["t_start"]).median())
-        return per_iteration / 3 * n / max(1, int(seg["n_images"].median()) if "n_images" in seg else 1)
-
-    def pick(self, probes: list[Probe]) -> tuple[Probe, int, str]:
+    def pick(self, probes: list[Probe]) -> Runs:
         """The lowest score; tied probes run longer, up to `max_extensions` times.
 
         Returns (winner, probe lengths it ran, why).
@@ -580,10 +449,10 @@ class Prober:
         extensions = 0
         while tied and extensions < self.max_extensions:
             for p in [winner, *tied]:
-                self.extend(p)
+                yield from self.extend(p)
             extensions += 1
             winner, tied = clear_winner([winner, *tied], self.threshold, self.window)
         if tied:
             return winner, 1 + extensions, f"no clear winner after {extensions} extension(s): lowest score"
-        over = "on the selection loss" if self.scorer is not None else f"over {self.window} iterations"
+        over = "on the selection loss" if self.scored else f"over {self.window} iterations"
         return winner, 1 + extensions, f"clear winner ({self.threshold:.0%} {over})"

@@ -1,7 +1,8 @@
-"""One run of Omnivore's Algorithm 1 (§IV-C, appendix E): the cold start, then epochs of search and training.
+"""One fit of Omnivore's Algorithm 1 (§IV-C, appendix E): the cold start, then epochs of search and training.
 
-`_Session` holds one `optimize` call's data, log and clock; the cold start (`cold_start.py`) and
-the epochs both use it. `OptimizerResult` is what the optimizer returns.
+`_Session` holds one fit's steps as a generator: it yields the runs it asks the loop for
+(`dasknn.policy.NextRun`) and is sent what they measured; the cold start (`cold_start.py`) and the
+epochs both use it. `OptimizerResult` is what `OmnivoreOptimizer.optimize` returns.
 """
 
 from __future__ import annotations
@@ -18,22 +19,23 @@ from dasknn.optimizer.cold_start import cold_start_groups, cold_start_lr
 from dasknn.optimizer.search import (
     Probe,
     Prober,
-    SearchLog,
+    Runs,
     group_candidates,
     he_model_from_probe,
     initial_groups,
+    mark_winner,
     momentum_lr_grid,
 )
+from dasknn.policy import Stop
 from dasknn.tradeoff.hardware import HEModel
 from dasknn.tradeoff.statistical import final_loss
 
 if TYPE_CHECKING:  # pragma: no cover
     from dasknn.optimizer.grid import OmnivoreOptimizer
 
-__all__ = ["EpochCallback", "OptimizerResult", "StopCallback"]
+__all__ = ["OptimizerResult", "StopCallback"]
 
 StopCallback = Callable[[TrainState, pd.DataFrame], bool]
-EpochCallback = Callable[[TrainState, dict, pd.DataFrame, pd.DataFrame], None]
 
 
 @dataclass
@@ -54,33 +56,33 @@ class OptimizerResult:
 
 
 class _Session:
-    """One `optimize` call: the data, the log and clock, and the steps of Algorithm 1."""
+    """One fit of Algorithm 1: the log and clock it reads, and its steps (generators of runs)."""
 
-    def __init__(self, opt: OmnivoreOptimizer, net, X, y, base: RunConfig, should_stop, limits: dict) -> None:
-        self.opt, self.net, self.base = opt, net, base
-        self.log = SearchLog(
-            opt.engine, net, X, y, limits["time_budget"], limits["max_iterations"], opt.verbose
-        )
+    def __init__(self, opt: OmnivoreOptimizer, fit, base: RunConfig, max_epochs: int | None) -> None:
+        self.opt, self.fit, self.base = opt, fit, base
+        self.log = fit.log
         self.prober = Prober(
             self.log, opt.probe_length, opt.clear_winner, opt.winner_window, opt.max_extensions
         )
         self.prober.judge = opt.probe_losses
-        self.prober.scorer = opt.probe_score
-        self.max_epochs, self.should_stop = limits["max_epochs"], should_stop
+        self.prober.scored = fit.has_selection
+        self.max_epochs = max_epochs
         self.n_workers = opt.n_workers or (opt.he_model.n_workers if opt.he_model else None)
-        self.n_workers = self.n_workers or getattr(opt.engine, "n_workers", None)
+        self.n_workers = self.n_workers or getattr(fit.engine, "n_workers", None)
         self.candidates: list[int] = []
         self.history: list[dict[str, Any]] = []
         self.stopped = ""
         self.he_model: HEModel | None = None
-        self.on_epoch: EpochCallback | None = None
+        self.checkpoints = False
+        self.session: dict[str, Any] | None = None  # the last epoch's, for checkpoints
+        self.pending = False  # a session not yet handed to the loop
 
     # -- the algorithm ---------------------------------------------------------------------------
-    def run(self, state: TrainState) -> OptimizerResult:
+    def run(self, state: TrainState) -> Runs:
         """Cold start, then epochs of search and training (Algorithm 1) until a limit is reached."""
         opt, log = self.opt, self.log
         config = self.base
-        best, g = self.cold_start(state)
+        best, g = yield from self.cold_start(state)
         if best is None:
             return self.finish(state, config)
         search_seconds = log.elapsed
@@ -89,42 +91,40 @@ class _Session:
             seconds = opt.epoch_factor * search_seconds
             if log.time_budget is not None:  # the paper's cold start is < 15% of the run (appendix E-D)
                 seconds = min(seconds, opt.cold_start_fraction * log.time_budget)
-            state, config = self.train(config, state, seconds, "cold_start")
+            state, config = yield from self.train(config, state, seconds, "cold_start")
         config = config.with_(n_groups=g)
         self.epoch_done(state, config, search_seconds, "cold_start")
-        return self.epochs(state, config, search_seconds)
+        return (yield from self.epochs(state, config, search_seconds))
 
-    def epochs(self, state: TrainState, config: RunConfig, search_seconds: float) -> OptimizerResult:
+    def epochs(self, state: TrainState, config: RunConfig, search_seconds: float) -> Runs:
         """Algorithm 1's loop after the cold start: a grid search, then an epoch of training."""
         opt, log = self.opt, self.log
         while not self.finished():
             if log.time_left() < (1 + opt.epoch_factor) * search_seconds:
                 why = "too little time left for a search and its epoch: train with the last config"
                 log.record("train", "no_search", config, why)
-                state, config = self.train(config, state, log.time_left(), "train")
+                state, config = yield from self.train(config, state, log.time_left(), "train")
                 self.epoch_done(state, config, search_seconds, "train")
                 continue
             t0 = log.elapsed
-            found = self.search(config, state)
+            found = yield from self.search(config, state)
             if found is None:
                 break
             config, state = found
             search_seconds = log.elapsed - t0
-            state, config = self.train(config, state, opt.epoch_factor * search_seconds, "train")
+            state, config = yield from self.train(config, state, opt.epoch_factor * search_seconds, "train")
             self.epoch_done(state, config, search_seconds, "train")
         return self.finish(state, config)
 
-    def finish(self, state: TrainState, config: RunConfig) -> OptimizerResult:
-        self.log.record("train", "stop", config, self.stopped or self.stop_reason())
-        self.net.set_params(state.params)
-        return OptimizerResult(
-            state, self.log.trace(), self.log.decisions(), config, self.history, self.he_model
-        )
+    def finish(self, state: TrainState, config: RunConfig) -> Stop:
+        reason = self.stopped or self.stop_reason()
+        self.log.record("train", "stop", config, reason)
+        return Stop(reason, config, state=self.prober.snapshots.name(state))
 
     # -- checkpoints ------------------------------------------------------------------------------
     def epoch_done(self, state: TrainState, config: RunConfig, search_seconds: float, phase: str) -> None:
-        """Hand the state after a train epoch and the session's own state to `on_epoch`."""
-        if self.on_epoch is None:
+        """The session's own state after a train epoch, for the checkpoint before the next run."""
+        if not self.checkpoints:
             return
         log = self.log
         session = {
@@ -142,26 +142,24 @@ class _Session:
             "he_model": None if self.he_model is None else asdict(self.he_model),
             "stopped": self.stopped,
         }
-        self.on_epoch(state, session, log.trace(), log.decisions())
+        self.session, self.pending = session, True
 
-    def resume(self, state: TrainState, session: dict[str, Any]) -> OptimizerResult:
-        """Go on from an `on_epoch` session (its trace and decisions in session["trace"/"decisions"])."""
-        log = self.log
-        log.restore(session)
+    def resume(self, state: TrainState, session: dict[str, Any]) -> Runs:
+        """Go on from an `epoch_done` session (the loop restored the clock and records)."""
         self.history = list(session["history"])
         self.candidates = [int(g) for g in session["candidates"]]
         self.n_workers = session["n_workers"]
         self.he_model = None if session["he_model"] is None else HEModel(**session["he_model"])
         self.stopped = session["stopped"]
         config = RunConfig(**session["config"])
-        return self.epochs(state, config, float(session["search_seconds"]))
+        return (yield from self.epochs(state, config, float(session["search_seconds"])))
 
-    def cold_start(self, state: TrainState) -> tuple[Probe | None, int]:
+    def cold_start(self, state: TrainState) -> Runs:
         """Appendix E-D: η* at g = 1, the initial g from the HE model, then (with
         `cold_start_groups`) g = 2, 4, … up to it tuned and compared at equal time
         (optimizer.cold_start). Returns (the winning probe, or None if the budget ran out; the
         initial g of Algorithm 1's loop)."""
-        best = cold_start_lr(self, state)
+        best = yield from cold_start_lr(self, state)
         if best is None:
             return None, 1
         g = self.initial_groups(best)
@@ -169,18 +167,18 @@ class _Session:
         if self.opt.n_groups is not None:
             why = f"n_groups = {self.opt.n_groups} given by the user: the cold start runs at g = 1"
         elif self.opt.cold_start_groups and not self.finished():
-            best, why = cold_start_groups(self, state, best, g)
-        self.log.mark_winner(best)
+            best, why = yield from cold_start_groups(self, state, best, g)
+        mark_winner(self.log, best)
         self.log.record("cold_start", "choose_groups", best.config, why, score=best.score, chosen=True)
         return best, g
 
     def initial_groups(self, best: Probe) -> int:
         """The smallest g saturating the FC server per the HE model (Omnivore §V-B)."""
         opt = self.opt
-        placement = getattr(opt.engine, "placement_", None)
+        placement = getattr(self.fit.engine, "placement_", None)
         if self.n_workers is None and placement is not None:
             self.n_workers = len(placement.conv_workers)
-        engine_model = getattr(opt.engine, "timing", None)
+        engine_model = getattr(self.fit.engine, "timing", None)
         if opt.he_model is not None:
             self.he_model, source = opt.he_model, "HE model from the he_model argument"
         elif isinstance(engine_model, HEModel) and engine_model.n_workers == (
@@ -189,7 +187,7 @@ class _Session:
             self.he_model, source = engine_model, "HE model of the engine's timing (the simulated cluster)"
         else:
             self.he_model, source = he_model_from_probe(
-                best.trace, self.net, self.base.batch_size, self.n_workers
+                best.trace, self.fit.net, self.base.batch_size, self.n_workers
             )
         self.candidates = group_candidates(self.n_workers, opt.max_groups or self.n_workers or 32)
         g, why = initial_groups(self.he_model, self.candidates, fixed_workers=self.n_workers is not None)
@@ -198,7 +196,7 @@ class _Session:
         self.log.record("cold_start", "initial_groups", best.config.with_(n_groups=g), f"{source}; {why}")
         return g
 
-    def search(self, config: RunConfig, checkpoint: TrainState) -> tuple[RunConfig, TrainState] | None:
+    def search(self, config: RunConfig, checkpoint: TrainState) -> Runs:
         """gridSearch(M, H | W, g) and the halving of g while µ* = 0 (Algorithm 1, appendix E)."""
         opt, log = self.opt, self.log
         g = config.n_groups
@@ -206,13 +204,13 @@ class _Session:
             grid = momentum_lr_grid(config.lr, config.momentum, opt.momentum_grid)
             if opt.learning_rate is not None:
                 grid = [(m, lr) for m, lr in grid if lr == opt.learning_rate]
-            probes = self.prober.grid(
+            probes = yield from self.prober.grid(
                 config.with_(n_groups=g), grid, checkpoint, "search", early_stop=opt.momentum_early_stop
             )
             if not probes:
                 return None
             finite = [p for p in probes if not p.diverged]
-            winner, repeats, why = self.prober.pick(finite) if finite else (probes[0], 1, "")
+            winner, repeats, why = (yield from self.prober.pick(finite)) if finite else (probes[0], 1, "")
             if winner.diverged:
                 smaller = self.smaller_g(g)
                 if smaller is None:
@@ -222,12 +220,12 @@ class _Session:
                 continue
             if winner.config.momentum == 0 and opt.small_momenta:
                 why_small = "µ* = 0: also try a small momentum"
-                tried = [
-                    self.prober.probe(
+                tried = []
+                for m in opt.small_momenta:
+                    p = yield from self.prober.probe(
                         winner.config.with_(momentum=m), checkpoint, "search", why_small, repeats
                     )
-                    for m in opt.small_momenta
-                ]
+                    tried.append(p)
                 winner = min([winner, *(p for p in tried if p is not None)], key=lambda p: p.score)
                 why += f"; µ* = 0, tried {', '.join(f'{m:g}' for m in opt.small_momenta)}"
             smaller = self.smaller_g(g)
@@ -241,18 +239,16 @@ class _Session:
                 )
                 g = smaller
                 continue
-            log.mark_winner(winner)
+            mark_winner(log, winner)
             log.record("search", "choose", winner.config, why, score=winner.score, chosen=True)
             return winner.config, winner.state
 
-    def train(
-        self, config: RunConfig, state: TrainState, seconds: float, phase: str
-    ) -> tuple[TrainState, RunConfig]:
-        """Train an epoch of `seconds` (with should_stop: in runs of at most seconds / `stop_checks`
-        and `stop_check_iterations`, checked after each); on divergence go back to the last good
-        state and divide lr by 10 for the next search."""
+    def train(self, config: RunConfig, state: TrainState, seconds: float, phase: str) -> Runs:
+        """Train an epoch of `seconds` (when the fit is evaluated: in runs of at most seconds /
+        `stop_checks` and `stop_check_iterations`, evaluated after each); on divergence (the loop
+        rolled it back) divide lr by 10 for the next search. Returns (state, config)."""
         log = self.log
-        checking = self.should_stop is not None
+        checking = self.fit.evaluates
         chunk = seconds / (self.opt.stop_checks if checking else 1)
         per_check = self.opt.stop_check_iterations if checking else None
         trained: list[pd.DataFrame] = []
@@ -264,15 +260,15 @@ class _Session:
             if budget is None:
                 break
             before = log.elapsed
-            seg, end, diverged, _, run = log.run(config, budget, state, phase)
-            if diverged:
+            out = yield from self.prober.run(config, budget, state, phase, keep=True)
+            if out.diverged:
                 config = config.with_(lr=config.lr / 10)
                 log.record(phase, "diverged", config, "diverged: back to the last good state, lr / 10")
                 break
-            log.kept.add(run)
+            seg = out.trace
             trained.append(seg)
-            state = end
-            if checking and self.should_stop(state, log.trace()):
+            state = out.state
+            if out.stop:
                 self.stopped = "should_stop returned True"
                 break
             if not len(seg) or log.elapsed <= before:  # no iteration, or a clock that cannot advance

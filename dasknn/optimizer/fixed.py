@@ -1,0 +1,117 @@
+"""Fixed knobs: the trivial policy of the training loop.
+
+It trains with the given (g, η, µ) in runs of at most `chunk` seconds (time_budget / 20, at least
+2 s; 3 s without a time budget) and at most one epoch of iterations, each evaluated by the loop,
+until the time budget, the iteration budget or an evaluation stops it. After a run that diverged
+(rolled back by the loop) it divides η by 10 and records why, in the decisions and the history.
+A checkpoint goes with the first run after each completed epoch, and with the end.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+from dasknn.engine.trace import Budget, RunConfig
+from dasknn.policy import NextRun, Outcome, Stop
+
+__all__ = ["FixedKnobs"]
+
+
+class FixedKnobs:
+    """Train with `config` (η lowered only by rollbacks) for `time_budget` seconds of the fit's
+    clock and/or `max_iterations` iterations of the model (the rolled-back ones not counted)."""
+
+    def __init__(
+        self, config: RunConfig, time_budget: float | None, max_iterations: int | None, verbose: int = 0
+    ):
+        self.config, self.time_budget, self.max_iterations = config, time_budget, max_iterations
+        self.verbose = verbose
+        self.chunk = max(2.0, (time_budget or 60.0) / 20)
+
+    @property
+    def start_fields(self) -> dict[str, Any]:
+        """The fields of the history's start row (the rate the fit starts with)."""
+        return {"lr": self.config.lr}
+
+    def begin(self, fit, resume: dict[str, Any] | None) -> None:
+        self.fit = fit
+        state = fit.snapshot("current")
+        if resume is None:
+            self.loop: dict[str, Any] = {
+                "kind": "fixed",
+                "elapsed": fit.log.elapsed,
+                "first_iteration": state.iterations_done,
+                "rollbacks_in_row": 0,
+                "checkpoint_epoch": math.floor(state.batches_done / fit.n_batches),
+                "finished": fit.stop_at_start,
+            }
+        else:
+            self.loop = dict(resume)
+            self.config = RunConfig(**resume["config"])
+        if "time_end" not in self.loop:
+            self.loop["time_end"] = (
+                None if self.time_budget is None else self.loop["elapsed"] + self.time_budget
+            )
+
+    def session(self, final: bool) -> dict[str, Any]:
+        return {**self.loop, "final_saved": final, "config": asdict(self.config)}
+
+    def next_run(self, last: Outcome | None) -> NextRun | Stop:
+        loop, fit = self.loop, self.fit
+        checkpoint = None
+        if last is not None:
+            loop["elapsed"] = fit.log.elapsed
+            loop["rollbacks_in_row"] = fit.rollbacks_in_row
+            if last.diverged:
+                self.rolled_back(last)
+            else:
+                loop["finished"] = loop["finished"] or last.stop
+            state = fit.snapshot("current")
+            epoch = math.floor(state.batches_done / fit.n_batches)
+            spent = state.iterations_done - loop["first_iteration"]
+            time_end = loop["time_end"]
+            loop["finished"] = (
+                loop["finished"]
+                or (time_end is not None and loop["elapsed"] >= time_end)
+                or (self.max_iterations is not None and spent >= self.max_iterations)
+            )
+            if not loop["finished"] and not last.diverged and epoch > loop["checkpoint_epoch"]:
+                loop["checkpoint_epoch"] = epoch
+                checkpoint = self.session(final=False)
+        if loop["finished"]:
+            state = fit.snapshot("current")
+            loop["checkpoint_epoch"] = math.floor(state.batches_done / fit.n_batches)
+            return Stop("finished", self.config, session=self.session(final=True))
+        return NextRun(
+            self.config,
+            self.budget(),
+            checkpoint=checkpoint,
+            note={"lr": self.config.lr, "event": ""},
+            loss_limit=True,
+        )
+
+    def budget(self) -> Budget:
+        """One run: at most `chunk` seconds (and what is left of the time budget), at most an epoch."""
+        loop, fit = self.loop, self.fit
+        time_end = loop["time_end"]
+        seconds = self.chunk if time_end is None else min(self.chunk, time_end - loop["elapsed"])
+        iterations = fit.n_batches
+        if self.max_iterations is not None:
+            spent = fit.snapshot("current").iterations_done - loop["first_iteration"]
+            iterations = min(iterations, self.max_iterations - spent)
+        return Budget(seconds=seconds, iterations=iterations)
+
+    def rolled_back(self, last: Outcome) -> None:
+        """η / 10 after a run that diverged: a decision row, and a history row of the state it is back at."""
+        old, state = self.config, last.start_state
+        self.config = old.with_(lr=old.lr / 10)
+        why = f"diverged at lr={old.lr:g}: back to the state of iteration {state.iterations_done}, lr / 10"
+        self.fit.log.record(
+            "train", "rollback", self.config, why, iteration=state.iterations_done, diverged=True, chosen=True
+        )
+        if self.verbose >= 1:
+            print(f"[dasknn] {why}")
+        event = f"rollback: lr {old.lr:g} -> {self.config.lr:g}"
+        self.loop["finished"] = self.fit.evaluate({"lr": self.config.lr, "event": event})
