@@ -127,7 +127,7 @@ def save(est, path: str | os.PathLike) -> Path:
     (`UNSAVEABLE`, named), and a `path` that exists. The folder appears complete or not at all
     (written beside it, then renamed).
     """
-    from dasknn import __version__
+    from dasknn.version import __version__
 
     est._check_fitted()
     _check_saveable(est)
@@ -176,10 +176,9 @@ def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
     return params, fitted
 
 
-def load(path: str | os.PathLike, cls=None):
-    """The DistributedCNN saved at `path` (by `save`), fitted, ready to predict or train on."""
-    if cls is None:
-        from dasknn.estimator import DistributedCNN as cls
+def load(path: str | os.PathLike, cls):
+    """The estimator of class `cls` (DistributedCNN) saved at `path` by `save`, fitted, ready to
+    predict or train on."""
     params, fitted = read(path)
     est = cls(**params)
     for name, value in fitted.items():
