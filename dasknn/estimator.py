@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import uuid
 import warnings
 from contextlib import ExitStack
 from dataclasses import asdict
@@ -26,6 +27,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 
 from dasknn.data import check_X, check_X_y
 from dasknn.data.batching import n_batches
+from dasknn.data.chunks import own_keys
 from dasknn.data.split import split_parts
 from dasknn.data.validation import channels_last_hint
 from dasknn.engine import checkpoint
@@ -576,10 +578,11 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 X_train = stored if stored is not None and stored.chunks == X.chunks else X
                 y_idx = da.from_array(np.asarray(y_all), chunks=(X.chunks[0],))
             elif client is not None:
-                # once per fit: the engine's runs then reuse these chunks (persisting the same graph
-                # again per run makes the scheduler warn of a "different run_spec" for its keys)
-                X = client.persist(X) if isinstance(X, da.Array) else X
-                y_idx = client.persist(y_idx) if isinstance(y_idx, da.Array) else y_idx
+                # once per fit, under this fit's own key names (`own_keys`): the engine's runs then
+                # reuse these chunks, and no later fit resubmits a key the scheduler still holds
+                fit_id = uuid.uuid4().hex
+                X = client.persist(own_keys(X, fit_id)) if isinstance(X, da.Array) else X
+                y_idx = client.persist(own_keys(y_idx, fit_id)) if isinstance(y_idx, da.Array) else y_idx
             train_from = X_train if self.data_ == "stream" else X
             X, y_idx, selection, validation, evaluation = self._carve(X, y_idx, parts, given, net, train_from)
             if self.data_ != "stream" and client is not None and len(parts.train) < len(y_all):

@@ -22,7 +22,6 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-@pytest.mark.xfail(strict=True, reason="consecutive fits resubmit the input's keys in another form")
 def test_fits_sharing_a_client_submit_no_key_twice_with_another_task():
     """The first fit's data may still be held when the second starts (its release waits for the
     garbage collector, held off here so that the overlap is certain, not a matter of timing)."""

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import dask.array as da
 import numpy as np
+from dask.base import tokenize
 
 __all__ = [
     "CHUNK_BYTES",
@@ -21,6 +22,7 @@ __all__ = [
     "from_numpy",
     "sample_chunks",
     "samples_per_chunk",
+    "own_keys",
     "select_rows",
     "take_rows",
 ]
@@ -68,6 +70,22 @@ def from_numpy(x: np.ndarray, batch_size: int = DEFAULT_BATCH_SIZE) -> da.Array:
 def select_rows(block, index):
     """block[index]: the rows of one chunk a task keeps (a module-level function, so it pickles)."""
     return block[index]
+
+
+def _same(block):
+    return block
+
+
+def own_keys(x: da.Array, owner: str) -> da.Array:
+    """x under key names of its own for `owner` (one fit): `{name}-{tokenize(name, owner)}`.
+
+    What one fit persists must not reuse the keys of the user's graph: a previous fit's persisted
+    chunks may still be held (their release waits for Python's garbage collector) when the next
+    fit submits the same keys in another form (fused into a reduction, or not), and the scheduler
+    warns "Detected different run_spec" for them, which can deadlock. Under the owner's names the
+    user's keys are only ever intermediates, fused away."""
+    name = f"{x.name.split('-')[0]}-own-{tokenize(x.name, owner)}"
+    return x.map_blocks(_same, name=name, dtype=x.dtype, meta=x._meta)
 
 
 def take_rows(x: da.Array, index) -> da.Array:
