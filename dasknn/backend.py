@@ -24,6 +24,7 @@ __all__ = [
     "array_module",
     "blas_threads",
     "cupy_available",
+    "describe_device",
     "device_info",
     "device_scope",
     "get_xp",
@@ -262,6 +263,17 @@ def device_info(device: str = "cpu") -> dict[str, Any]:
         "multiprocessors": int(props["multiProcessorCount"]),
         "cupy": cp.__version__,
     }
+
+
+def describe_device(device: str = "cpu") -> str:
+    """`device_info` in words, for a terminal: "AMD EPYC, 2 cores, x86_64, numpy 2.4.6"."""
+    info = device_info(device)
+    if info["kind"] == "cpu":
+        return f"{info['model']}, {info['cores']} cores, {info['machine']}, numpy {info['numpy']}"
+    return (
+        f"{info['model']} (device {info['device_id']}), {info['memory_bytes'] / 2**30:.1f} GiB, "
+        f"{info['multiprocessors']} multiprocessors, CuPy {info['cupy']}"
+    )
 
 
 def _sync(xp: ModuleType) -> None:

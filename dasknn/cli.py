@@ -130,10 +130,7 @@ DATA_WORDS = {
 
 def cmd_train(args) -> int:
     """Train a net with DistributedCNN and report time to accuracy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from dasknn.backend import device_info
+    from dasknn.backend import describe_device
     from dasknn.estimator import DistributedCNN
     from dasknn.reports import METRIC_LABELS, decisions_table, format_table, plot_accuracy, search_spans
     from dasknn.tradeoff.record import save
@@ -158,7 +155,7 @@ def cmd_train(args) -> int:
             f"dasknn {__version__}: {args.net} on {args.dataset} {tuple(X.shape)}, batch {args.batch_size}, "
             f"{knobs}, engine {args.engine}, budget {args.time_budget} s"
         )
-        print(f"device: {device_info()}")
+        print(f"device: {describe_device()}")
         print(f"held out: {held_out}")
     import dask
     import distributed  # noqa: F401  (defines the config key below; a simulated fit may not import it)
@@ -298,12 +295,12 @@ def cmd_experiment(args) -> int:
 
 def cmd_info(args) -> int:
     """Print this machine's device description and measured SGEMM speed."""
-    from dasknn.backend import cupy_available, device_info, sgemm_gflops
+    from dasknn.backend import cupy_available, describe_device, sgemm_gflops
 
     print(f"dasknn {__version__}")
-    print("cpu:", device_info("cpu"), f"SGEMM {sgemm_gflops('cpu'):.1f} GFLOP/s")
+    print(f"cpu: {describe_device('cpu')}; SGEMM {sgemm_gflops('cpu'):.1f} GFLOP/s")
     if cupy_available():
-        print("gpu:", device_info("gpu"), f"SGEMM {sgemm_gflops('gpu'):.1f} GFLOP/s")
+        print(f"gpu: {describe_device('gpu')}; SGEMM {sgemm_gflops('gpu'):.1f} GFLOP/s")
     else:
         print("gpu: none (CuPy with a CUDA device not found)")
     from dasknn.nn.onednn import info

@@ -819,7 +819,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             raise ValueError(
                 f"X has samples of shape {tuple(X.shape[1:])}; the net was fitted on {self.net_.input_shape}"
             )
-        net = self.net_
+        # the net is one key of the graph, which each worker fetches once, not a copy in every task;
+        # its name is new per call (a later call's net never meets this one's key on a scheduler)
+        net = dask.delayed(self.net_, name=f"net-{uuid.uuid4().hex}", pure=False)
         n_classes = len(self.classes_)
         proba = X.map_blocks(
             _proba_block,
@@ -828,7 +830,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             chunks=(X.chunks[0], (n_classes,)),
             dtype=np.float32,
             meta=np.empty((0, n_classes), np.float32),
-            token=dask.base.tokenize(X.name, id(net), self.n_iter_),
+            token=dask.base.tokenize(X.name, net.key),
         )
         return proba if lazy else proba.compute()
 
@@ -836,7 +838,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         """Predicted class labels (the original labels, not indices)."""
         proba = self.predict_proba(X)
         if isinstance(proba, da.Array):
-            return proba.argmax(axis=1).map_blocks(lambda i: self.classes_[i], dtype=self.classes_.dtype)
+            # the classes, not the estimator (a closure over self carried it into every task)
+            return proba.argmax(axis=1).map_blocks(_take, self.classes_, dtype=self.classes_.dtype)
         return self.classes_[proba.argmax(axis=1)]
 
     def score(self, X, y, sample_weight=None) -> float:
@@ -882,6 +885,10 @@ def _announce(client) -> None:
     else:
         where = "no dashboard: pip install bokeh to get one"
     print(f"[dasknn] started a LocalCluster of {workers} workers ({where})", file=sys.stderr)
+
+
+def _take(index: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    return classes[index]
 
 
 def _proba_block(block: np.ndarray, net: Net) -> np.ndarray:

@@ -131,6 +131,19 @@ def broken_line(times, values, spans: Sequence[tuple[float, float]] = ()) -> tup
     return np.asarray(xs), np.asarray(ys)
 
 
+def _figure(for_file: bool):
+    """(figure, axes): for a file a bare matplotlib Figure (no pyplot, no backend chosen, nothing left
+    open); else a pyplot figure in the process's backend."""
+    if for_file:
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(6.4, 4.0))
+        return fig, fig.add_subplot()
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(6.4, 4.0))
+
+
 def plot_accuracy(
     histories: Mapping[str, object],
     path: str | Path | None = None,
@@ -145,14 +158,10 @@ def plot_accuracy(
     Each evaluation is a marker; a line joins two evaluations only when no search phase lies between
     them. `metric`: "val_accuracy" (held-out) or "accuracy" (training); default held-out when every
     run has it. `search`: each run's search spans (`search_spans`), shaded and labelled. `target`:
-    a horizontal line.
+    a horizontal line. With `path`, the figure is drawn without pyplot: the process's backend (a
+    notebook's inline one) is left as it is and no figure stays open; without, it is a pyplot
+    figure in the current backend, which a notebook shows.
     """
-    import matplotlib
-
-    if path is not None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     frames = {
         name: h if isinstance(h, pd.DataFrame) else pd.DataFrame(list(h)) for name, h in histories.items()
     }
@@ -161,7 +170,7 @@ def plot_accuracy(
         metric = "val_accuracy" if frames and held_out else "accuracy"
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; expected one of {METRICS}")
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = _figure(for_file=path is not None)
     search = search or {}
     labelled = False
     for i, (name, frame) in enumerate(frames.items()):
@@ -186,7 +195,6 @@ def plot_accuracy(
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=120)
-        plt.close(fig)
     return fig
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import gc
 import logging
 
-import pytest
-
 from dasknn.data import load
 from dasknn.engine.dask import local_client
 from dasknn.estimator import DistributedCNN
