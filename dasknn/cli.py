@@ -132,8 +132,6 @@ def cmd_train(args) -> int:
     """Train a net with DistributedCNN and report time to accuracy."""
     from dasknn.backend import describe_device
     from dasknn.estimator import DistributedCNN
-    from dasknn.reports import METRIC_LABELS, decisions_table, format_table, plot_accuracy, search_spans
-    from dasknn.tradeoff.record import save
 
     args.dataset = args.dataset or _default_dataset()
     validation_data, fraction, held_out = _validation(args)
@@ -162,6 +160,17 @@ def cmd_train(args) -> int:
 
     with dask.config.set({"distributed.comm.timeouts.connect": f"{args.connect_timeout:g}s"}):
         est.fit(X, y)
+    best = _report_run(est, args, out, held_out)
+    target = args.target_accuracy
+    return EXIT_TARGET_REACHED if target is None or best >= target else EXIT_BUDGET_OUT
+
+
+def _report_run(est, args, out: Path, held_out: str) -> float:
+    """Write a trained fit's files to `out`, print its decisions, final accuracies and time to
+    accuracy; returns the best accuracy it reached (held-out when there is validation data)."""
+    from dasknn.reports import METRIC_LABELS, decisions_table, format_table, plot_accuracy, search_spans
+    from dasknn.tradeoff.record import save
+
     out.mkdir(parents=True, exist_ok=True)
     history = pd.DataFrame(est.history_)
     history.to_csv(out / "history.csv", index=False)
@@ -204,8 +213,7 @@ def cmd_train(args) -> int:
         rows = est.report_[est.report_["metric"] == name]
         print(format_table(rows, ["threshold", "reached", "seconds", "iterations", "epochs"]))
     print(f"wrote {out}/: {', '.join(written)}")
-    target = args.target_accuracy
-    return EXIT_TARGET_REACHED if target is None or history[metric].max() >= target else EXIT_BUDGET_OUT
+    return float(history[metric].max())
 
 
 def _security(args):
@@ -388,20 +396,9 @@ def _output(text: str) -> str:
     return text
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dasknn",
-        description=__doc__.splitlines()[0],
-        epilog="exit codes: 0 target reached, 1 time budget ran out, 2 bad input, 3 cluster failure, "
-        "4 internal error",
-    )
-    parser.add_argument("--version", action="version", version=f"dasknn {__version__}")
-    parser.add_argument("--debug", action="store_true", help="on a failure, print the traceback too")
-    debug = argparse.ArgumentParser(add_help=False)
-    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    t = sub.add_parser("train", help="train a CNN and report time to accuracy", parents=[debug])
+def _add_train(t: argparse.ArgumentParser) -> None:
+    """`dasknn train`'s options: the estimator's parameters (from the table of parameters,
+    `estimator_params.add_flags`), then the command's own: the dataset, TLS files, the output."""
     add_flags(t)
     t.add_argument(
         "--dataset",
@@ -473,6 +470,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("-q", "--quiet", dest="verbose", action="store_false")
     t.set_defaults(func=cmd_train)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dasknn",
+        description=__doc__.splitlines()[0],
+        epilog="exit codes: 0 target reached, 1 time budget ran out, 2 bad input, 3 cluster failure, "
+        "4 internal error",
+    )
+    parser.add_argument("--version", action="version", version=f"dasknn {__version__}")
+    parser.add_argument("--debug", action="store_true", help="on a failure, print the traceback too")
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    _add_train(sub.add_parser("train", help="train a CNN and report time to accuracy", parents=[debug]))
 
     e = sub.add_parser(
         "experiment",

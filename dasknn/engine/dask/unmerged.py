@@ -126,21 +126,13 @@ def run_unmerged(
     specs = tasks.group_specs(
         engine, placement, data, config, budget.iterations, state.batches_done, deadline, run_id, template.key
     )
-    loops = []
-    for spec in specs:
-        workers = spec.workers
-        loops.append(
-            submit_pinned(
-                client,
-                unmerged_loop,
-                spec,
-                template,
-                conv_server,
-                fc_model,
-                tuple(shards[w] for w in workers[1:]) if shards else None,
-                worker=workers[0],
-            )
+    loops = [
+        submit_pinned(
+            client, unmerged_loop, spec, template, conv_server, fc_model,
+            tuple(shards[w] for w in spec.workers[1:]) if shards else None, worker=spec.workers[0],
         )
+        for spec in specs
+    ]  # fmt: skip
     try:
         rows = wait_for_loops(
             engine,
@@ -170,7 +162,12 @@ def run_unmerged(
     on_run_clock(rows, t0, config, data.X.shape[0])
     for row in rows:
         row["iteration"] = state.iterations_done + row["version_written"]
-    trace = make_trace(
+    return RunResult(trace=_trace(engine, rows, config, placement, fc_net), state=end_state)
+
+
+def _trace(engine, rows: list[dict[str, Any]], config: RunConfig, placement: Placement, fc_net: Net):
+    """The unmerged run's Trace, its attrs naming the layout."""
+    return make_trace(
         rows,
         "dask",
         n_groups=config.n_groups,
@@ -181,4 +178,3 @@ def run_unmerged(
         split=fc_net.layers[0].name,
         physical_map="unmerged",
     )
-    return RunResult(trace=trace, state=end_state)
