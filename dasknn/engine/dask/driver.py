@@ -26,7 +26,7 @@ import numpy as np
 from dasknn.data.augment import Augment
 from dasknn.data.batching import check_window
 from dasknn.engine.autotune import run_auto_learners
-from dasknn.engine.dask import tasks
+from dasknn.engine.dask import elastic, tasks
 from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
 from dasknn.engine.dask.recovery import ClusterError, Recovery, is_worker_loss, lost_error, resume_batches
 from dasknn.engine.dask.replicas import run_replicas
@@ -307,7 +307,11 @@ class DaskEngine:
         else:
             data = persist_data(self, client, X, y, config)
         X, y = data.X, data.y
-        placement = plan(cluster_workers(client), config.n_groups, self._throughput(client))
+        elastic_on = elastic.install(client)
+        gone = elastic.leaving(client) if elastic_on else set()
+        placement = plan(
+            elastic.usable_workers(cluster_workers(client), gone), config.n_groups, self._throughput(client)
+        )
         first_placement = str(placement.roles())
         begun = begin_run(self, client, net, config, start)
         state, conv_net, fc_net, run_id = begun.state, begun.conv_net, begun.fc_net, begun.run_id
@@ -317,6 +321,12 @@ class DaskEngine:
         bar = self._progress(budget)
         rows: list[dict[str, Any]] = []
         recoveries: list[Recovery] = []
+        events: list[elastic.WorkerEvent] = []
+        moved, t_change = None, t0  # the servers' states a hand-off moves to the next segment
+
+        def cluster_change() -> None:
+            elastic.cluster_change(client, placement, config.n_groups, self._throughput)
+
         seg_state, version, seg, t_lost = state, 0, None, t0
         lost_all: dict[str, list[str]] = {}
         try:
@@ -325,7 +335,7 @@ class DaskEngine:
                 if (left is not None and left <= 0) or (deadline is not None and time.time() >= deadline):
                     end_state = seg_state  # a loss at the very end: the state recovered is the result
                     break
-                seg = Segment(self, client, placement, seg_state, version, state.iterations_done)
+                seg = Segment(self, client, placement, seg_state, version, state.iterations_done, moved)
                 self.placement_ = placement
                 try:
                     specs = tasks.group_specs(
@@ -333,9 +343,41 @@ class DaskEngine:
                         seg_state.batches_done, deadline, run_id, template.key,
                     )  # fmt: skip
                     seg.start(conv_net, fc_net, config, specs, template, data.shipped)
+                    if elastic_on:
+                        elastic.use(client, run_id, placement.roles())
                     if recoveries:
                         recoveries[-1].seconds = time.time() - t_lost
-                    seg.watch(deadline, None if bar is None else lambda v: bar.update(max(0, v - bar.n)))
+                    if moved is not None:
+                        events[-1].seconds = time.time() - t_change
+                        events[-1].conv_state, events[-1].fc_state = seg.state_digests
+                        moved = None
+                    try:
+                        seg.watch(
+                            deadline,
+                            None if bar is None else lambda v: bar.update(max(0, v - bar.n)),
+                            cluster_change if elastic_on else None,
+                        )
+                    except elastic.ClusterChange as change:  # a worker joined or is being retired
+                        t_change = time.time()
+                        seg_state = seg.hand_off()
+                        seg.stop()
+                        version, moved = seg.version, seg.last_states
+                        rows.extend(dict(r, recovered=bool(recoveries)) for r in seg.rows)
+                        seg_state.batches_done = resume_batches(seg_state, seg.rows)
+                        seg.release()
+                        events.append(
+                            elastic.WorkerEvent(
+                                time=t_change - t0,
+                                joined=change.joined,
+                                left=change.leaving,
+                                version=version,
+                                n_groups_before=placement.n_groups,
+                                n_groups_after=change.placement.n_groups,
+                                placement=str(change.placement.roles()),
+                            )
+                        )
+                        placement = change.placement
+                        continue
                     end_state = seg.finish()
                     rows.extend(dict(r, recovered=bool(recoveries)) for r in seg.rows)
                     break
@@ -390,6 +432,8 @@ class DaskEngine:
             if bar is not None:
                 bar.close()
             client.run(tasks.forget_run, run_id, on_error="ignore")
+            if elastic_on:
+                elastic.forget(client, run_id)
             del template, seg
         net.set_params(end_state.params)
         end_state.batches_done = max([state.batches_done, *(r["batch"] + 1 for r in rows)])
@@ -404,6 +448,8 @@ class DaskEngine:
             aggregation=self.strategy.aggregation,
             split=fc_net.layers[0].name,
             recoveries=[r.as_dict() for r in recoveries],
+            worker_events=[e.as_dict() for e in events],
+            started=t0,
         )
         return RunResult(trace=trace, state=end_state)
 

@@ -71,9 +71,21 @@ class Segment:
     """
 
     def __init__(
-        self, engine, client, placement: Placement, state: TrainState, version: int, iterations0: int
+        self,
+        engine,
+        client,
+        placement: Placement,
+        state: TrainState,
+        version: int,
+        iterations0: int,
+        server_states: tuple[dict[str, Any], dict[str, Any]] | None = None,
     ):
         self.engine, self.client, self.placement = engine, client, placement
+        # the conv model and FC servers' exact get_state()s a hand-off moves (`hand_off`); None:
+        # the servers start from `state`
+        self.server_states = server_states
+        self.state_digests: tuple[tuple[str, str], tuple[str, str]] | None = None
+        self.last_states: tuple[dict[str, Any], dict[str, Any]] | None = None  # read by `_read`
         self.iterations0 = iterations0
         self.version = version
         self.rows: list[dict[str, Any]] = []
@@ -144,12 +156,30 @@ class Segment:
         )
         self.conv_server = self._await(self.conv_future, p.conv_server_worker)
         self.fc_server = self._await(self.fc_future, p.fc_worker)
+        if self.server_states is not None:
+            self._move_states(*self.server_states)
+            return
         conv_state = conv_server_state(state, conv_keys, self.version)
         self._await(self.conv_server.set_state(conv_state), p.conv_server_worker)
         fc_history = {k for k in state.momentum if k not in conv_keys}
         if fc_history or "fc_rng" in state.extra:
             fc_state = self._await(self.fc_server.get_state(), p.fc_worker)
             self._await(self.fc_server.set_state(fc_server_state(state, fc_state, conv_keys)), p.fc_worker)
+
+    def _move_states(self, conv: dict[str, Any], fc: dict[str, Any]) -> None:
+        """Set both new servers to the old ones' exact states, and record the digests of what was
+        read at the hand-off and of what the new servers hold (equal: moved bit for bit)."""
+        from dasknn.engine.dask.elastic import state_digest
+
+        p = self.placement
+        self._await(self.conv_server.set_state(conv), p.conv_server_worker)
+        self._await(self.fc_server.set_state(fc), p.fc_worker)
+        conv_now = self._await(self.conv_server.get_state(), p.conv_server_worker)
+        fc_now = self._await(self.fc_server.get_state(), p.fc_worker)
+        self.state_digests = (
+            (state_digest(conv), state_digest(conv_now)),
+            (state_digest(fc), state_digest(fc_now)),
+        )
 
     def _shard_servers(self, specs: list[tasks.GroupSpec], template) -> dict[int, tuple]:
         """group → the ShardServer actors of its workers but the lead (none with shard tasks)."""
@@ -200,11 +230,13 @@ class Segment:
         out = self._await(self.conv_server.drain(with_state), self.placement.conv_server_worker)
         for row in out["rows"]:
             row["iteration"] = self.iterations0 + row["version_written"]
+            row["workers"] = ",".join(self.placement.groups[row["group"]])
         self.rows.extend(out["rows"])
         self.version = max(self.version, out["version"])
         if not with_state:
             return None
         fc = self._await(self.fc_server.get_state(), self.placement.fc_worker)
+        self.last_states = (out["state"], fc)
         return state_of(out["state"], fc, self.snapshot.state, self.iterations0)
 
     def drain(self) -> None:
@@ -218,8 +250,15 @@ class Segment:
         """Both servers' current state, and the rows logged until it."""
         return self._read(True)
 
-    def watch(self, deadline: float | None, progress: Callable[[int], None] | None = None) -> None:
-        """Until every loop has returned; raises SegmentFailed as soon as a worker is lost."""
+    def watch(
+        self,
+        deadline: float | None,
+        progress: Callable[[int], None] | None = None,
+        check: Callable[[], None] | None = None,
+    ) -> None:
+        """Until every loop has returned; raises SegmentFailed as soon as a worker is lost. `check`,
+        called at every poll while the loops run, may raise to end the watch (a cluster change,
+        `elastic.cluster_change`)."""
         from distributed import wait
 
         engine = self.engine
@@ -245,6 +284,8 @@ class Segment:
                 progress(self.version)
             if finished:
                 return
+            if check is not None:
+                check()
             if deadline is not None and time.time() > deadline + engine.timeout:
                 raise TimeoutError(f"the run is {engine.timeout:.0f} s past its budget; a group is stuck")
 
@@ -252,6 +293,42 @@ class Segment:
         """The state the servers ended in, after the last rows are drained."""
         try:
             return self.live_state()
+        except Exception as err:
+            self._failed(err)
+            raise  # _failed always raises
+
+    def hand_off(self) -> TrainState:
+        """End the segment with no update lost, for a re-planned one to continue from its servers'
+        state (`elastic`): the FC server stops first, so every group either finishes the iteration
+        it has passed the FC step in (its push is applied) or stops at the FC step; once the loops
+        have returned (the shard servers are idle) the conv model server stops and both servers'
+        exact states are read (`last_states`). Raises SegmentFailed if a worker is lost meanwhile."""
+        from distributed import wait
+
+        p = self.placement
+        try:
+            self._await(self.fc_server.stop(), p.fc_worker)
+            deadline = time.monotonic() + self.engine.timeout
+            while True:  # a loop stuck past the deadline: the conv model server's stop ends it
+                try:
+                    wait(self.loops, timeout=self.engine.poll)
+                    break
+                except TimeoutError:
+                    if time.monotonic() > deadline:
+                        break
+                lost = self.lost()
+                if lost:  # an abrupt loss meanwhile: the recovery path, not a hand-off
+                    raise SegmentFailed(lost)
+            lost = self.lost()
+            if lost:
+                raise SegmentFailed(lost)
+            errored = [f for f in self.loops if f.status == "error"]
+            if errored:
+                raise errored[0].exception(timeout=self.engine.timeout)
+            self._await(self.conv_server.stop(), p.conv_server_worker)
+            return self.live_state()
+        except SegmentFailed:
+            raise
         except Exception as err:
             self._failed(err)
             raise  # _failed always raises

@@ -1,0 +1,253 @@
+"""Elastic clusters: a worker that joins a running fit is put to work, one retired gracefully hands
+its roles over first (ARCHITECTURE.md, "Elastic clusters").
+
+distributed retires a worker by moving its data elsewhere, and gives up at once on a worker that
+holds an actor (`active_memory_manager.RetireWorker`): the FC server, the conv model server and
+the groups' shard servers are actors. A worker that runs a group's loop (a long-running task
+pinned to it) would lose the loop. So a plain `client.retire_workers`, `cluster.scale(n)` down or
+an `Adaptive` scale-down of a worker a fit uses must wait until the fit has moved off it.
+
+`ElasticPlugin` is the scheduler's side: the DaskEngine installs it when a run starts (`install`)
+and tells it which workers the run's placement uses (`use`). It wraps the scheduler's
+`retire_workers` handler (which the client, SpecCluster and Adaptive all call): a retirement of a
+worker in use is announced (`leaving`), waits until the driver has re-planned without it (or
+`handoff_seconds` pass), then runs as dask's own, which now finds no actor there. The driver asks
+at every poll what changed (`cluster_change`): a worker leaving, or one that joined and that the
+placement a run would get now includes. It then hands the segment over (`segment.Segment.hand_off`:
+the FC server stops first, the groups finish the iterations they are in, the conv model server
+stops), and the next segment starts on the new placement from the servers' exact state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from dasknn.engine.dask.placement import Placement, plan, replan
+from dasknn.engine.dask.runs import cluster_workers
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "dasknn-elastic"
+HANDOFF_SECONDS = 60.0
+"""How long a retirement of a worker in use waits for the fit to move off it before dask's own
+retirement runs anyway (and, if an actor is still there, refuses as it always did)."""
+
+USABLE_STATUS = ("running", "paused")
+"""Worker states a placement may use: a worker closing (gracefully or not) is never planned on."""
+
+_RETIRE_OPTIONS = ("close_workers", "remove", "stimulus_id")
+
+
+class ElasticPlugin(SchedulerPlugin):
+    """The scheduler's side of elastic fits: which workers running fits use, and retirements of
+    those workers held until the fit has moved off them (see the module docstring)."""
+
+    name = PLUGIN_NAME
+    idempotent = True  # installed once per scheduler, however many runs ask
+
+    def __init__(self, handoff_seconds: float = HANDOFF_SECONDS) -> None:
+        self.handoff_seconds = float(handoff_seconds)
+        self.in_use: dict[str, set[str]] = {}  # run id → the workers its placement uses
+        self.leaving: set[str] = set()
+        self.scheduler = None
+
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        scheduler.handlers["retire_workers"] = self.retire_workers
+        scheduler.handlers["dasknn_elastic_use"] = self.use
+        scheduler.handlers["dasknn_elastic_leaving"] = self.leaving_workers
+
+    async def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.handlers["retire_workers"] = self.scheduler.retire_workers
+
+    def use(self, run_id: str, workers: list[str]) -> None:
+        """Run `run_id` now uses `workers` (none: the run ended)."""
+        if workers:
+            self.in_use[run_id] = set(workers)
+        else:
+            self.in_use.pop(run_id, None)
+
+    def leaving_workers(self) -> list[str]:
+        """The workers whose retirement waits for a fit to move off them."""
+        return sorted(self.leaving)
+
+    def _addresses(self, workers, names, selection: dict[str, Any]) -> list[str]:
+        """The addresses a retire_workers call means: `workers` (addresses, or names, as SpecCluster
+        passes them), `names`, or the scheduler's own choice (`workers_to_close(**selection)`)."""
+        s = self.scheduler
+        if names is not None:
+            wanted = {str(n) for n in names}
+            return [a for a, ws in s.workers.items() if str(ws.name) in wanted]
+        if workers is not None:
+            by_name = {str(ws.name): a for a, ws in s.workers.items()}
+            return [
+                w if w in s.workers else by_name[str(w)]
+                for w in workers
+                if w in s.workers or str(w) in by_name
+            ]
+        return list(s.workers_to_close(**selection))
+
+    async def retire_workers(self, workers=None, *, names=None, **kwargs) -> dict[str, Any]:
+        """dask's `retire_workers`, first waiting for running fits to move off the workers it retires."""
+        s = self.scheduler
+        options = {k: kwargs.pop(k) for k in _RETIRE_OPTIONS if k in kwargs}
+        if (names is not None or workers is not None) and kwargs:
+            return await s.retire_workers(workers=workers, names=names, **options, **kwargs)
+        addresses = self._addresses(workers, names, kwargs)
+        used = set().union(*self.in_use.values()) if self.in_use else set()
+        busy = [a for a in addresses if a in used]
+        if not busy:
+            if names is None and workers is None:
+                return await s.retire_workers(workers=addresses, **options)
+            return await s.retire_workers(workers=workers, names=names, **options)
+        self.leaving.update(busy)
+        deadline = time.monotonic() + self.handoff_seconds
+        try:
+            while time.monotonic() < deadline:
+                used = set().union(*self.in_use.values()) if self.in_use else set()
+                if not any(a in s.workers and (a in used or _holds_servers(s.workers[a])) for a in busy):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                logger.warning(
+                    "a fit did not move off %s within %.0f s; retiring it anyway", busy, self.handoff_seconds
+                )
+        finally:
+            self.leaving.difference_update(busy)
+        return await s.retire_workers(workers=addresses, **options)
+
+
+SERVER_CLASSES = ("ConvModelServer", "FCServer", "ShardServer", "AverageModel")
+
+
+def _holds_servers(ws) -> bool:
+    """Whether a worker (the scheduler's WorkerState) still holds an actor of dasknn's servers."""
+    return any(str(getattr(ts, "key", ts)).split("-", 1)[0] in SERVER_CLASSES for ts in ws.actors)
+
+
+def install(client) -> bool:
+    """Install `ElasticPlugin` on the client's scheduler (once); False, with a warning, when the
+    scheduler cannot load it (dasknn is not installed where the scheduler runs)."""
+    try:
+        client.register_plugin(ElasticPlugin(), name=PLUGIN_NAME)
+        return True
+    except Exception as err:  # the scheduler could not unpickle the plugin
+        logger.warning("elastic fits are off: the scheduler could not install dasknn's plugin (%s)", err)
+        return False
+
+
+def use(client, run_id: str, workers: Iterable[str]) -> None:
+    """Tell the scheduler which workers run `run_id` uses now (none: the run ended)."""
+    client.sync(client.scheduler.dasknn_elastic_use, run_id=run_id, workers=sorted(workers))
+
+
+def forget(client, run_id: str) -> None:
+    """Tell the scheduler run `run_id` ended (nothing when the scheduler is gone: the run's own error
+    says so)."""
+    try:
+        use(client, run_id, [])
+    except Exception:  # the scheduler is unreachable: nothing there to tell
+        pass
+
+
+def leaving(client) -> set[str]:
+    """The workers whose graceful retirement waits for a fit to move off them."""
+    return set(client.sync(client.scheduler.dasknn_elastic_leaving))
+
+
+def usable_workers(workers: Mapping[str, Mapping[str, Any]], gone: set[str]) -> dict[str, Mapping[str, Any]]:
+    """The workers a placement may use: running (or paused), and not in `gone` (leaving)."""
+    return {
+        a: info
+        for a, info in workers.items()
+        if a not in gone and info.get("status", "running") in USABLE_STATUS
+    }
+
+
+def same_placement(a: Placement, b: Placement) -> bool:
+    """Whether two placements put every role (servers, groups and their workers) in the same place."""
+    return (a.fc_worker, a.conv_server_worker, a.groups) == (b.fc_worker, b.conv_server_worker, b.groups)
+
+
+class ClusterChange(Exception):
+    """The cluster changed under a segment: `placement` is the one to go on with; `joined` and
+    `leaving` name the workers that came and that are being retired."""
+
+    def __init__(self, placement: Placement, joined: list[str], leaving: list[str]) -> None:
+        self.placement, self.joined, self.leaving = placement, joined, leaving
+        super().__init__(f"workers joined {joined}, leaving {leaving}")
+
+
+def cluster_change(client, placement: Placement, n_groups: int, throughput) -> None:
+    """Raise ClusterChange when a worker of `placement` is being retired, or when the placement a run
+    would get now (`n_groups` groups on the usable workers) differs from it (a worker joined).
+
+    `throughput`: a function of the client giving the engine's worker GFLOP/s (or None)."""
+    gone = leaving(client)
+    present = cluster_workers(client)
+    workers = usable_workers(present, gone)
+    used = set(placement.roles())
+    if not workers or not used <= set(present):
+        return  # nothing to move to, or an abrupt loss: the recovery path (`recovery`) takes it
+    target = plan(workers, n_groups, throughput(client))
+    if target.oversubscribed and not placement.oversubscribed:
+        # a lost machine meant fewer groups (`placement.replan`); groups come back with machines
+        target = replan(workers, placement, throughput(client))
+    if same_placement(target, placement) and not (used & gone):
+        return
+    raise ClusterChange(target, sorted(set(workers) - used), sorted(used & gone))
+
+
+def state_digest(state: Mapping[str, Any]) -> str:
+    """A digest of a server's `get_state()` (every array's dtype, shape and bytes, and every other
+    value), so two states can be compared bit for bit without shipping them."""
+    h = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, Mapping):
+            for k in sorted(value, key=str):
+                h.update(repr(k).encode())
+                feed(value[k])
+        elif isinstance(value, np.ndarray) or hasattr(value, "__array__"):
+            arr = np.ascontiguousarray(np.asarray(value))
+            h.update(f"{arr.dtype}{arr.shape}".encode())
+            h.update(arr.tobytes())
+        else:
+            h.update(repr(value).encode())
+
+    feed(state)
+    return h.hexdigest()
+
+
+@dataclass
+class WorkerEvent:
+    """One change of the cluster under a run, as the Trace records it (`trace.attrs["worker_events"]`).
+
+    time: seconds since the run started when the driver saw it; joined / left: the workers; version:
+    the conv model version the next segment continues from; seconds: from seeing the change to the
+    groups running again; conv_state / fc_state: digests of the servers' state read at the hand-off
+    and of the new servers' state once set (equal: moved bit for bit)."""
+
+    time: float
+    joined: list[str]
+    left: list[str]
+    version: int
+    n_groups_before: int
+    n_groups_after: int
+    placement: str
+    seconds: float = float("nan")
+    conv_state: tuple[str, str] = ("", "")
+    fc_state: tuple[str, str] = ("", "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,210 @@
+"""Elastic fits on a real LocalCluster: a worker retired gracefully mid-run hands its roles over and
+leaves, a worker that joins is put to work (ARCHITECTURE.md, "Elastic clusters").
+
+Every wait is tied to the run's progress (the conv model server's version, read on the workers),
+never to a guessed delay.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from distributed.deploy.adaptive import Adaptive
+
+from dasknn.engine.dask import DaskEngine, cluster_workers, local_client
+from dasknn.engine.trace import Budget, RunConfig
+from dasknn.nn import zoo
+from tests.engine.dask.test_faults import _conv_versions, training_accuracy
+
+CFG = RunConfig(n_groups=2, lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=64, seed=0)
+ITERATIONS = 120
+LEAVE_AT = 10  # conv updates before the retirement is asked for
+
+ROLES = {
+    # on 4 workers with 2 groups of 2 the first worker (by address) holds both servers and leads
+    # group 0, the second holds group 0's ShardServer, the third leads group 1
+    "servers": lambda p: p.fc_worker,
+    "shard server": lambda p: p.groups[0][1],
+    "group lead": lambda p: p.groups[1][0],
+}
+
+
+def _updates(client) -> int:
+    versions = client.run(_conv_versions, on_error="ignore")
+    return max((v for vs in versions.values() if isinstance(vs, list) for v in vs), default=0)
+
+
+class ChosenVictim(Adaptive):
+    """dask's Adaptive, which picks the worker to close by its own rule; here the test's worker."""
+
+    victim_name = None
+
+    async def workers_to_close(self, target: int) -> list:
+        return [self.victim_name]
+
+
+def _retire(how: str, client, victim: str) -> None:
+    """Retire `victim` gracefully the way a user or a deployment does; returns once dask is done."""
+    cluster = client.cluster
+    name = cluster_workers(client)[victim]["name"]
+    if how == "client.retire_workers":
+        assert victim in client.retire_workers([victim])  # dask no longer refuses it
+    elif how == "cluster.scale":
+        spec = cluster.worker_spec.pop(name)  # SpecCluster.scale closes the last-named worker
+        cluster.worker_spec[name] = spec
+        cluster.scale(len(cluster.worker_spec) - 1)
+    else:
+        ChosenVictim.victim_name = name
+        n = len(cluster.worker_spec) - 1
+        cluster.adapt(Adaptive=ChosenVictim, minimum=n, maximum=n, interval="100ms", wait_count=1)
+
+
+class Retirer(threading.Thread):
+    """Once the run has written LEAVE_AT updates, retires the worker `role` names in the placement
+    `how`, and records when it asked and when the worker was gone."""
+
+    def __init__(self, client, engine, role: str, how: str) -> None:
+        super().__init__(daemon=True)
+        self.client, self.engine, self.role, self.how = client, engine, role, how
+        self.victim = None
+        self.asked = self.gone = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                if self.engine.placement_ is not None and _updates(self.client) >= LEAVE_AT:
+                    break
+                time.sleep(0.05)
+            self.victim = ROLES[self.role](self.engine.placement_)
+            self.asked = time.monotonic()
+            _retire(self.how, self.client, self.victim)
+            while self.victim in cluster_workers(self.client) and time.monotonic() < self.asked + 60:
+                time.sleep(0.05)
+            if self.victim not in cluster_workers(self.client):
+                self.gone = time.monotonic()
+        except BaseException as err:  # reported by the test
+            self.error = err
+
+
+def _leave(role: str, how: str, digits) -> None:
+    X, y = digits
+    with local_client(n_workers=4) as client:
+        engine = DaskEngine(client, timeout=30, poll=0.2)
+        retirer = Retirer(client, engine, role, how)
+        retirer.start()
+        result = engine.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=ITERATIONS))
+        retirer.join(timeout=90)
+        if how == "adapt":
+            client.cluster._adaptive.stop()
+        left = set(cluster_workers(client))
+    assert retirer.error is None, retirer.error
+    victim = retirer.victim
+    assert retirer.gone is not None and retirer.gone - retirer.asked < 30, "the worker did not leave in 30 s"
+    assert victim not in left and len(left) == 3
+    trace = result.trace
+    (event,) = [e for e in trace.attrs["worker_events"] if e["left"]]
+    assert event["left"] == [victim] and event["version"] >= LEAVE_AT
+    assert victim not in event["placement"]
+    # the servers' state moved bit for bit: what the new servers hold is what the old ones had
+    assert event["conv_state"][0] == event["conv_state"][1] != ""
+    assert event["fc_state"][0] == event["fc_state"][1] != ""
+    # the version sequence continues, and every update pushed is one row, none lost or doubled
+    assert sorted(trace["version_written"]) == list(range(1, ITERATIONS + 1))
+    assert sorted(trace["iteration"]) == list(range(1, ITERATIONS + 1))
+    assert result.state.iterations_done == ITERATIONS
+    assert trace.attrs["recoveries"] == [] and not trace["recovered"].any()
+    after = trace[trace["version_written"] > event["version"]]
+    assert len(after) > 0 and not after["workers"].str.contains(victim, regex=False).any()
+    assert np.isfinite(trace["loss"]).all()
+
+
+@pytest.mark.parametrize(
+    ("role", "how"),
+    [
+        ("shard server", "client.retire_workers"),
+        ("group lead", "cluster.scale"),
+        ("servers", "adapt"),
+    ],
+)
+def test_a_worker_retired_gracefully_hands_over_and_leaves(role, how, digits):
+    _leave(role, how, digits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("role", "how"),
+    [
+        ("servers", "client.retire_workers"),
+        ("group lead", "client.retire_workers"),
+        ("shard server", "cluster.scale"),
+        ("servers", "cluster.scale"),
+        ("shard server", "adapt"),
+        ("group lead", "adapt"),
+    ],
+)
+def test_every_role_leaves_gracefully_by_every_trigger(role, how, digits):
+    _leave(role, how, digits)
+
+
+JOIN_AT = 5  # conv updates before the second worker is started
+JOIN_ITERATIONS = 150
+TARGET = 0.9  # training accuracy on all 1,797 digits
+
+
+class Joiner(threading.Thread):
+    """Once the run has written JOIN_AT updates, scales the cluster up by one worker and records
+    its address and when the scheduler had it (`joined`)."""
+
+    def __init__(self, client, engine) -> None:
+        super().__init__(daemon=True)
+        self.client, self.engine = client, engine
+        self.worker = self.joined = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                if self.engine.placement_ is not None and _updates(self.client) >= JOIN_AT:
+                    break
+                time.sleep(0.05)
+            before = set(cluster_workers(self.client))
+            self.client.cluster.scale(len(before) + 1)
+            while time.monotonic() < deadline:
+                new = set(cluster_workers(self.client)) - before
+                if new:
+                    (self.worker,) = new
+                    self.joined = time.time()
+                    return
+                time.sleep(0.05)
+        except BaseException as err:  # reported by the test
+            self.error = err
+
+
+def test_a_worker_that_joins_a_running_fit_is_used_within_10_seconds(digits):
+    X, y = digits
+    config = CFG.with_(n_groups=1)  # pinned: the new worker joins the group as a shard
+    with local_client(n_workers=1) as client:
+        engine = DaskEngine(client, timeout=30, poll=0.2)
+        joiner = Joiner(client, engine)
+        joiner.start()
+        net = zoo.lenet(seed=0)
+        result = engine.run(net, X, y, config, Budget(iterations=JOIN_ITERATIONS))
+        joiner.join(timeout=60)
+    assert joiner.error is None, joiner.error
+    trace = result.trace
+    (event,) = trace.attrs["worker_events"]
+    assert event["joined"] == [joiner.worker] and event["left"] == []
+    assert event["n_groups_before"] == event["n_groups_after"] == 1
+    assert event["conv_state"][0] == event["conv_state"][1] != ""
+    on_new = trace[trace["workers"].str.contains(joiner.worker, regex=False)]
+    assert len(on_new) > 0 and trace.attrs["started"] + on_new["t_start"].min() - joiner.joined < 10
+    assert (on_new["workers"].str.count(",") == 1).all()  # one group of two workers
+    assert sorted(trace["version_written"]) == list(range(1, JOIN_ITERATIONS + 1))
+    assert trace.attrs["recoveries"] == []
+    assert training_accuracy(net, X, y) >= TARGET
