@@ -10,8 +10,9 @@ or below reaches the Dask engine or `distributed`: a simulated run needs no clus
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from dasknn.backend import blas_threads
@@ -56,6 +57,14 @@ class SimulatedEngine:
     skipped). A non-finite loss ends the run early with the trace attr `diverged` = True.
     `shuffle_window` and `augment` shape the batches as on the Dask engine (`events.Batches`).
 
+    `worker_schedule`: the cluster's size over simulated time, as (time, workers) pairs sorted by
+    time, the first at 0 — e.g. ((0, 8), (10, 32)): 8 workers, then 32 from t = 10 s (an elastic
+    cluster, ARCHITECTURE.md "Elastic clusters"). At each change inside a run the groups are
+    re-planned as the Dask engine re-plans them: n_groups kept while the workers allow (fewer groups
+    when fewer workers remain), group size N // g, every group starting afresh from the servers'
+    state (in-flight iterations are dropped, as at a hand-off). The Trace gets an `n_workers`
+    column and `attrs["worker_events"]`. Without it, `n_workers` is fixed.
+
     `strategy` (`engine.strategy.Strategy`; default Omnivore's) selects the other papers' layouts
     (`simulated.strategies`): `split` moves the FC server's first layer (RALP's 'auto'),
     physical_map 'unmerged' runs FC on every group (`t_fc_worker` simulated seconds, default t_fc),
@@ -83,6 +92,7 @@ class SimulatedEngine:
         t_sync: float = 0.0,
         augment: Augment | None = None,
         shuffle_window: int = 1,
+        worker_schedule: Sequence[tuple[float, int]] | None = None,
     ) -> None:
         if timing is None and (t_conv is None or t_fc is None):
             raise ValueError("SimulatedEngine needs a timing model (e.g. an HEModel) or both t_conv and t_fc")
@@ -107,6 +117,18 @@ class SimulatedEngine:
         self.augment, self.shuffle_window = augment, check_window(shuffle_window)
         if not (math.isfinite(self.t_sync) and self.t_sync >= 0 and self.t_fc_worker >= 0):
             raise ValueError(f"t_sync and t_fc_worker must be >= 0, got {t_sync}, {t_fc_worker}")
+        self.worker_schedule = None if worker_schedule is None else check_schedule(worker_schedule)
+        if self.worker_schedule is not None and self.strategy != Strategy():
+            raise ValueError(
+                f"worker_schedule runs Omnivore's compute groups, not strategy {self.strategy.name!r}"
+            )
+
+    def workers_at(self, t: float) -> int | None:
+        """The number of workers at simulated time `t` (the schedule's, else the fixed `n_workers`)."""
+        if self.worker_schedule is None:
+            return self.n_workers
+        times = [when for when, _ in self.worker_schedule]
+        return self.worker_schedule[bisect.bisect_right(times, t) - 1][1]
 
     def conv_time(self, k: int) -> float:
         """Mean conv-phase time of a group of k workers (simulated seconds)."""
@@ -120,6 +142,8 @@ class SimulatedEngine:
         """Train `net` from `start` (or its weights) for `budget` simulated seconds or iterations."""
         if self.strategy.learners == "auto":  # Crossbow's auto-tuner picks n_groups first
             return run_auto_learners(self, net, X, y, config, budget, start)
+        if self.worker_schedule is not None:
+            return self._run_scheduled(net, X, y, config, budget, start)
         g = int(config.n_groups)
         n_workers = g if self.n_workers is None else int(self.n_workers)
         if g > n_workers:
@@ -147,6 +171,66 @@ class SimulatedEngine:
         }
         return RunResult(trace=make_trace(rows, "simulated", **attrs), state=new_state)
 
+    def _run_scheduled(
+        self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None
+    ) -> RunResult:
+        """A run on a cluster whose size follows `worker_schedule`: one stretch per size, each
+        re-planned (groups kept while the workers allow, k = N // g) from the state the last one
+        ended in."""
+        state = TrainState.from_net(net) if start is None else start
+        rows: list[dict] = []
+        events: list[dict] = []
+        spent, done, sim = 0.0, 0, None
+        with blas_threads(1):
+            while True:
+                clock = _clock(state)
+                n = self.workers_at(clock)
+                g = min(int(config.n_groups), n)
+                left = None if budget.seconds is None else budget.seconds - spent
+                change = self._next_change(clock)
+                seconds = left if change is None else min(x for x in (left, change - clock) if x is not None)
+                iterations = None if budget.iterations is None else budget.iterations - done
+                if sim is not None and (sim.k, sim.config.n_groups) != (n // g, g):
+                    events.append(
+                        {
+                            "time": clock,
+                            "n_workers": n,
+                            "n_groups": g,
+                            "group_size": n // g,
+                            "iterations_done": state.iterations_done,
+                        }
+                    )
+                sim = self._simulation(net, X, y, config.with_(n_groups=g), n // g, state)
+                piece = sim.advance(Budget(seconds=seconds, iterations=iterations))
+                rows.extend(dict(r, n_workers=n) for r in piece)
+                state = sim.train_state()
+                spent, done = spent + (_clock(state) - clock), done + len(piece)
+                over = (budget.iterations is not None and done >= budget.iterations) or sim.diverged
+                if over or change is None or (left is not None and spent >= budget.seconds):
+                    break
+        net.set_params(state.params)
+        attrs = {
+            "n_groups": sim.config.n_groups,
+            "batch_size": config.batch_size,
+            "n_workers": self.workers_at(_clock(state)),
+            "group_size": sim.k,
+            "t_conv": sim.t_conv_mean,
+            "t_fc": self.t_fc,
+            "variability": self.variability,
+            "cv": self.cv,
+            "forward_fraction": self.forward_fraction,
+            "diverged": sim.diverged,
+            "strategy": self.strategy.name,
+            "physical_map": self.strategy.physical_map,
+            "split": sim.split,
+            "worker_events": events,
+        }
+        return RunResult(trace=make_trace(rows, "simulated", **attrs), state=state)
+
+    def _next_change(self, t: float) -> float | None:
+        """The first time after `t` at which the schedule changes the number of workers."""
+        return next((when for when, _ in self.worker_schedule if when > t), None)
+
     def _simulation(self, net: Net, X, y, config: RunConfig, k: int, state: TrainState):
         """The event loop of this engine's strategy (Omnivore's, or one of `simulated.strategies`)."""
         if self.strategy == Strategy():
@@ -157,3 +241,27 @@ class SimulatedEngine:
         if self.strategy.physical_map == "unmerged":
             return UnmergedSimulation(self, net, X, y, config, k=k, state=state, split=split)
         return Simulation(self, net, X, y, config, k=k, state=state, split=split)
+
+
+def _clock(state: TrainState) -> float:
+    """The simulated clock a state was left at (0 for a fresh one)."""
+    sim = state.extra.get("simulator")
+    return 0.0 if sim is None else float(sim["clock"])
+
+
+def check_schedule(schedule: Sequence[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
+    """`worker_schedule` as ((time, workers), ...), or a ValueError naming what is wrong with it."""
+    try:
+        out = tuple((float(t), int(n)) for t, n in schedule)
+    except (TypeError, ValueError):
+        raise ValueError(f"worker_schedule must be (time, workers) pairs, got {schedule!r}") from None
+    if not out or out[0][0] != 0:
+        raise ValueError(f"worker_schedule must start at time 0, got {schedule!r}")
+    times = [t for t, _ in out]
+    if any(b <= a for a, b in zip(times, times[1:], strict=False)) or not all(
+        math.isfinite(t) for t in times
+    ):
+        raise ValueError(f"worker_schedule's times must be finite and increasing, got {times}")
+    if any(n < 1 for _, n in out):
+        raise ValueError(f"worker_schedule needs at least 1 worker at every time, got {schedule!r}")
+    return out
