@@ -10,7 +10,8 @@ optimizer, with its measurements (`measure.py`) and pure decisions (`decide.py`)
 the HE model, η and µ from the net's solver or the cache of the last fit), `ramp.py` (η doubled on
 the training path), `trials.py` (A-B-A trials capped at 5% of the elapsed time), `momentum.py`
 (total momentum regressed from the weights' trajectory) and `plateau.py` (η ÷ 3 on a plateau, then
-a stop).
+a stop). `sizing.py` is no policy: it sizes the cluster by goodput for dask's
+`Adaptive` (docs/architecture.md, "Elastic clusters").
 """
 
 from dasknn.optimizer.grid import OmnivoreOptimizer

@@ -6,7 +6,7 @@ workers is Omnivore's HE model (`tradeoff.hardware.HEModel`, §IV-B) with N conv
 best g for N (or a pinned one), and the efficiency is `decide.efficiency` with the measured
 gradient noise scale. `productive_workers` is the pure decision; `GoodputAdaptive` makes it the
 target of dask's `Adaptive`, so `cluster.adapt(Adaptive=GoodputAdaptive, ...)` grows the cluster
-while workers speed training and no further (ARCHITECTURE.md, "Elastic clusters").
+while workers speed training and no further (docs/architecture.md, "Elastic clusters").
 """
 
 from __future__ import annotations

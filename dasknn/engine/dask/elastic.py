@@ -1,5 +1,5 @@
 """Elastic clusters: a worker that joins a running fit is put to work, one retired gracefully hands
-its roles over first (ARCHITECTURE.md, "Elastic clusters").
+its roles over first (docs/architecture.md, "Elastic clusters").
 
 distributed retires a worker by moving its data elsewhere, and gives up at once on a worker that
 holds an actor (`active_memory_manager.RetireWorker`): the FC server, the conv model server and

@@ -59,7 +59,7 @@ class SimulatedEngine:
 
     `worker_schedule`: the cluster's size over simulated time, as (time, workers) pairs sorted by
     time, the first at 0 — e.g. ((0, 8), (10, 32)): 8 workers, then 32 from t = 10 s (an elastic
-    cluster, ARCHITECTURE.md "Elastic clusters"). At each change inside a run the groups are
+    cluster, docs/architecture.md "Elastic clusters"). At each change inside a run the groups are
     re-planned as the Dask engine re-plans them: n_groups kept while the workers allow (fewer groups
     when fewer workers remain), group size N // g, every group starting afresh from the servers'
     state (in-flight iterations are dropped, as at a hand-off). The Trace gets an `n_workers`

@@ -1,5 +1,5 @@
 """Elastic fits on a real LocalCluster: a worker retired gracefully mid-run hands its roles over and
-leaves, a worker that joins is put to work (ARCHITECTURE.md, "Elastic clusters").
+leaves, a worker that joins is put to work (docs/architecture.md, "Elastic clusters").
 
 Every wait is tied to the run's progress (the conv model server's version, read on the workers),
 never to a guessed delay.

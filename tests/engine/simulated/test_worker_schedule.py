@@ -1,5 +1,5 @@
 """SimulatedEngine on an elastic cluster: a schedule of worker counts over simulated time re-plans
-the groups at each change, deterministically (ARCHITECTURE.md, "Elastic clusters")."""
+the groups at each change, deterministically (docs/architecture.md, "Elastic clusters")."""
 
 from __future__ import annotations
 
