@@ -2,15 +2,18 @@
 
 Each parser checks the bytes against the format before it trusts them: a truncated, padded or
 corrupt file raises `FormatError` naming the file and what is wrong, never returns a garbage array.
+Files with a published MD5 (`OFFICIAL_MD5`) are also checked against it (`check_official`).
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import math
 import pickle
 import struct
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,8 @@ __all__ = [
     "CIFAR10_BINARY_RECORD",
     "FormatError",
     "IDX_DTYPES",
+    "OFFICIAL_MD5",
+    "check_official",
     "find_mnist_files",
     "parse_cifar10_binary",
     "parse_cifar10_python",
@@ -47,6 +52,69 @@ IDX_DTYPES: dict[int, str] = {
 """IDX data-type codes (third byte of the magic number) → numpy dtype, big-endian as the format says."""
 
 _GZIP_MAGIC = b"\x1f\x8b"
+
+
+OFFICIAL_MD5: dict[str, str] = {
+    "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+    "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+    "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+    "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+    "data_batch_1": "c99cafc152244af753f735de768cd75f",
+    "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+    "data_batch_4": "634d18415352ddfa80567beed471001a",
+    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+    "test_batch": "40351d587109b95175f43aff81a1287e",
+}
+"""The published MD5 of each official file (datasets/README.md): MNIST's four .gz files as its page
+lists them, CIFAR-10's extracted python batches. Raw MNIST files and CIFAR-10's binary batches have
+none (only their archives do)."""
+
+_UNPUBLISHED = {
+    "MNIST": "the published MD5s are of the .gz files; keep them gzipped to verify",
+    "CIFAR-10": "MD5s are published for the python batches only (the binary ones: their archive's)",
+}
+
+
+def check_official(path: Path, buf: bytes, dataset: str, verify: bool | None) -> None:
+    """Compare the file's bytes `buf` with its published MD5 (`OFFICIAL_MD5`, by file name).
+
+    `verify`: None warns when they differ (another dataset in the same layout, such as Fashion-MNIST,
+    loads the same way); True raises FormatError when they differ or the file has no published MD5;
+    False checks nothing.
+    """
+    if verify is False:
+        return
+    expected = OFFICIAL_MD5.get(path.name)
+    if expected is None:
+        if verify:
+            raise FormatError(f"{path}: cannot verify: {_UNPUBLISHED[dataset]}")
+        return
+    got = hashlib.md5(buf).hexdigest()
+    if got == expected:
+        return
+    if verify:
+        raise FormatError(
+            f"{path}: MD5 {got}, not the official {dataset} file's {expected}: a damaged or different "
+            "download (verify=False loads another dataset in this layout)"
+        )
+    warnings.warn(
+        f"{path.name} is not the official {dataset} file: MD5 {got}, published {expected}. Another "
+        f"dataset in {dataset}'s layout loads the same way; for a damaged download the checks of its "
+        "format may not be enough. verify=True refuses such files, verify=False skips this check",
+        UserWarning,
+        stacklevel=5,
+    )
+
+
+def _gunzip(buf: bytes, path: Path) -> bytes:
+    """`buf` gunzipped when it starts with the gzip magic number (whatever the file's name)."""
+    if buf[:2] != _GZIP_MAGIC:
+        return buf
+    try:
+        return gzip.decompress(buf)
+    except (OSError, EOFError, zlib.error) as err:
+        raise FormatError(f"{path}: corrupt or truncated gzip data ({err})") from err
 
 
 def read_bytes(path: str | Path) -> bytes:
@@ -133,13 +201,22 @@ def find_mnist_files(directory: str | Path, split: str) -> tuple[Path, Path]:
     return _find(directory, images), _find(directory, labels)
 
 
-def read_mnist(directory: str | Path, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+def _read_mnist_file(path: Path, verify: bool | None) -> np.ndarray:
+    buf = path.read_bytes()
+    check_official(path, buf, "MNIST", verify)
+    return parse_idx(_gunzip(buf, path), source=str(path))
+
+
+def read_mnist(
+    directory: str | Path, split: str = "train", verify: bool | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Images (n, h, w) uint8 and labels (n,) uint8 of an MNIST-format split, checked to agree.
 
-    Any IDX pair of the MNIST layout works (Fashion-MNIST ships the same file names).
+    Any IDX pair of the MNIST layout works (Fashion-MNIST ships the same file names); `verify` as in
+    `check_official` (.gz files against MNIST's published MD5s).
     """
     image_path, label_path = find_mnist_files(directory, split)
-    images, labels = read_idx(image_path), read_idx(label_path)
+    images, labels = _read_mnist_file(image_path, verify), _read_mnist_file(label_path, verify)
     if images.ndim != 3 or images.dtype != np.uint8:
         raise FormatError(
             f"{image_path}: expected 3-D uint8 images (n, height, width); "
@@ -275,13 +352,14 @@ def _cifar10_folder(directory: Path, fmt: str) -> Path | None:
 
 
 def read_cifar10(
-    directory: str | Path, split: str = "train", fmt: str = "auto"
+    directory: str | Path, split: str = "train", fmt: str = "auto", verify: bool | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Images (n, 3, 32, 32) uint8 and labels (n,) int64 of a CIFAR-10 split, in file order.
 
     `directory` holds `cifar-10-batches-py/` or `cifar-10-batches-bin/` (as the official archives
     extract), or is one of those folders. `fmt="auto"` takes the python batches when both exist.
     The train split is data_batch_1..5 (50,000 images), the test split test_batch (10,000).
+    `verify` as in `check_official` (the python batches against their published MD5s).
     """
     directory = Path(directory)
     if not isinstance(split, str) or split not in ("train", "test"):
@@ -305,5 +383,9 @@ def read_cifar10(
     missing = [n for n in names if not (folder / n).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder}: CIFAR-10 {split} split lacks {missing}")
-    parts = [parse((folder / n).read_bytes(), source=str(folder / n)) for n in names]
+    parts = []
+    for n in names:
+        buf = (folder / n).read_bytes()
+        check_official(folder / n, buf, "CIFAR-10", verify)
+        parts.append(parse(buf, source=str(folder / n)))
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])

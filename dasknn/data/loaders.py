@@ -101,26 +101,36 @@ def mnist_sample(*, shuffle: bool = True, batch_size: int = 64) -> RawData:
     return _from_numpy(X, y, 255.0, batch_size)
 
 
-def mnist(*, path: str | Path | None = None, split: str = "train", batch_size: int = 64) -> RawData:
+def mnist(
+    *, path: str | Path | None = None, split: str = "train", batch_size: int = 64, verify: bool | None = None
+) -> RawData:
     """MNIST (or any MNIST-layout IDX set) from `path` (default: data home / mnist) as (n, 1, 28, 28) uint8.
 
     Reads `train-images-idx3-ubyte` + `train-labels-idx1-ubyte` (split="train") or the `t10k-`
-    pair (split="test"), raw or .gz, checking each IDX header against the file size.
+    pair (split="test"), raw or .gz, checking each IDX header against the file size, and .gz files
+    against MNIST's published MD5s (`verify`: None warns on a mismatch, True refuses it, False skips).
     """
-    images_, labels = formats.read_mnist(Path(path) if path is not None else data_home() / "mnist", split)
+    directory = Path(path) if path is not None else data_home() / "mnist"
+    images_, labels = formats.read_mnist(directory, split, verify)
     return _from_numpy(images_[:, None], labels, 255.0, batch_size)
 
 
 def cifar10(
-    *, path: str | Path | None = None, split: str = "train", format: str = "auto", batch_size: int = 64
+    *,
+    path: str | Path | None = None,
+    split: str = "train",
+    format: str = "auto",
+    batch_size: int = 64,
+    verify: bool | None = None,
 ) -> RawData:
     """CIFAR-10 from `path` (default: data home / cifar10) as (n, 3, 32, 32) uint8, in file order.
 
     Reads the python batches (`cifar-10-batches-py/`) or the binary ones (`cifar-10-batches-bin/`);
-    `format` is "auto" (python if present), "python" or "binary".
+    `format` is "auto" (python if present), "python" or "binary". The python batches are checked
+    against their published MD5s (`verify`: None warns on a mismatch, True refuses it, False skips).
     """
     directory = Path(path) if path is not None else data_home() / "cifar10"
-    X, y = formats.read_cifar10(directory, split, format)
+    X, y = formats.read_cifar10(directory, split, format, verify)
     return _from_numpy(X, y, 255.0, batch_size)
 
 

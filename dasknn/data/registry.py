@@ -58,14 +58,14 @@ _SPECS = [
         "mnist",
         "MNIST from its IDX files (train 60,000 / test 10,000) in path (default: data home/mnist)",
         loaders.mnist,
-        {"path": None, "split": "train"},
+        {"path": None, "split": "train", "verify": None},
         ("split",),
     ),
     DatasetSpec(
         "cifar10",
         "CIFAR-10 from its python or binary batches (train 50,000 / test 10,000) in path",
         loaders.cifar10,
-        {"path": None, "split": "train", "format": "auto"},
+        {"path": None, "split": "train", "format": "auto", "verify": None},
         ("split",),
     ),
     DatasetSpec(

@@ -14,7 +14,6 @@ from tests.conftest import REPO
 from tests.data.files import write_cifar10, write_mnist
 
 
-@pytest.mark.xfail(strict=True, reason="the documented checksums are not checked")
 def test_the_checksums_checked_are_the_ones_the_readme_documents():
     readme = (REPO / "datasets" / "README.md").read_text()
     documented = set(re.findall(r"`([0-9a-f]{32})`", readme))
@@ -23,7 +22,6 @@ def test_the_checksums_checked_are_the_ones_the_readme_documents():
     assert checked <= documented
 
 
-@pytest.mark.xfail(strict=True, reason="the documented checksums are not checked")
 def test_an_unofficial_mnist_file_is_warned_about_and_refused_with_verify(tmp_path):
     write_mnist(tmp_path)
     with pytest.warns(UserWarning, match=r"train-images-idx3-ubyte\.gz is not the official MNIST file"):
@@ -36,7 +34,6 @@ def test_an_unofficial_mnist_file_is_warned_about_and_refused_with_verify(tmp_pa
     assert X.shape == (30, 1, 28, 28)
 
 
-@pytest.mark.xfail(strict=True, reason="the documented checksums are not checked")
 def test_a_file_with_the_official_checksum_loads_with_verify(tmp_path, monkeypatch):
     write_mnist(tmp_path)
     for stem in formats.MNIST_STEMS["train"]:
@@ -53,7 +50,6 @@ def test_a_file_with_the_official_checksum_loads_with_verify(tmp_path, monkeypat
         load("mnist", path=tmp_path, verify=True)
 
 
-@pytest.mark.xfail(strict=True, reason="the documented checksums are not checked")
 def test_cifar10_python_batches_are_checked(tmp_path):
     write_cifar10(tmp_path, "python")
     with pytest.warns(UserWarning, match="data_batch_1 is not the official CIFAR-10 file"):
