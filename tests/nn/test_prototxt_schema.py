@@ -6,10 +6,12 @@ from pathlib import Path
 import pytest
 
 from dasknn.nn.prototxt import PrototxtError, read_net, read_net_and_solver, read_solver
+from tests.conftest import caffe_models_dir
 
-MODELS = Path(__file__).resolve().parents[3] / "shared" / "caffe-models"
-if not MODELS.is_dir():  # a worktree beside /work/main
-    MODELS = Path("/work/shared/caffe-models")
+MODELS = caffe_models_dir() or Path("absent")
+pytestmark = pytest.mark.skipif(
+    caffe_models_dir() is None, reason="Caffe model files not found: set DASKNN_CAFFE_MODELS"
+)
 
 
 def _misspell(path: Path, line_no: int, right: str, wrong: str, tmp_path: Path) -> Path:
