@@ -27,6 +27,8 @@ def test_channels_last_images_get_a_hint_to_transpose():
     X = np.random.default_rng(0).random((128, 28, 28, 1), dtype=np.float32)
     with pytest.raises(ValueError, match=r"channels-last.*\(n, 28, 28, 1\).*X\.transpose\(0, 3, 1, 2\)"):
         DistributedCNN(net="lenet", **QUICK).fit(X, np.arange(128) % 10)
+    with pytest.warns(UserWarning, match=r"net 'MLP' reads X as .*channels-last.*X\.transpose"):
+        DistributedCNN(net="mlp", **QUICK).fit(X, np.arange(128) % 10)  # it builds: a warning
 
 
 def test_three_d_images_get_a_hint_to_add_the_channel_axis(digits):
