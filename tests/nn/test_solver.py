@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dasknn.nn.solver import SGD, learning_rate
+from dasknn.nn.solver import SGD, UPDATE_BLOCK, learning_rate, sgd_update
 
 
 def test_update_is_cafes_momentum_sgd_with_multipliers():
@@ -77,3 +77,18 @@ def test_state_dict_round_trip():
     t.step(w2, {"x": np.ones(3)})
     np.testing.assert_array_equal(w["x"], w2["x"])
     assert t.iter == 2
+
+
+@pytest.mark.parametrize("weight_decay", [5e-4, 0.0])
+def test_blockwise_update_rounds_as_the_whole_array_formula(weight_decay):
+    """A parameter of several update blocks gets bit for bit V ← µV − η(∇ + λW); W ← W + V."""
+    rng = np.random.default_rng(0)
+    w, v, g = (rng.standard_normal(3 * UPDATE_BLOCK + 5).astype(np.float32) for _ in range(3))
+    w_ref, v_ref = w.copy(), v.copy()
+    f = np.float32
+    v_ref *= f(0.9)
+    v_ref -= f(0.01) * (g + f(weight_decay) * w_ref) if weight_decay else f(0.01) * g
+    w_ref += v_ref
+    sgd_update(w, v, g, 0.01, 0.9, weight_decay)
+    np.testing.assert_array_equal(v, v_ref)
+    np.testing.assert_array_equal(w, w_ref)
