@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CSVLogger", "Callback", "EarlyStopping", "ProgressBar", "call"]
+__all__ = ["CSVLogger", "Callback", "EarlyStopping", "ProgressBar", "call", "stop_requests"]
 
 
 class Callback:
@@ -52,6 +52,17 @@ def call(callbacks, hook: str, *args) -> bool:
         if method is not None:
             stop = bool(method(*args)) or stop
     return stop
+
+
+def stop_requests(callbacks, est, record: dict[str, Any]) -> str:
+    """Call every callback's `on_evaluation`; the first one that asked to stop, described by its
+    `stop_reason`, or as "callback <class> returned True"; "" when none did."""
+    reason = ""
+    for cb in callbacks:
+        method = getattr(cb, "on_evaluation", None)
+        if method is not None and method(est, record) and not reason:
+            reason = getattr(cb, "stop_reason", None) or f"callback {type(cb).__name__} returned True"
+    return reason
 
 
 def _finite(value) -> bool:
@@ -95,6 +106,14 @@ class EarlyStopping(Callback):
     def on_fit_begin(self, est) -> None:
         self._reset()
 
+    @property
+    def stop_reason(self) -> str:
+        """Why this callback stopped the fit (for `stopped_by_`)."""
+        return (
+            f"EarlyStopping: {self.monitor} did not improve by more than tol={self.tol:g} in "
+            f"{self.n_iter_no_change} evaluations"
+        )
+
     def improved(self, value: float) -> bool:
         """Whether `value` beats the best so far by more than tol."""
         if self.best is None:
@@ -125,6 +144,8 @@ class EarlyStopping(Callback):
 class ProgressBar(Callback):
     """A tqdm bar (`tqdm.auto`: a widget in notebooks) over the time budget, or else the epochs.
 
+    On engine="simulated" it says so, and counts simulated seconds ("sim s").
+
     It moves at every evaluation and while the optimizer searches; its postfix shows the phase, the
     training loss and the held-out accuracy (the training accuracy without validation data). Drawn
     on `file` (default: stderr).
@@ -147,9 +168,9 @@ class ProgressBar(Callback):
         self.bar = tqdm(
             total=total,
             unit=unit,
-            desc="dasknn",
+            desc="dasknn (simulated)" if simulated else "dasknn",
             file=self.file if self.file is not None else sys.stderr,
-            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} "
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:g} "
             + unit
             + " [{elapsed}{postfix}]",
             dynamic_ncols=True,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import re
@@ -26,6 +27,9 @@ from dasknn import __version__
 from dasknn.data import DATASETS
 from dasknn.data.images import RESIZE_MODES
 from dasknn.estimator_params import BY_NAME, add_flags, flag_values
+from dasknn.logs import command_logging
+
+logger = logging.getLogger(__name__)
 
 EXIT_TARGET_REACHED = 0
 EXIT_BUDGET_OUT = 1
@@ -142,19 +146,19 @@ def cmd_train(args) -> int:
         security=_security(args),
         validation_data=validation_data,
         validation_fraction=fraction,
-        verbose=1 if args.verbose else 0,
+        verbose=args.verbose,
         optimizer_options=None if args.lr_grid is None else {"lr_grid": args.lr_grid},
     )
     est._check_params()  # every option checked before the data is read or a cluster started
     X, y = _load_dataset(args)
-    if args.verbose:
-        knobs = f"n_groups={args.n_groups}, learning_rate={args.learning_rate}, momentum={args.momentum}"
-        print(
-            f"dasknn {__version__}: {args.net} on {args.dataset} {tuple(X.shape)}, batch {args.batch_size}, "
-            f"{knobs}, engine {args.engine}, budget {args.time_budget} s"
-        )
-        print(f"device: {describe_device()}")
-        print(f"held out: {held_out}")
+    knobs = f"n_groups={args.n_groups}, learning_rate={args.learning_rate}, momentum={args.momentum}"
+    unit = "simulated s" if args.engine == "simulated" else "s"
+    logger.info(
+        f"dasknn {__version__}: {args.net} on {args.dataset} {tuple(X.shape)}, batch {args.batch_size}, "
+        f"{knobs}, engine {args.engine}, budget {args.time_budget} {unit}"
+    )
+    logger.info(f"device: {describe_device()}")
+    logger.info(f"held out: {held_out}")
     import dask
     import distributed  # noqa: F401  (defines the config key below; a simulated fit may not import it)
 
@@ -209,7 +213,9 @@ def _report_run(est, args, out: Path, held_out: str) -> float:
     print(f"data: {est.data_} ({DATA_WORDS[est.data_]}){augmented}")
     for name in dict.fromkeys(est.report_["metric"]):
         where = held_out if name == "val_accuracy" else f"{args.eval_size} training samples"
-        print(f"\ntime to {METRIC_LABELS[name]} ({where}; rule: first evaluation at or above the threshold):")
+        rule = "rule: first evaluation at or above the threshold"
+        rule += "; seconds are simulated" if simulated else ""
+        print(f"\ntime to {METRIC_LABELS[name]} ({where}; {rule}):")
         rows = est.report_[est.report_["metric"] == name]
         print(format_table(rows, ["threshold", "reached", "seconds", "iterations", "epochs"]))
     print(f"wrote {out}/: {', '.join(written)}")
@@ -468,8 +474,18 @@ def _add_train(t: argparse.ArgumentParser) -> None:
         default=None,
         help="output folder (default: dasknn-runs/<time>-<net>-<data>)",
     )
-    t.add_argument("-q", "--quiet", dest="verbose", action="store_false")
-    t.set_defaults(func=cmd_train)
+    t.add_argument(
+        "-q", "--quiet", dest="verbose", action="store_const", const=0, help="no progress bar or messages"
+    )
+    t.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbose",
+        action="count",
+        help="more messages on stderr: -v a line per evaluation and the optimizer's decisions, -vv its "
+        "probes too",
+    )
+    t.set_defaults(func=cmd_train, verbose=1)  # one default for -q and -v, which share the dest
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -545,7 +561,6 @@ def failure(err: BaseException) -> tuple[int, str]:
 def _one_line_logs() -> None:
     """Dask's log records on stderr without their tracebacks (`--debug` keeps them): a failure of
     the cluster shows as log lines and then the command's one line, not as pages of traceback."""
-    import logging
 
     def strip(record: logging.LogRecord) -> bool:
         if record.exc_info:
@@ -554,8 +569,8 @@ def _one_line_logs() -> None:
             record.args, record.exc_info, record.exc_text = None, None, None
         return True
 
-    for logger in (logging.getLogger("distributed"), logging.getLogger()):
-        for handler in logger.handlers:
+    for log in (logging.getLogger("distributed"), logging.getLogger()):
+        for handler in log.handlers:
             handler.addFilter(strip)
 
 
@@ -568,7 +583,8 @@ def main(argv: list[str] | None = None) -> int:
 
         _one_line_logs()
     try:
-        return args.func(args)
+        with command_logging(getattr(args, "verbose", 1)):
+            return args.func(args)
     except BrokenPipeError:  # `dasknn train | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BUDGET_OUT
@@ -590,7 +606,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _quiet_logging() -> None:
     """No more log lines on stderr: the failure's line stays the last one."""
-    import logging
 
     logging.disable(logging.CRITICAL)
 

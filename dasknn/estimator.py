@@ -10,6 +10,7 @@ optimizer's selection, and held out for validation).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import uuid
@@ -35,9 +36,13 @@ from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.estimator_data import choose_data, resolve_augment
 from dasknn.estimator_params import RESUME_PARAMS, SIMULATED_GFLOPS, check_params, parameters_doc
 from dasknn.fitting import Evaluator
+from dasknn.logs import verbose_logging
 from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
 from dasknn.reports import DEFAULT_THRESHOLDS, time_to_accuracy
+from dasknn.stopping import end_reason, wall_bound
+
+logger = logging.getLogger(__name__)
 
 
 class DistributedCNN(ClassifierMixin, BaseEstimator):
@@ -63,6 +68,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         weight_decay: float = 5e-4,
         time_budget: float | None = 120.0,
         max_epochs: float | None = None,
+        max_wall_time: Any = "auto",
         target_accuracy: float | None = None,
         engine: str = "dask",
         scheduler: str | None = None,
@@ -101,6 +107,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.weight_decay = weight_decay
         self.time_budget = time_budget
         self.max_epochs = max_epochs
+        self.max_wall_time = max_wall_time
         self.target_accuracy = target_accuracy
         self.engine = engine
         self.scheduler = scheduler
@@ -353,8 +360,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                         dashboard_address=":0",
                     )
                 )
-                if self.verbose >= 1:
-                    _announce(client)
+                _announce(client)
         return DaskEngine(client, **self._engine_options()), client
 
     def _engine_options(self) -> dict[str, Any]:
@@ -412,7 +418,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             self._check_labels(labels, "resume" if self.resume else "warm_start")
         else:
             self.classes_ = labels
-        return self._fit(X, y, ckpt)
+        with verbose_logging(self.verbose):
+            return self._fit(X, y, ckpt)
 
     def partial_fit(self, X, y, classes=None) -> DistributedCNN:
         """Train one epoch of (X, y) (`max_epochs` when set) from the current state; returns self.
@@ -431,7 +438,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             )
         self._check_labels(labels, "partial_fit")
         epochs = self.max_epochs if self.max_epochs is not None else 1.0
-        return self._fit(X, y, None, partial_epochs=epochs)
+        with verbose_logging(self.verbose):
+            return self._fit(X, y, None, partial_epochs=epochs)
 
     def save_checkpoint(self, directory: str | os.PathLike | None = None) -> Path:
         """Write the fitted state as a checkpoint (on request) to `directory` or `checkpoint_dir`."""
@@ -570,6 +578,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         resume_from = ckpt if self.resume else None
         self._check_net_on_data(net, X)
         self._resolve_simulated_gflops(ckpt, warm)
+        self.max_wall_time_ = wall_bound(self.max_wall_time, self.engine, self.time_budget)
         with ExitStack() as stack:
             engine, client = self._engine(stack, net)
             self.data_ = choose_data(self, engine, client, X)
@@ -645,7 +654,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
     def _train(
         self, engine, net: Net, X, y, start, resume_from, partial_epochs, selection, validation, evaluation
     ) -> None:
-        from dasknn.callbacks import EarlyStopping, ProgressBar, call
+        from dasknn.callbacks import EarlyStopping, ProgressBar, call, stop_requests
         from dasknn.fitting import Loop
 
         callbacks = list(self.callbacks or [])
@@ -662,11 +671,12 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             session = dict(resume_from.meta.get("loop", {}))
             auto = session.get("kind", "auto" if auto else "fixed") == "auto"
 
-        def notify(hook: str, info: dict) -> bool:
-            if hook == "on_evaluation":
-                return call(callbacks, hook, self, info["row"]) | bool(
-                    call(callbacks, "on_evaluated_state", self, info["row"], info["state"])
-                )
+        def notify(hook: str, info: dict) -> bool | str:
+            if hook == "on_evaluation":  # the reason of the first callback asking to stop, or ""
+                asked = stop_requests(callbacks, self, info["row"])
+                if call(callbacks, "on_evaluated_state", self, info["row"], info["state"]) and not asked:
+                    asked = "a callback's on_evaluated_state asked to stop"
+                return asked
             return call(callbacks, hook, self, info)
 
         loop = Loop(
@@ -687,6 +697,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             checkpoint_dir=self.checkpoint_dir,
             meta=self._checkpoint_meta(),
             verbose=max(0, self.verbose - 1),
+            max_wall_time=self.max_wall_time_,
         )
         state = start.copy() if start is not None else TrainState.from_net(net)
         if resume_from is not None:
@@ -694,12 +705,21 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         elif partial_epochs is not None and hasattr(self, "history_"):
             loop.continue_records(self.history_, self.trace_, self.decisions_)
         policy = self._policy(engine, auto, partial_epochs, max_iterations, loop.n_batches)
+        resumed = resume_from is not None and loop.history
+        began = {  # where this fit's budgets started, for stopped_by_ (a resume: the original fit's)
+            "elapsed": loop.history[0]["time"] if resumed else loop.log.elapsed,
+            "iteration": state.iterations_done,
+            "max_iterations": max_iterations,
+            "limit": f"max_epochs={epochs}"
+            if partial_epochs is None
+            else f"partial_fit's {epochs:g} epoch(s)",
+        }
         call(callbacks, "on_fit_begin", self)
         try:
             result = loop.run(policy, state, session)
         finally:
             call(callbacks, "on_fit_end", self)
-        self._finish(loop, net, result, callbacks)
+        self._finish(loop, net, result, callbacks, began)
 
     def _policy(self, engine, auto: bool, partial_epochs, max_iterations, nb: int):
         """The loop's policy: Algorithm 1 or the online optimizer for "auto" knobs, else fixed knobs."""
@@ -708,7 +728,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
         if not auto:
             config = self._fixed_config(partial_epochs is not None)
-            return FixedKnobs(config, self.time_budget, max_iterations, verbose=max(0, self.verbose - 1))
+            return FixedKnobs(config, self.time_budget, max_iterations)
         options: dict[str, Any] = {**(self.optimizer_options or {}), "verbose": max(0, self.verbose - 1)}
         # training is evaluated (and stops at the target) at least once per pass over the data, as
         # the fixed knobs' runs are: the two report time to accuracy at the same granularity
@@ -722,7 +742,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 options[knob] = getattr(self, knob)
         return optimizer_class(self.optimizer)(engine, **options)
 
-    def _finish(self, loop, net: Net, result, callbacks) -> None:
+    def _finish(self, loop, net: Net, result, callbacks, began: dict[str, Any]) -> None:
         """The fitted attributes from a finished loop; early stopping's best state restored."""
         from dasknn.callbacks import EarlyStopping
         from dasknn.fitting import runs_by_config
@@ -734,7 +754,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             state = best
             net.set_params(best.params)
             why = f"restored the best (iteration {best.iterations_done})"
-            loop.record(best, loop.history[-1]["time"], phase="end", event=why)
+            loop.note(best, loop.history[-1]["time"], phase="end", event=why)  # history, not a new step
+            result.stopped_by += f"; {why}"
         self.state_ = state
         self.trace_ = result.trace
         if self.engine == "simulated":
@@ -745,7 +766,16 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.history_ = loop.history
         self.checkpoint_ = loop.last_checkpoint
         self.net_ = net
-        self.stopped_by_ = result.stopped_by
+        self.stopped_by_ = result.stopped_by or end_reason(
+            limit=began["limit"],
+            max_iterations=began["max_iterations"],
+            iterations=int(result.state.iterations_done) - began["iteration"],
+            iteration=int(result.state.iterations_done),
+            time_budget=self.time_budget,
+            elapsed=loop.log.elapsed - began["elapsed"],
+            unit="simulated s" if self.engine == "simulated" else "s",
+            decisions=result.decisions,
+        )
         self.best_iteration_ = None if restorer is None else restorer.best_iteration
         self.n_iter_ = int(self.state_.iterations_done)
         self.report_ = self.time_to_accuracy()
@@ -762,7 +792,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
         `thresholds`: default 0.9, 0.95, 0.98, 0.99 and `target_accuracy`; `rule`: "first" (DAWNBench:
         the first evaluation at or above) or "median5" (Crossbow: the median of the last five).
-        Each row names its `metric` and `rule`. `report_` is this with the defaults.
+        Each row names its `metric` and `rule`; `attrs["time_unit"]` says whether `seconds` are
+        simulated ("simulated s", engine="simulated") or real ("s"). `report_` is this with the defaults.
         """
         self._check_fitted()
         if thresholds is None:
@@ -773,7 +804,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         if "val_accuracy" in history and history["val_accuracy"].notna().any():
             metrics.insert(0, "val_accuracy")
         tables = [time_to_accuracy(history, thresholds, rule, run=self.net_.name, metric=m) for m in metrics]
-        return pd.concat(tables, ignore_index=True)
+        report = pd.concat(tables, ignore_index=True)
+        report.attrs["time_unit"] = "simulated s" if self.engine == "simulated" else "s"
+        return report
 
     def _fixed_config(self, partial: bool) -> RunConfig:
         """The knobs of a fixed-knob run: as given; a partial_fit's continue the last fit's config_."""
@@ -871,20 +904,19 @@ def _by_lr(trace: pd.DataFrame, config: RunConfig) -> dict[RunConfig, pd.DataFra
 
 
 def _announce(client) -> None:
-    """One line on stderr naming the cluster a fit started and its dashboard link.
+    """A message (INFO: shown from verbose=1) naming the cluster a fit started and its dashboard link.
 
     dasknn does not depend on bokeh, which dask's dashboard needs: most dask users have it, and
     it brings a web stack a training library need not impose; without it the line says how to get
     the dashboard."""
     import importlib.util
-    import sys
 
     workers = len(client.scheduler_info().get("workers", {}))
     if importlib.util.find_spec("bokeh") is not None:
         where = f"dashboard {client.dashboard_link}"
     else:
         where = "no dashboard: pip install bokeh to get one"
-    print(f"[dasknn] started a LocalCluster of {workers} workers ({where})", file=sys.stderr)
+    logger.info("started a LocalCluster of %d workers (%s)", workers, where)
 
 
 def _take(index: np.ndarray, classes: np.ndarray) -> np.ndarray:

@@ -143,6 +143,14 @@ def _none_word(text: str):
     return None if text == "none" else text
 
 
+def _wall_time(value) -> bool:
+    return value in ("auto", None) or Number(0, low_open=True).ok(value)
+
+
+def _wall_time_word(text: str):
+    return None if text == "none" else Number(0, low_open=True, also=("auto",)).parse(text)
+
+
 def _optional_str(value) -> bool:
     return value is None or isinstance(value, str)
 
@@ -163,6 +171,16 @@ PARAMS: tuple[Param, ...] = (
           "Seconds of training (simulated seconds with engine=\"simulated\"), the search included.",
           cli_default=240.0),
     Param("max_epochs", None, Number(0, low_open=True, also=(None,)), "Epochs of training at most."),
+    Param("max_wall_time", "auto",
+          Custom("'auto', None or a number of seconds > 0", accepts=_wall_time, parse_text=_wall_time_word),
+          "Real (wall-clock) seconds after which the fit stops at its next evaluation, keeping the model "
+          "trained so far (`stopped_by_` says so). Meant for engine=\"simulated\", whose `time_budget` is "
+          "simulated seconds: one machine computes them several times (LeNet 8-75x, a small MLP 30-90x) "
+          "slower than the cluster it models runs them; the simulator checks the bound at every update. "
+          "\"auto\": with engine=\"simulated\" and a time_budget, max(60, time_budget) real seconds "
+          "(`dasknn.stopping.wall_bound`); otherwise None (no bound: the Dask engine's time_budget is "
+          "already wall-clock seconds). `max_wall_time_` is the value used. On the command line, none "
+          "is None.", resume=False),
     Param("target_accuracy", None, Number(0, 1, low_open=True, also=(None,)),
           "Stop once the held-out accuracy (`val_accuracy`, on the validation data) reaches it; "
           "without validation data, once the training accuracy (on `eval_size` training samples) does.",
@@ -225,9 +243,12 @@ PARAMS: tuple[Param, ...] = (
     Param("random_state", 0, Number(0, 2**32, high_open=True, integer=True, text="in [0, 2**32)"),
           "Seed of the weights, the data's order and parts, dropout and augmentation.", aliases=("--seed",)),
     Param("verbose", 0, Number(0, integer=True),
-          "0: silent; 1: a progress bar (`dasknn.callbacks.ProgressBar`, on stderr) and the dashboard link "
-          "of a cluster the fit starts; 2: also a line per evaluation and the optimizer's decisions as it "
-          "makes them; 3: also the engine's messages.", flag=False, resume=False),
+          "0: warnings only; 1: a progress bar (`dasknn.callbacks.ProgressBar`, on stderr) and INFO "
+          "messages (the dashboard link of a cluster the fit starts, rollbacks); 2: also a line per "
+          "evaluation and the optimizer's decisions (DEBUG) and the engine's progress bars; 3: also the "
+          "optimizer's probes. Messages are `logging` records of the `dasknn` loggers (`dasknn.logs`), "
+          "emitted whatever `verbose` is: with logging unconfigured, a fit with verbose >= 1 shows them on "
+          "stderr from the matching level on.", flag=False, resume=False),
     Param("warm_start", False, Boolean(),
           "Continue from the previous fit's weights and data position (in memory, or else the latest "
           "checkpoint in `checkpoint_dir`) with a new budget.", flag=False, resume=False),

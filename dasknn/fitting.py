@@ -24,6 +24,7 @@ online optimizer by its `lr_factor`). After `MAX_ROLLBACKS` rollbacks in a row, 
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ import pandas as pd
 from dasknn.data.batching import n_batches
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import Budget, RunConfig, TrainState, make_trace
+from dasknn.logs import verbose_logging
 from dasknn.policy import CURRENT, START, NextRun, Outcome, Policy, RunLog, Stop
 from dasknn.tradeoff.statistical import final_loss
 
@@ -50,6 +52,8 @@ __all__ = [
     "run_policy",
     "runs_by_config",
 ]
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINTS_KEPT = 3
 """Checkpoints kept in checkpoint_dir during a fit (older ones are deleted after each save)."""
@@ -127,7 +131,10 @@ class Loop:
     optimizers' own `optimize`), decides what a kept run's evaluation records; `selection(state) ->
     loss` scores states for the policy (the selection part, `optimizer.search.SelectionLoss`);
     `notify(hook, info) -> bool` calls the callbacks (True: a callback asks to stop);
-    `target_accuracy` stops the fit when the held-out metric (else the training one) reaches it.
+    `target_accuracy` stops the fit when the held-out metric (else the training one) reaches it;
+    `max_wall_time` (real seconds) stops it at the first evaluation after that much wall time (and
+    makes an engine with a `wall_deadline`, the simulator, end its runs there). `verbose` shows the
+    loop's and the policy's messages for a caller that has not (`dasknn.logs.verbose_logging`).
     """
 
     def __init__(
@@ -151,11 +158,12 @@ class Loop:
         checkpoint_dir: str | Path | None = None,
         meta: dict[str, Any] | None = None,
         verbose: int = 0,
+        max_wall_time: float | None = None,
     ) -> None:
         self.engine, self.net, self.X, self.y = engine, net, X, y
         self.batch_size, self.weight_decay, self.seed = int(batch_size), float(weight_decay), seed
         self.n_batches = n_batches(int(X.shape[0]), int(batch_size))
-        self.log = RunLog(time_budget, max_iterations, verbose)
+        self.log = RunLog(time_budget, max_iterations)
         self.evaluator, self.should_stop, self.selection = evaluate, should_stop, selection
         self.notify = notify or (lambda hook, info: False)
         self.target_accuracy, self.verbose = target_accuracy, verbose
@@ -169,6 +177,10 @@ class Loop:
         self.stopped_by = ""
         self.last_checkpoint: Path | None = None
         self.wall0, self.wall_offset = time.perf_counter(), 0.0
+        self.max_wall_time = max_wall_time
+        self.wall_deadline = None if max_wall_time is None else self.wall0 + max_wall_time
+        if hasattr(engine, "wall_deadline"):  # the simulator cuts its runs there, not only at evaluations
+            engine.wall_deadline = self.wall_deadline
 
     # -- what a policy may read (dasknn.policy.Fit) ----------------------------------------------
     @property
@@ -198,21 +210,17 @@ class Loop:
         return self.record(self.snapshots[CURRENT], self.log.elapsed, **fields)
 
     # -- records ---------------------------------------------------------------------------------
-    def record(
+    def note(
         self,
         state: TrainState,
         t: float,
         scores: dict[str, float] | None = None,
         phase: str = "train",
         **fields,
-    ) -> bool:
-        """Score `state` (unless `scores` are given), append a history row and call the callbacks.
-
-        True when the fit should stop: the target accuracy reached (on the held-out metric when there
-        is validation data, else on training samples), or a callback's `on_evaluation` returned True.
-        """
-        if self.evaluator is None:
-            return bool(self.should_stop is not None and self.should_stop(state, self.log.trace()))
+    ) -> dict[str, Any]:
+        """Score `state` (unless `scores` are given) and append its history row, logged (DEBUG);
+        returns the row. No callback sees it: `record` is an evaluation, this also the closing rows
+        (the best model restored, an earlier state returned)."""
         if scores is None:
             with np.errstate(over="ignore", invalid="ignore"):
                 scores = self.evaluator(state)
@@ -226,20 +234,61 @@ class Loop:
             **fields,
         }
         self.history.append(row)
-        if self.verbose >= 1:
+        if logger.isEnabledFor(logging.DEBUG):
             note = f" {fields['event']}" if fields.get("event") else ""
             val = f" val_accuracy={row['val_accuracy']:.2%}" if "val_accuracy" in row else ""
-            print(
-                f"[dasknn] t={row['time']:7.1f}s it={state.iterations_done:6d} epoch={row['epoch']:5.2f} "
-                f"loss={row['loss']:.4f} accuracy={row['accuracy']:.2%}{val}{note}"
+            logger.debug(
+                f"t={row['time']:7.1f} {self._unit()} it={state.iterations_done:6d} "
+                f"epoch={row['epoch']:5.2f} loss={row['loss']:.4f} accuracy={row['accuracy']:.2%}{val}{note}"
             )
-        stop = self.notify("on_evaluation", {"row": row, "state": state})
-        if stop and not self.stopped_by:
-            self.stopped_by = f"a callback stopped the fit at iteration {state.iterations_done}"
+        return row
+
+    def record(
+        self,
+        state: TrainState,
+        t: float,
+        scores: dict[str, float] | None = None,
+        phase: str = "train",
+        **fields,
+    ) -> bool:
+        """An evaluation: `note` the row of `state`, then call the callbacks with it.
+
+        True when the fit should stop: the target accuracy reached (on the held-out metric when there
+        is validation data, else on training samples), a callback asked (`notify` returned True, or
+        the reason as a string), or `max_wall_time` passed; `stopped_by` then says which.
+        """
+        if self.evaluator is None:
+            return bool(self.should_stop is not None and self.should_stop(state, self.log.trace()))
+        row = self.note(state, t, scores, phase, **fields)
+        asked = self.notify("on_evaluation", {"row": row, "state": state})
         target = self.target_accuracy
         metric = "val_accuracy" if "val_accuracy" in row else "accuracy"
         reached = target is not None and row[metric] >= target
-        return stop or reached
+        late = self.wall_deadline is not None and time.perf_counter() >= self.wall_deadline
+        it = state.iterations_done
+        if not self.stopped_by and asked:
+            who = asked if isinstance(asked, str) else "a callback asked to stop"
+            self.stopped_by = f"{who}, at iteration {it}"
+        elif not self.stopped_by and reached:
+            self.stopped_by = (
+                f"target_accuracy={target:g} reached: {metric} {row[metric]:.4f}, at iteration {it}"
+            )
+        elif not self.stopped_by and late:
+            self.stopped_by = (
+                f"max_wall_time={self.max_wall_time:g} s (real time) reached after {row['time']:.4g} "
+                f"{self._unit()}, at iteration {it}"
+            )
+            if self._unit() == "simulated s":
+                logger.warning(
+                    "%s: the simulation runs slower than the cluster it models; lower time_budget "
+                    "(simulated seconds) or raise max_wall_time (None: no bound)",
+                    self.stopped_by,
+                )
+        return bool(asked) or reached or late
+
+    def _unit(self) -> str:
+        """The unit of the fit's clock: "simulated s" on the simulator, else "s"."""
+        return getattr(self.engine, "time_unit", None) or "s"
 
     def recoveries(self, trace: pd.DataFrame, config: RunConfig) -> str:
         """The Dask engine's recoveries from lost workers in a run, as decision rows and a history note."""
@@ -309,6 +358,10 @@ class Loop:
     # -- the loop --------------------------------------------------------------------------------
     def run(self, policy: Policy, start: TrainState, resume: dict[str, Any] | None = None) -> FitResult:
         """Run `policy` from `start` (or go on from a checkpoint's `resume` session, `restore` first)."""
+        with verbose_logging(self.verbose + 1 if self.verbose else 0):
+            return self._run(policy, start, resume)
+
+    def _run(self, policy: Policy, start: TrainState, resume: dict[str, Any] | None) -> FitResult:
         self.snapshots = {START: start, CURRENT: start}
         if resume is not None and resume.get("finished"):  # the checkpointed fit had ended
             return self.result(start, RunConfig(**resume["config"]), resume)
@@ -322,12 +375,12 @@ class Loop:
                 self.save(self.snapshots[CURRENT], step.checkpoint)
             step = policy.next_run(self.execute(step))
         state = self.snapshot(step.state)
-        if self.evaluator is not None and (
-            not self.history or self.history[-1]["iteration"] != state.iterations_done
-        ):
-            self.record(
-                state, self._trace_end(), phase="end", event="end"
-            )  # the model returned, even mid-search
+        last = self.history[-1]["iteration"] if self.history else -1
+        if self.evaluator is not None and last != state.iterations_done:
+            # the model returned, even mid-search: an evaluation when it is a new step, only noted
+            # when it is an earlier state (a snapshot): callbacks never see iterations go back
+            write = self.record if state.iterations_done > last else self.note
+            write(state, self._trace_end(), phase="end", event="end")
         session = step.session or {"kind": "auto", "finished": True}
         self.save(state, session)
         return self.result(state, step.config, session)

@@ -11,6 +11,7 @@ engine; it asks for runs and reads what they measured, as dask-ml's searches ans
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ import numpy as np
 import pandas as pd
 
 from dasknn.engine.trace import Budget, RunConfig, TrainState, make_trace
+from dasknn.logs import TRACE
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "CURRENT",
@@ -166,8 +170,8 @@ class RunLog:
     The loop (`dasknn.fitting.Loop`) owns it and adds every run; a policy reads the clock
     (`elapsed`, `time_left`, `budget`, `exhausted`) and writes its decision rows (`record`)."""
 
-    def __init__(self, time_budget: float | None, max_iterations: int | None, verbose: int = 0):
-        self.time_budget, self.max_iterations, self.verbose = time_budget, max_iterations, verbose
+    def __init__(self, time_budget: float | None, max_iterations: int | None):
+        self.time_budget, self.max_iterations = time_budget, max_iterations
         self.elapsed, self.iterations = 0.0, 0
         self.segments: list[pd.DataFrame] = []
         self.charged: list[float] = []
@@ -250,7 +254,7 @@ class RunLog:
 
     # -- decisions -------------------------------------------------------------------------------
     def record(self, phase: str, action: str, config: RunConfig, reason: str, **values: Any) -> None:
-        """One decision row (DECISION_COLUMNS), printed when verbose (probes only from verbose 2)."""
+        """One decision row (DECISION_COLUMNS), logged (`dasknn.logs`: probes at TRACE, the rest at DEBUG)."""
         row = {key: np.nan for key in DECISION_COLUMNS}
         row.update(
             phase=phase, action=action, n_groups=config.n_groups, lr=config.lr, momentum=config.momentum
@@ -258,11 +262,11 @@ class RunLog:
         row.update(time=self.elapsed, diverged=False, chosen=False, start_hash="", run=-1, reason=reason)
         row.update(values)
         self.rows.append(row)
-        if self.verbose >= (2 if action in ("probe", "extend") else 1):
-            print(
-                f"[omnivore t={row['time']:.4g}] {phase} {action}: g={config.n_groups} lr={config.lr:g} "
-                f"momentum={config.momentum:g} score={row['score']:.4g}; {reason}"
-            )
+        logger.log(
+            TRACE if action in ("probe", "extend") else logging.DEBUG,
+            "optimizer t=%.4g: %s %s: g=%s lr=%g momentum=%g score=%.4g; %s",
+            row["time"], phase, action, config.n_groups, config.lr, config.momentum, row["score"], reason,
+        )  # fmt: skip
 
     def decisions(self) -> pd.DataFrame:
         """DECISION_COLUMNS, then any measured numbers the rows carry (the online optimizer's)."""

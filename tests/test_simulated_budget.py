@@ -23,7 +23,6 @@ def digits():
     return np.asarray(X[:512], dtype=np.float32), np.asarray(y[:512])
 
 
-@pytest.mark.xfail(strict=True, reason="no wall-clock bound on simulated fits yet")
 def test_the_default_simulated_budget_is_bounded_in_wall_time_and_says_so(digits):
     """The default time_budget (120 simulated s) of LeNet takes several times longer in real time;
     the bound ends the fit, names itself, and keeps the model trained so far."""
@@ -40,7 +39,6 @@ def test_the_default_simulated_budget_is_bounded_in_wall_time_and_says_so(digits
     assert est.report_.attrs["time_unit"] == "simulated s"
 
 
-@pytest.mark.xfail(strict=True, reason="no wall-clock bound on simulated fits yet")
 def test_the_bound_stops_the_optimizer_too_and_defaults_from_the_budget(digits):
     X, y = digits
     est = DistributedCNN(max_wall_time=2, **QUICK).fit(X, y)  # "auto" knobs: the optimizer's search

@@ -30,7 +30,6 @@ def digits():
     return np.asarray(X[:512], dtype=np.float32), np.asarray(y[:512])
 
 
-@pytest.mark.xfail(strict=True, reason="stopped_by_ does not yet name max_epochs, the target or the budget")
 def test_stopped_by_names_max_epochs_the_target_and_the_time_budget(digits):
     X, y = digits
     est = DistributedCNN(time_budget=None, max_epochs=0.5, **QUICK).fit(X, y)
@@ -42,7 +41,6 @@ def test_stopped_by_names_max_epochs_the_target_and_the_time_budget(digits):
     assert est.stopped_by_.startswith("time_budget") and "simulated" in est.stopped_by_
 
 
-@pytest.mark.xfail(strict=True, reason="the restored-best row reaches the callbacks as a new evaluation")
 def test_early_stopping_names_itself_and_callbacks_never_see_iterations_go_back(digits):
     X, y = digits
     seen = Recorder()

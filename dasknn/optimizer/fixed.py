@@ -9,6 +9,7 @@ A checkpoint goes with the first run after each completed epoch, and with the en
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict
 from typing import Any
@@ -18,16 +19,15 @@ from dasknn.policy import NextRun, Outcome, Stop
 
 __all__ = ["FixedKnobs"]
 
+logger = logging.getLogger(__name__)
+
 
 class FixedKnobs:
     """Train with `config` (η lowered only by rollbacks) for `time_budget` seconds of the fit's
     clock and/or `max_iterations` iterations of the model (the rolled-back ones not counted)."""
 
-    def __init__(
-        self, config: RunConfig, time_budget: float | None, max_iterations: int | None, verbose: int = 0
-    ):
+    def __init__(self, config: RunConfig, time_budget: float | None, max_iterations: int | None):
         self.config, self.time_budget, self.max_iterations = config, time_budget, max_iterations
-        self.verbose = verbose
         self.chunk = max(2.0, (time_budget or 60.0) / 20)
 
     @property
@@ -111,7 +111,6 @@ class FixedKnobs:
         self.fit.log.record(
             "train", "rollback", self.config, why, iteration=state.iterations_done, diverged=True, chosen=True
         )
-        if self.verbose >= 1:
-            print(f"[dasknn] {why}")
+        logger.info(why)
         event = f"rollback: lr {old.lr:g} -> {self.config.lr:g}"
         self.loop["finished"] = self.fit.evaluate({"lr": self.config.lr, "event": event})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -122,6 +123,13 @@ class SimulatedEngine:
             raise ValueError(
                 f"worker_schedule runs Omnivore's compute groups, not strategy {self.strategy.name!r}"
             )
+        self.wall_deadline: float | None = None
+        """A `time.perf_counter()` value after which every run ends at its next update, whatever
+        its budget (the fitting loop's max_wall_time): simulated seconds may take far longer."""
+
+    def past_wall_deadline(self) -> bool:
+        """True once the real clock has passed `wall_deadline`."""
+        return self.wall_deadline is not None and time.perf_counter() >= self.wall_deadline
 
     def workers_at(self, t: float) -> int | None:
         """The number of workers at simulated time `t` (the schedule's, else the fixed `n_workers`)."""

@@ -296,7 +296,7 @@ class Simulation:
                 if not math.isfinite(rows[-1]["loss"]):
                     self.diverged = True
                     break
-                if budget.exhausted(t - t0, len(rows)):
+                if budget.exhausted(t - t0, len(rows)) or self.engine.past_wall_deadline():
                     break
             else:
                 if math.isfinite(limit):

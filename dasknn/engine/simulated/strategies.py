@@ -213,7 +213,7 @@ class ReplicaSimulation:
             if not all(math.isfinite(r["loss"]) for r in rows[-self.n_learners :]):
                 self.diverged = True
                 break
-            if budget.exhausted(self.clock, len(rows)):
+            if budget.exhausted(self.clock, len(rows)) or self.engine.past_wall_deadline():
                 break
         return rows
 
