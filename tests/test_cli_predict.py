@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from tests.test_bad_input import cli  # the in-process run: exit status and stderr
 from tests.test_cli import dasknn
@@ -14,7 +13,6 @@ TRAIN = ("train", "--dataset", "digits", "--engine", "simulated", "--n-workers",
          "--lr", "0.01", "--momentum", "0.9", "--max-epochs", "0.5", "--eval-size", "200", "-q")  # fmt: skip
 
 
-@pytest.mark.xfail(strict=True, reason="dasknn predict not built yet")
 def test_train_writes_the_model_and_predict_scores_and_writes_predictions(tmp_path):
     run = tmp_path / "run"
     out = dasknn(*TRAIN, "--target-accuracy", "0.5", "--output", str(run))
@@ -37,7 +35,6 @@ def test_train_writes_the_model_and_predict_scores_and_writes_predictions(tmp_pa
     np.testing.assert_array_equal(np.load(npy, allow_pickle=False), table["prediction"].to_numpy())
 
 
-@pytest.mark.xfail(strict=True, reason="dasknn predict not built yet")
 def test_predict_refuses_a_missing_model_or_output_format_with_exit_2(tmp_path):
     code, err = cli("predict", "--model", str(tmp_path / "nothing"), "--dataset", "digits")
     assert code == 2 and "nothing" in err and "not a saved DistributedCNN" in err
