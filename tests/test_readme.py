@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from tests.conftest import REPO
 
 
@@ -17,7 +15,6 @@ def python_blocks(section: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", match.group(1), flags=re.S | re.M)
 
 
-@pytest.mark.xfail(strict=True, reason="the README has no From Python section yet")
 def test_the_from_python_section_runs(tmp_path, monkeypatch):
     import matplotlib
 
