@@ -195,7 +195,7 @@ def bench(name: str, repeats: int, threads: int, backends: list[str]) -> tuple[l
             solver = SGD.for_net(net, base_lr=1e-3, momentum=0.9, weight_decay=5e-4)
             sides[backend] = lambda conv=conv, fc=fc, solver=solver: ours_step(conv, fc, solver, x, y, rng)
             for row in net_backends(conv, batch=batch):
-                layer_rows.append({"net": name, "backend": backend, **row})
+                layer_rows.append({"net": name, "side": backend, **row})
         torch.set_num_threads(threads)
         tnet = torch_net(name)
         tconv, tfc = split_torch(tnet)
