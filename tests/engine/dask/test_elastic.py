@@ -7,6 +7,8 @@ never to a guessed delay.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import time
 
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 from distributed.deploy.adaptive import Adaptive
 
+from dasknn.data import load
 from dasknn.engine.dask import DaskEngine, cluster_workers, local_client
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn import zoo
@@ -187,10 +190,19 @@ class Joiner(threading.Thread):
 
 
 def test_a_worker_that_joins_a_running_fit_is_used_within_10_seconds(digits):
+    _join(digits, "persist")
+
+
+@pytest.mark.slow
+def test_a_worker_that_joins_a_streamed_fit_is_used(digits):
+    _join(digits, "stream")
+
+
+def _join(digits, data: str) -> None:
     X, y = digits
     config = CFG.with_(n_groups=1)  # pinned: the new worker joins the group as a shard
     with local_client(n_workers=1) as client:
-        engine = DaskEngine(client, timeout=30, poll=0.2)
+        engine = DaskEngine(client, timeout=30, poll=0.2, data=data)
         joiner = Joiner(client, engine)
         joiner.start()
         net = zoo.lenet(seed=0)
@@ -208,3 +220,69 @@ def test_a_worker_that_joins_a_running_fit_is_used_within_10_seconds(digits):
     assert sorted(trace["version_written"]) == list(range(1, JOIN_ITERATIONS + 1))
     assert trace.attrs["recoveries"] == []
     assert training_accuracy(net, X, y) >= TARGET
+
+
+@pytest.mark.slow
+def test_a_dask_worker_process_started_mid_fit_is_used(tmp_path):
+    """`dask scheduler` and two `dask worker` processes as a user starts them; a third `dask worker`
+    started once the run has written JOIN_AT updates trains in the same run."""
+    from distributed import Client
+
+    from tests.engine.dask.test_deploy import REPO, STARTUP_TIMEOUT, dask_command, read_scheduler_file, stop
+
+    X, y = load("digits", size=28, batch_size=64)
+    env = dict(
+        os.environ,
+        OPENBLAS_NUM_THREADS="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
+    scheduler_file = tmp_path / "s.json"
+    procs: list[subprocess.Popen] = []
+
+    def start(name: str, args: list[str]) -> None:
+        with open(tmp_path / f"{name}.log", "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [*dask_command(), *args], cwd=tmp_path, env=env, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                )
+            )  # fmt: skip
+
+    def worker(i: int) -> None:
+        start(
+            f"worker{i}",
+            ["worker", "--scheduler-file", str(scheduler_file), "--nthreads", "1", "--no-dashboard"]
+            + ["--host", "127.0.0.1", "--death-timeout", "30", "--local-directory", str(tmp_path / f"w{i}")],
+        )
+
+    try:
+        start("scheduler", ["scheduler", "--host", "127.0.0.1", "--port", "0", "--scheduler-file",
+                            str(scheduler_file), "--no-dashboard"])  # fmt: skip
+        read_scheduler_file(scheduler_file, STARTUP_TIMEOUT)
+        worker(0)
+        worker(1)
+        with Client(scheduler_file=str(scheduler_file), timeout=STARTUP_TIMEOUT) as client:
+            client.wait_for_workers(2, timeout=STARTUP_TIMEOUT)
+            engine = DaskEngine(client, timeout=30, poll=0.2)
+            before = set(cluster_workers(client))
+
+            def third() -> None:
+                while engine.placement_ is None or _updates(client) < JOIN_AT:
+                    time.sleep(0.05)
+                worker(2)
+
+            starter = threading.Thread(target=third, daemon=True)
+            starter.start()
+            result = engine.run(
+                zoo.lenet(seed=0), X, y, CFG.with_(n_groups=1), Budget(iterations=JOIN_ITERATIONS)
+            )
+            starter.join(timeout=30)
+            (new,) = set(cluster_workers(client)) - before
+    finally:
+        stop(procs)
+    trace = result.trace
+    (event,) = trace.attrs["worker_events"]
+    assert event["joined"] == [new] and event["conv_state"][0] == event["conv_state"][1]
+    assert trace["workers"].str.contains(new, regex=False).any()
+    assert sorted(trace["version_written"]) == list(range(1, JOIN_ITERATIONS + 1))
