@@ -12,7 +12,9 @@ docs: docs/architecture.md "Arrays and devices". Batched lowering (`dasknn.nn.lo
 With "onednn" and "auto" a layer still falls back to lowering where oneDNN does not compute the
 same function (Caffe's average pooling whose last window overflows its padding) or where oneDNN
 would run a reference (`ref`) kernel. `layer.backend_ran` names what ran last, with oneDNN's
-implementation. `net_backends(net, batch)` lists it per layer without running anything.
+implementation. `net_backends(net, batch)` lists it per layer from one forward of zeros.
+The library is the `onednn-cpu-gomp` wheel's (`pip install 'dasknn[onednn]'`), or the one
+$DASKNN_ONEDNN_LIBRARY names (empty: none).
 """
 
 from __future__ import annotations

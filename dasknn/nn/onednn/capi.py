@@ -30,6 +30,9 @@ __all__ = [
 
 DISTRIBUTION = "onednn-cpu-gomp"
 """The wheel that ships libdnnl.so.3 built for GNU OpenMP (Apache-2.0)."""
+LIBRARY_ENV = "DASKNN_ONEDNN_LIBRARY"
+"""Environment variable naming the libdnnl.so.3 to load instead of the wheel's (a oneDNN 3.x build
+for GNU OpenMP, e.g. a conda environment's); an empty value or a missing file means no oneDNN."""
 
 # dnnl_status_t
 SUCCESS = 0
@@ -152,11 +155,15 @@ _SIGNATURES: dict[str, tuple[type | None, list]] = {
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _engine: Handle | None = None
+_failure: OneDNNUnavailable | None = None
 _local = threading.local()
 
 
 def _library_path() -> str | None:
-    """libdnnl.so.3 of the installed wheel (its RECORD lists it), else the loader's search path."""
+    """$DASKNN_ONEDNN_LIBRARY if set, else libdnnl.so.3 of the installed wheel (its RECORD lists
+    it), else the loader's search path."""
+    if LIBRARY_ENV in os.environ:
+        return os.environ[LIBRARY_ENV] or None
     try:
         files = metadata.files(DISTRIBUTION) or []
     except metadata.PackageNotFoundError:
@@ -168,33 +175,46 @@ def _library_path() -> str | None:
 
 
 def library() -> ctypes.CDLL:
-    """The loaded libdnnl with typed functions (loaded once per process)."""
-    global _lib, _engine
+    """The loaded libdnnl with typed functions (loaded once per process; a failure is remembered,
+    so every later call raises the same `OneDNNUnavailable` at once)."""
+    global _failure
     if _lib is not None:
         return _lib
+    if _failure is not None:
+        raise _failure
     with _lock:
-        if _lib is None:
-            path = _library_path()
-            if path is None or not os.path.exists(path) and os.sep in path:
-                raise OneDNNUnavailable(
-                    f"oneDNN is not installed (no {DISTRIBUTION} wheel); pip install 'dasknn[onednn]'"
-                )
+        if _lib is None and _failure is None:
             try:
-                lib = ctypes.CDLL(path)
-            except OSError as err:
-                raise OneDNNUnavailable(f"oneDNN at {path} does not load: {err}") from err
-            for name, (restype, argtypes) in _SIGNATURES.items():
-                fn = getattr(lib, name)
-                fn.restype, fn.argtypes = restype, argtypes
-            v = lib.dnnl_version().contents
-            if v.major != 3:
-                raise OneDNNUnavailable(f"oneDNN {v.major}.{v.minor} at {path}; dasknn's binding needs 3.x")
-            engine_ = Handle()
-            status = lib.dnnl_engine_create(ctypes.byref(engine_), ENGINE_CPU, 0)
-            if status != SUCCESS:
-                raise OneDNNUnavailable(f"oneDNN's CPU engine cannot be created (status {status})")
-            _engine, _lib = engine_, lib
+                _load()
+            except OneDNNUnavailable as err:
+                _failure = err
+    if _failure is not None:
+        raise _failure
     return _lib
+
+
+def _load() -> None:
+    global _lib, _engine
+    path = _library_path()
+    if path is None or not os.path.exists(path) and os.sep in path:
+        env = os.environ.get(LIBRARY_ENV)
+        where = f"{LIBRARY_ENV}={env!r}" if env is not None else f"no {DISTRIBUTION} wheel"
+        raise OneDNNUnavailable(f"oneDNN is not installed ({where}); pip install 'dasknn[onednn]'")
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as err:
+        raise OneDNNUnavailable(f"oneDNN at {path} does not load: {err}") from err
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    v = lib.dnnl_version().contents
+    if v.major != 3:
+        raise OneDNNUnavailable(f"oneDNN {v.major}.{v.minor} at {path}; dasknn's binding needs 3.x")
+    engine_ = Handle()
+    status = lib.dnnl_engine_create(ctypes.byref(engine_), ENGINE_CPU, 0)
+    if status != SUCCESS:
+        raise OneDNNUnavailable(f"oneDNN's CPU engine cannot be created (status {status})")
+    _engine, _lib = engine_, lib
 
 
 def available() -> bool:

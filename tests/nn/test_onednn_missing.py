@@ -1,0 +1,47 @@
+"""Without oneDNN's library: "auto" computes with lowering after one warning, "onednn" refuses.
+
+Run in a fresh interpreter with $DASKNN_ONEDNN_LIBRARY empty (no library), so it holds whether or
+not this environment has the `onednn` extra."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+SCRIPT = """
+import warnings
+import numpy as np
+from dasknn.nn import zoo
+from dasknn.nn.onednn import available, info
+
+assert not available()
+net = zoo.cifar10_quick()
+x = np.zeros((2, 3, 32, 32), np.float32)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    net.forward(x)
+    net.forward(x)
+print(sum("oneDNN is not installed" in str(w.message) for w in caught))
+print(sorted({layer.backend_ran for layer in net.layers if hasattr(layer, "backend_ran")}))
+print(info()["available"])
+try:
+    zoo.lenet(backend="onednn").forward(np.zeros((1, 1, 28, 28), np.float32))
+except ImportError as err:
+    print("refused:", err)
+"""
+
+
+def test_auto_lowers_with_one_warning_and_onednn_refuses_without_the_library():
+    env = {**os.environ, "DASKNN_ONEDNN_LIBRARY": "", "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout.splitlines()
+    assert out[0] == "1"
+    assert out[1] == "['lowering']"
+    assert out[2] == "False"
+    assert out[3] == (
+        "refused: oneDNN is not installed (DASKNN_ONEDNN_LIBRARY=''); pip install 'dasknn[onednn]'"
+    )
