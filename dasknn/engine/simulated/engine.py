@@ -214,6 +214,7 @@ class SimulatedEngine:
                 state = sim.train_state()
                 spent, done = spent + (_clock(state) - clock), done + len(piece)
                 over = (budget.iterations is not None and done >= budget.iterations) or sim.diverged
+                over = over or self.past_wall_deadline()
                 if over or change is None or (left is not None and spent >= budget.seconds):
                     break
         net.set_params(state.params)
