@@ -286,3 +286,30 @@ def test_a_dask_worker_process_started_mid_fit_is_used(tmp_path):
     assert event["joined"] == [new] and event["conv_state"][0] == event["conv_state"][1]
     assert trace["workers"].str.contains(new, regex=False).any()
     assert sorted(trace["version_written"]) == list(range(1, JOIN_ITERATIONS + 1))
+
+
+@pytest.mark.slow
+def test_a_checkpoint_resumes_on_a_cluster_of_another_size(tmp_path):
+    """A fit checkpointed on two workers resumes on one: the state is the model's, not the placement's."""
+    from dasknn.engine import checkpoint
+    from dasknn.estimator import DistributedCNN
+
+    X, y = load("digits", size=28)
+    params = {"engine": "dask", "time_budget": None, "max_epochs": 4, "n_groups": 1,
+              "learning_rate": 0.01, "momentum": 0.9}  # fmt: skip
+    with local_client(n_workers=2) as client:
+        address = client.scheduler.address
+        whole = DistributedCNN(**params, scheduler=address, checkpoint_dir=tmp_path / "a").fit(X, y)
+    assert (whole.trace_["workers"].str.count(",") == 1).all()  # one group of both workers
+    first = checkpoint.list_checkpoints(tmp_path / "a")[0]
+    (tmp_path / "b").mkdir()
+    first.rename(tmp_path / "b" / first.name)  # as if the fit had stopped after its first checkpoint
+    done = checkpoint.latest(tmp_path / "b").state.iterations_done
+    assert 0 < done < whole.n_iter_
+    with local_client(n_workers=1) as client:
+        resumed = DistributedCNN(
+            **params, scheduler=client.scheduler.address, checkpoint_dir=tmp_path / "b", resume=True
+        ).fit(X, y)
+    after = resumed.trace_[resumed.trace_["iteration"] > done]
+    assert len(after) > 0 and (after["workers"].str.count(",") == 0).all()  # one worker now
+    assert resumed.n_iter_ == whole.n_iter_ and resumed.score(X, y) >= 0.9
