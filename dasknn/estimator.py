@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 import uuid
 import warnings
 from contextlib import ExitStack
@@ -546,6 +547,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
     def _fit(self, X, y, ckpt: checkpoint.Checkpoint | None, partial_epochs: float | None = None):
         """Train from `ckpt` (resume: its fit's loop too), else the fit in memory (warm_start,
         partial_fit), else afresh."""
+        started = time.perf_counter()  # max_wall_time counts from here: the fit's set-up included
         stored = self.__dict__.pop("_stored_X", None)
         if len(self.classes_) < 2:
             raise ValueError(f"y has {len(self.classes_)} class; a classifier needs at least 2")
@@ -608,6 +610,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                     selection,
                     validation,
                     evaluation,
+                    started,
                 )
             except Exception as err:
                 if client is not None and not _scheduler_answers(client):
@@ -652,9 +655,20 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         return X, y, selection, validation, (X_eval, np.asarray(y_eval))
 
     def _train(
-        self, engine, net: Net, X, y, start, resume_from, partial_epochs, selection, validation, evaluation
+        self,
+        engine,
+        net: Net,
+        X,
+        y,
+        start,
+        resume_from,
+        partial_epochs,
+        selection,
+        validation,
+        evaluation,
+        started,
     ) -> None:
-        from dasknn.callbacks import EarlyStopping, ProgressBar, call, stop_requests
+        from dasknn.callbacks import EarlyStopping, ProgressBar, call
         from dasknn.fitting import Loop
 
         callbacks = list(self.callbacks or [])
@@ -670,15 +684,6 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         if resume_from is not None:
             session = dict(resume_from.meta.get("loop", {}))
             auto = session.get("kind", "auto" if auto else "fixed") == "auto"
-
-        def notify(hook: str, info: dict) -> bool | str:
-            if hook == "on_evaluation":  # the reason of the first callback asking to stop, or ""
-                asked = stop_requests(callbacks, self, info["row"])
-                if call(callbacks, "on_evaluated_state", self, info["row"], info["state"]) and not asked:
-                    asked = "a callback's on_evaluated_state asked to stop"
-                return asked
-            return call(callbacks, hook, self, info)
-
         loop = Loop(
             engine,
             net,
@@ -691,13 +696,14 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             max_iterations=max_iterations if auto else None,
             evaluate=self._evaluator(net, evaluation, validation),
             selection=selection if auto else None,
-            notify=notify,
+            notify=self._notifier(callbacks),
             target_accuracy=self.target_accuracy,
             n_classes=len(self.classes_),
             checkpoint_dir=self.checkpoint_dir,
             meta=self._checkpoint_meta(),
             verbose=max(0, self.verbose - 1),
             max_wall_time=self.max_wall_time_,
+            wall_start=started,
         )
         state = start.copy() if start is not None else TrainState.from_net(net)
         if resume_from is not None:
@@ -705,21 +711,33 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         elif partial_epochs is not None and hasattr(self, "history_"):
             loop.continue_records(self.history_, self.trace_, self.decisions_)
         policy = self._policy(engine, auto, partial_epochs, max_iterations, loop.n_batches)
+        limit = f"max_epochs={epochs}" if partial_epochs is None else f"partial_fit's {epochs:g} epoch(s)"
         resumed = resume_from is not None and loop.history
         began = {  # where this fit's budgets started, for stopped_by_ (a resume: the original fit's)
             "elapsed": loop.history[0]["time"] if resumed else loop.log.elapsed,
-            "iteration": state.iterations_done,
-            "max_iterations": max_iterations,
-            "limit": f"max_epochs={epochs}"
-            if partial_epochs is None
-            else f"partial_fit's {epochs:g} epoch(s)",
-        }
+            "iteration": state.iterations_done, "max_iterations": max_iterations, "limit": limit,
+        }  # fmt: skip
         call(callbacks, "on_fit_begin", self)
         try:
             result = loop.run(policy, state, session)
         finally:
             call(callbacks, "on_fit_end", self)
         self._finish(loop, net, result, callbacks, began)
+
+    def _notifier(self, callbacks):
+        """The loop's `notify(hook, info)`: calls the callbacks; for an evaluation, returns the reason
+        of the first callback that asks to stop ("" when none does)."""
+        from dasknn.callbacks import call, stop_requests
+
+        def notify(hook: str, info: dict) -> bool | str:
+            if hook == "on_evaluation":
+                asked = stop_requests(callbacks, self, info["row"])
+                if call(callbacks, "on_evaluated_state", self, info["row"], info["state"]) and not asked:
+                    asked = "a callback's on_evaluated_state asked to stop"
+                return asked
+            return call(callbacks, hook, self, info)
+
+        return notify
 
     def _policy(self, engine, auto: bool, partial_epochs, max_iterations, nb: int):
         """The loop's policy: Algorithm 1 or the online optimizer for "auto" knobs, else fixed knobs."""

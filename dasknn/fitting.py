@@ -132,9 +132,10 @@ class Loop:
     loss` scores states for the policy (the selection part, `optimizer.search.SelectionLoss`);
     `notify(hook, info) -> bool` calls the callbacks (True: a callback asks to stop);
     `target_accuracy` stops the fit when the held-out metric (else the training one) reaches it;
-    `max_wall_time` (real seconds) stops it at the first evaluation after that much wall time (and
-    makes an engine with a `wall_deadline`, the simulator, end its runs there). `verbose` shows the
-    loop's and the policy's messages for a caller that has not (`dasknn.logs.verbose_logging`).
+    `max_wall_time` (real seconds since `wall_start`, default the loop's creation) stops it at the
+    first evaluation after that much wall time (and makes an engine with a `wall_deadline`, the
+    simulator, end its runs there). `verbose` shows the loop's and the policy's messages for a
+    caller that has not (`dasknn.logs.verbose_logging`).
     """
 
     def __init__(
@@ -159,6 +160,7 @@ class Loop:
         meta: dict[str, Any] | None = None,
         verbose: int = 0,
         max_wall_time: float | None = None,
+        wall_start: float | None = None,
     ) -> None:
         self.engine, self.net, self.X, self.y = engine, net, X, y
         self.batch_size, self.weight_decay, self.seed = int(batch_size), float(weight_decay), seed
@@ -178,7 +180,8 @@ class Loop:
         self.last_checkpoint: Path | None = None
         self.wall0, self.wall_offset = time.perf_counter(), 0.0
         self.max_wall_time = max_wall_time
-        self.wall_deadline = None if max_wall_time is None else self.wall0 + max_wall_time
+        began = self.wall0 if wall_start is None else wall_start  # a `time.perf_counter()` value
+        self.wall_deadline = None if max_wall_time is None else began + max_wall_time
         if hasattr(engine, "wall_deadline"):  # the simulator cuts its runs there, not only at evaluations
             engine.wall_deadline = self.wall_deadline
 
