@@ -14,12 +14,15 @@ one of the exit codes below; `--debug` prints the traceback before that line.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import math
 import os
 import re
+import signal
 import sys
+import warnings
 from datetime import datetime
 from pathlib import Path
 
@@ -39,10 +42,26 @@ EXIT_BUDGET_OUT = 1
 EXIT_BAD_INPUT = 2
 EXIT_CLUSTER_FAILURE = 3
 EXIT_INTERNAL_ERROR = 4
+EXIT_LOCAL_IO = 5
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 """`dasknn` exit codes: 0 target reached (or a command done: `predict` scored or wrote), 1 the
 time budget ran out first, 2 bad input (options, files, data; for `predict` also a folder that is
 no saved model, or one of a newer format), 3 the cluster failed (scheduler unreachable or lost,
-workers lost), 4 anything else (a bug: rerun with --debug and report the traceback)."""
+workers lost), 4 anything else (a bug: rerun with --debug and report the traceback), 5 a local
+file could not be written or read (disk full, permission denied, read-only folder: the path is
+named), 130 interrupted (SIGINT, Ctrl-C), 143 terminated (SIGTERM)."""
+
+_LOCAL_IO_ERRNOS = {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EROFS,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EFBIG,
+    errno.EIO,
+}
+"""OSError numbers of a local file-system failure (never a cluster's)."""
 
 _BAD_INPUT = (
     ValueError,
@@ -459,6 +478,15 @@ def _output(text: str) -> str:
     return text
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with an option error in one line and a pointer to --help (not the usage block)."""
+
+    def error(self, message: str):
+        self.exit(
+            EXIT_BAD_INPUT, f"{self.prog}: error: {' '.join(message.split())}; see `{self.prog} --help`\n"
+        )
+
+
 def _add_dataset_flags(parser: argparse.ArgumentParser) -> None:
     """--dataset and the dataset flags (`DATASET_FLAGS`) of `dasknn train` and `dasknn predict`."""
     parser.add_argument(
@@ -568,11 +596,12 @@ def _add_train(t: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dasknn",
         description=__doc__.splitlines()[0],
         epilog="exit codes: 0 target reached, 1 time budget ran out, 2 bad input, 3 cluster failure, "
-        "4 internal error",
+        "4 internal error, 5 local I/O failure (disk full, permission denied), 130 interrupted, "
+        "143 terminated",
     )
     parser.add_argument("--version", action="version", version=f"dasknn {__version__}")
     parser.add_argument("--debug", action="store_true", help="on a failure, print the traceback too")
@@ -626,6 +655,9 @@ def failure(err: BaseException) -> tuple[int, str]:
 
     text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
     text = " ".join(text.split())
+    local = _local_io(err)
+    if local:
+        return EXIT_LOCAL_IO, local
     if isinstance(err, SchedulerError):
         return EXIT_CLUSTER_FAILURE, f"cluster failure: {text}"
     if isinstance(err, WorkerLostError):
@@ -645,6 +677,53 @@ def failure(err: BaseException) -> tuple[int, str]:
     return EXIT_INTERNAL_ERROR, (
         f"internal error: {type(err).__name__}: {text}; rerun with --debug and report the traceback"
     )
+
+
+def _local_io(err: BaseException) -> str:
+    """The line for a local file-system failure (an OSError naming its path), else ""."""
+    for e in (err, err.__cause__, err.__context__):
+        if isinstance(e, OSError) and e.errno in _LOCAL_IO_ERRNOS and e.filename:
+            return (
+                f"local I/O failure: {e.strerror}: {e.filename}; free space there or choose a folder "
+                "you can write (--checkpoint-dir, --output), then rerun"
+            )
+    return ""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C's KeyboardInterrupt is."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
+def _interrupted(args, err: KeyboardInterrupt) -> tuple[int, str]:
+    """(exit code, one line) for SIGINT or SIGTERM: which, and the checkpoint a --resume continues from."""
+    from dasknn.engine.checkpoint import list_checkpoints
+
+    code, word = (
+        (EXIT_TERMINATED, "terminated (SIGTERM)")
+        if isinstance(err, Terminated)
+        else (EXIT_INTERRUPTED, "interrupted (SIGINT)")
+    )
+    where = getattr(args, "checkpoint_dir", None)
+    if not where:
+        return code, word
+    found = list_checkpoints(where)
+    if not found:
+        return code, f"{word}; no checkpoint written in {where} yet"
+    return code, f"{word}; the last checkpoint is {found[-1]}: rerun with --resume to continue from it"
+
+
+def _one_line_warnings(command: str):
+    """`warnings.showwarning` printing each warning as one line, `dasknn <command>: warning: ...`
+    (Python's shows two: the message with its source file, then the source line)."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"dasknn {command}: warning: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+
+    return show
 
 
 def _one_line_logs() -> None:
@@ -671,15 +750,22 @@ def main(argv: list[str] | None = None) -> int:
         import distributed  # noqa: F401  (its logging configuration, which the filter then joins)
 
         _one_line_logs()
+    if command_line:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
-        with command_logging(getattr(args, "verbose", 1)):
+        with command_logging(getattr(args, "verbose", 1)), warnings.catch_warnings():
+            warnings.showwarning = _one_line_warnings(args.command)
             return args.func(args)
     except BrokenPipeError:  # `dasknn train | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BUDGET_OUT
-    except KeyboardInterrupt:
-        print(f"dasknn {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        code, line = _interrupted(args, err)
+        sys.stdout.flush()
+        if command_line:
+            _quiet_logging()
+        print(f"dasknn {args.command}: {line}", file=sys.stderr, flush=True)
+        return code
     except Exception as err:
         code, line = failure(err)
         if args.debug:

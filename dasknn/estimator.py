@@ -36,7 +36,7 @@ from dasknn.engine import checkpoint
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.estimator_data import choose_data, resolve_augment
 from dasknn.estimator_params import RESUME_PARAMS, SIMULATED_GFLOPS, check_params, parameters_doc
-from dasknn.fitting import Evaluator
+from dasknn.fitting import BUDGET, Evaluator
 from dasknn.logs import verbose_logging
 from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
@@ -507,6 +507,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
     def _checkpoint_meta(self) -> dict[str, Any]:
         meta = {
             "params": self._fingerprint(),
+            "budget": {name: getattr(self, name) for name in BUDGET},
             "classes": np.asarray(self.classes_),
             "n_features_in": int(self.n_features_in_),
         }
@@ -535,12 +536,16 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             raise ValueError(f"{ckpt.path} is not a DistributedCNN checkpoint (no params/classes)")
         if check_params:
             ours = self._fingerprint()
-            diff = {k: (v, ours.get(k)) for k, v in meta["params"].items() if ours.get(k) != v}
+            theirs = meta["params"]
+            diff = {k: (theirs[k], ours[k]) for k in RESUME_PARAMS if k in theirs and theirs[k] != ours[k]}
             if diff:
                 detail = ", ".join(
                     f"{k}: checkpoint {a!r}, this estimator {b!r}" for k, (a, b) in diff.items()
                 )
-                raise ValueError(f"resume: {ckpt.path} was written by a fit with other parameters ({detail})")
+                raise ValueError(
+                    f"resume: {ckpt.path} was written by a fit with other parameters ({detail}); a resumed "
+                    "fit may change only its budget (time_budget, max_epochs, target_accuracy) and callbacks"
+                )
         self.classes_ = np.asarray(meta["classes"])
         self.n_features_in_ = int(meta["n_features_in"])
 

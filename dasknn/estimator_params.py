@@ -168,9 +168,11 @@ PARAMS: tuple[Param, ...] = (
           "Explicit momentum µ; \"auto\" lets the optimizer choose."),
     Param("weight_decay", 5e-4, Number(0), "L2 weight decay (Caffe's)."),
     Param("time_budget", 120.0, Number(0, low_open=True, also=(None,)),
-          "Seconds of training (simulated seconds with engine=\"simulated\"), the search included.",
-          cli_default=240.0),
-    Param("max_epochs", None, Number(0, low_open=True, also=(None,)), "Epochs of training at most."),
+          "Seconds of training (simulated seconds with engine=\"simulated\"), the search included; "
+          "a resumed fit may give a new one (counted from the start of the first fit).",
+          cli_default=240.0, resume=False),
+    Param("max_epochs", None, Number(0, low_open=True, also=(None,)),
+          "Epochs of training at most; a resumed fit may give a new number.", resume=False),
     Param("max_wall_time", "auto",
           Custom("'auto', None or a number of seconds > 0", accepts=_wall_time, parse_text=_wall_time_word),
           "Real (wall-clock) seconds after which the fit stops at its next evaluation, keeping the model "
@@ -183,8 +185,9 @@ PARAMS: tuple[Param, ...] = (
           "is None.", resume=False),
     Param("target_accuracy", None, Number(0, 1, low_open=True, also=(None,)),
           "Stop once the held-out accuracy (`val_accuracy`, on the validation data) reaches it; "
-          "without validation data, once the training accuracy (on `eval_size` training samples) does.",
-          cli_default=0.96),
+          "without validation data, once the training accuracy (on `eval_size` training samples) does. "
+          "A resumed fit may give a new one.",
+          cli_default=0.96, resume=False),
     Param("engine", "dask", Choice(ENGINES), "Train on a Dask cluster, or on the simulator."),
     Param("scheduler", None, Custom("None or an address string", accepts=_optional_str),
           "Address of a running scheduler (tcp://host:8786); None uses the default client, or starts a "

@@ -43,6 +43,7 @@ from dasknn.policy import CURRENT, START, NextRun, Outcome, Policy, RunLog, Stop
 from dasknn.tradeoff.statistical import final_loss
 
 __all__ = [
+    "BUDGET",
     "CHECKPOINTS_KEPT",
     "DIVERGED_LOSS",
     "MAX_ROLLBACKS",
@@ -55,6 +56,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+BUDGET = ("time_budget", "max_epochs", "target_accuracy")
+"""The parameters that say when a fit ends: a resumed fit may change them (a longer budget); the
+estimator's checkpoint metadata carries them as `budget`."""
 CHECKPOINTS_KEPT = 3
 """Checkpoints kept in checkpoint_dir during a fit (older ones are deleted after each save)."""
 MAX_ROLLBACKS = 6
@@ -327,7 +331,21 @@ class Loop:
             log.rows = events.to_dict("records")
             log.attrs.update(trace.attrs)
         self.rollbacks_in_row = int(session.get("rollbacks_in_row", 0))
+        params = ckpt.meta.get("params", {})  # earlier checkpoints kept the budget among the params
+        old = ckpt.meta.get("budget") or {name: params.get(name) for name in BUDGET}
+        new = self.meta.get("budget")
+        if new is not None and old != new:  # a new budget: the policy counts it from the fit's start
+            session["budget_changed"] = True
+            if "time_start" not in session:
+                end, before = session.get("time_end"), old.get("time_budget")
+                session["time_start"] = end - before if end is not None and before is not None else 0.0
         return session
+
+    def target_reached(self) -> bool:
+        """Whether the last evaluation reached `target_accuracy` (held-out metric, else training)."""
+        row = self.history[-1] if self.history else {}
+        metric = "val_accuracy" if "val_accuracy" in row else "accuracy"
+        return self.target_accuracy is not None and metric in row and row[metric] >= self.target_accuracy
 
     def continue_records(
         self, history: list[dict[str, Any]], trace: pd.DataFrame, decisions: pd.DataFrame
@@ -367,7 +385,13 @@ class Loop:
     def _run(self, policy: Policy, start: TrainState, resume: dict[str, Any] | None) -> FitResult:
         self.snapshots = {START: start, CURRENT: start}
         if resume is not None and resume.get("finished"):  # the checkpointed fit had ended
-            return self.result(start, RunConfig(**resume["config"]), resume)
+            if not resume.get("budget_changed"):
+                return self.result(start, RunConfig(**resume["config"]), resume)
+            if resume.get("kind") != "fixed":
+                raise ValueError(
+                    "resume: the optimizer's fit in the checkpoint had ended; a new budget continues a fit "
+                    "with n_groups, learning_rate and momentum given as numbers (or use warm_start=True)"
+                )
         if resume is None and self.evaluator is not None:  # the curve starts at the starting weights
             fields = dict(getattr(policy, "start_fields", {}))
             self.stop_at_start = self.record(start, self.log.elapsed, phase="start", **fields, event="start")

@@ -21,7 +21,9 @@ the directory, renames it into place (`os.replace`) and fsyncs the parent: a rea
 half-written `ckpt-*`. A writer killed at any point leaves at most a `.tmp-*` directory, which
 `latest` ignores and the next save removes. `load` checks the size and SHA-256 of arrays.npz
 against state.json, so a truncated or corrupted checkpoint is refused, and `latest` falls back
-to the newest one that loads.
+to the newest one that loads. A checkpoint whose checksum matches is still refused as damaged when
+a weight or momentum value is not finite or its state is out of range (`check_state`: counts in
+[0, 2**53], clocks finite in [0, 1e9] s, bit-generator states that numpy accepts).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ __all__ = [
     "WEIGHT_LIMIT",
     "Checkpoint",
     "CheckpointError",
+    "check_state",
     "decode",
     "decode_table",
     "encode",
@@ -64,6 +67,10 @@ FORMAT, VERSION = "dasknn-checkpoint", 1
 PREFIX, TMP_PREFIX = "ckpt-", ".tmp-ckpt-"
 WEIGHT_LIMIT = 1e6
 """Largest |weight| `healthy` accepts: beyond it the weights are exploding."""
+MAX_COUNT = 2**53
+"""Largest iteration, batch or event count a checkpoint may hold (a float64 holds it exactly)."""
+MAX_SECONDS = 1e9
+"""Largest clock reading (seconds, about 31 years) a checkpoint may hold."""
 
 
 class CheckpointError(ValueError):
@@ -241,6 +248,11 @@ def save(
         final = _free_name(directory, state.iterations_done)
         os.replace(tmp, final)
         _fsync_dir(directory)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if err.filename is None:  # a write or fsync failed (a full disk): name the checkpoint folder
+            raise OSError(err.errno, err.strerror, str(directory)) from err
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -294,7 +306,57 @@ def load(path: str | os.PathLike) -> Checkpoint:
         extra=decode(doc["extra"], arrays),
     )
     tables = {name: decode_table(t, arrays) for name, t in doc["tables"].items()}
-    return Checkpoint(state=state, meta=decode(doc["meta"], arrays), tables=tables, path=path)
+    meta = decode(doc["meta"], arrays)
+    problem = check_state(state, meta.get("loop") if isinstance(meta, dict) else None)
+    if problem:
+        raise CheckpointError(f"{path} is damaged: {problem}")
+    return Checkpoint(state=state, meta=meta, tables=tables, path=path)
+
+
+_CLOCKS = ("clock", "elapsed", "time_end", "time_start", "t_start", "t_conv")
+_COUNTS = ("seq", "batch", "conv_version", "conv_iter", "fc_iter", "version_read", "first_iteration",
+           "checkpoint_epoch", "iterations_done", "batches_done")  # fmt: skip
+"""Keys of the engines' and loops' clocks (seconds) and counts, range-checked on load."""
+
+
+def check_state(state: TrainState, loop: dict[str, Any] | None = None) -> str:
+    """What is wrong with a loaded state ("" when nothing): non-finite weights or momentum, a count
+    (`_COUNTS`) outside [0, MAX_COUNT], a clock (`_CLOCKS`) not finite or outside [0, MAX_SECONDS],
+    or a bit-generator state numpy refuses."""
+    for kind, group in (("weight", state.params), ("momentum value", state.momentum)):
+        for key, value in group.items():
+            a = np.asarray(value)
+            if a.dtype.kind in "fc" and not np.isfinite(a).all():
+                return f"{kind} {key} is not finite (NaN or inf)"
+    for name in ("iterations_done", "batches_done"):
+        value = getattr(state, name)
+        if not 0 <= value <= MAX_COUNT:
+            return f"{name} = {value} is out of range [0, 2**53]"
+    return _check_values(state.extra, "extra") or _check_values(loop or {}, "loop")
+
+
+def _check_values(obj: Any, where: str) -> str:
+    """The first out-of-range count, clock or bit-generator state in a decoded structure."""
+    if isinstance(obj, dict):
+        if "bit_generator" in obj:
+            try:
+                getattr(np.random, str(obj["bit_generator"]))().state = obj
+            except Exception as err:
+                return f"{where}: the random generator's state is out of range ({type(err).__name__}: {err})"
+            return ""
+        for key, value in obj.items():
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if number and key in _CLOCKS and not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
+                return f"{where}.{key} = {value} is out of range [0, 1e9] s"
+            if number and key in _COUNTS and not 0 <= value <= MAX_COUNT:
+                return f"{where}.{key} = {value} is out of range [0, 2**53]"
+            found = "" if number else _check_values(value, f"{where}.{key}")
+            if found:
+                return found
+        return ""
+    if isinstance(obj, (list, tuple)):
+        return next((p for v in obj if (p := _check_values(v, where))), "")
+    return ""
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
@@ -309,8 +371,9 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
 def latest(directory: str | os.PathLike) -> Checkpoint | None:
     """The newest checkpoint in `directory` that loads; None if there is none.
 
-    Damaged ones are skipped, and when an older checkpoint is loaded because of that a warning names
-    both: the run goes back to the older one's iteration."""
+    Damaged ones are skipped, and when an older checkpoint is loaded because of that a one-line
+    warning names both: the run goes back to the older one's iteration. When every checkpoint is
+    damaged, CheckpointError names the newest (a fresh fit would silently start over)."""
     damaged: list[tuple[Path, CheckpointError]] = []
     for path in reversed(list_checkpoints(directory)):
         try:
@@ -321,11 +384,17 @@ def latest(directory: str | os.PathLike) -> Checkpoint | None:
         if damaged:
             newest, why = damaged[0]
             warnings.warn(
-                f"the newest checkpoint {newest} is damaged ({why}); loaded the older {path} "
-                f"instead: the run goes back to iteration {found.state.iterations_done}",
+                f"the newest checkpoint {newest} is damaged ({' '.join(str(why).split())}); loaded the "
+                f"older {path} instead: the run goes back to iteration {found.state.iterations_done}",
                 stacklevel=2,
             )
         return found
+    if damaged:
+        newest, why = damaged[0]
+        raise CheckpointError(
+            f"no checkpoint in {directory} loads: the newest, {newest}, is damaged ({why}); "
+            "use another --checkpoint-dir (or delete these) to start afresh"
+        )
     return None
 
 

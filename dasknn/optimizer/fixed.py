@@ -46,14 +46,31 @@ class FixedKnobs:
                 "rollbacks_in_row": 0,
                 "checkpoint_epoch": math.floor(state.batches_done / fit.n_batches),
                 "finished": fit.stop_at_start,
+                "time_start": fit.log.elapsed,
             }
         else:
             self.loop = dict(resume)
             self.config = RunConfig(**resume["config"])
+            if self.loop.pop("budget_changed", False):
+                self.rebudget()
         if "time_end" not in self.loop:
             self.loop["time_end"] = (
                 None if self.time_budget is None else self.loop["elapsed"] + self.time_budget
             )
+
+    def rebudget(self) -> None:
+        """A resumed fit's new budget (time_budget, max_epochs, target_accuracy): the time limit counted
+        from the start of the checkpointed fit, and finished only when this budget is spent or the
+        last evaluation reached this target."""
+        loop, fit = self.loop, self.fit
+        start = loop.get("time_start", 0.0)
+        loop["time_end"] = None if self.time_budget is None else start + self.time_budget
+        spent = fit.snapshot("current").iterations_done - loop["first_iteration"]
+        loop["finished"] = bool(
+            (loop["time_end"] is not None and loop["elapsed"] >= loop["time_end"])
+            or (self.max_iterations is not None and spent >= self.max_iterations)
+            or fit.target_reached()
+        )
 
     def session(self, final: bool) -> dict[str, Any]:
         return {**self.loop, "final_saved": final, "config": asdict(self.config)}
