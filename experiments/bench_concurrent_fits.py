@@ -25,7 +25,7 @@ import pandas as pd
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import RESULTS_ROOT, machine_line, parser  # noqa: E402
+from experiments.common import RESULTS_ROOT, machine_line, parser, repetitions  # noqa: E402
 
 RESULTS = RESULTS_ROOT / "bench_concurrent_fits"
 REPO = Path(__file__).resolve().parents[1]
@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(machine_line())
     rows = []
-    with LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=None) as cluster:
-        for rep in range(args.reps):
+    with LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=":0") as cluster:
+        for rep in range(repetitions(args)):
             for mode, seeds in (("alone", [rep]), ("pair", [rep, rep + 100])):
                 load0 = os.getloadavg()[0]
                 t0 = time.perf_counter()

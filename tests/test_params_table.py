@@ -66,10 +66,11 @@ def test_the_default_of_each_flag_passes_the_table():
 
 
 def test_resume_parameters_are_the_ones_checkpoints_fingerprint():
-    # the set checkpoints of earlier versions were written with: they must still resume
+    # the set checkpoints of earlier versions were written with, less the budget (time_budget,
+    # max_epochs, target_accuracy), which a resume may change: they must still resume
     assert set(RESUME_PARAMS) == {
-        "net", "batch_size", "n_groups", "learning_rate", "momentum", "weight_decay", "time_budget",
-        "max_epochs", "target_accuracy", "engine", "n_workers", "input_shape", "eval_size",
+        "net", "batch_size", "n_groups", "learning_rate", "momentum", "weight_decay",
+        "engine", "n_workers", "input_shape", "eval_size",
         "validation_fraction", "selection_size", "strategy", "physical_map", "aggregation", "split",
         "random_state", "optimizer", "simulated_gflops", "augment", "shuffle_window",
     }  # fmt: skip
@@ -88,7 +89,8 @@ def _command_error(option: str, text: str) -> str:
             main(["train", "-q", f"{option}={text}"])
     assert stop.value.code == 2
     line = err.getvalue().strip().splitlines()[-1]
-    return line.split(": ", 3)[-1]  # "dasknn train: error: argument --x: <the text>"
+    # "dasknn train: error: argument --x: <the text>; see `dasknn train --help`"
+    return line.split(": ", 3)[-1].removesuffix("; see `dasknn train --help`")
 
 
 BAD = [
