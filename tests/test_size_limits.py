@@ -25,6 +25,7 @@ EXCEPTIONS = {
 
 STILL_OVER = (
     "dasknn.estimator.DistributedCNN",
+    "dasknn.fitting.Loop",
     "dasknn.fitting.Trainer.optimize",
     "dasknn.optimizer.grid.OmnivoreOptimizer.__init__",
     "dasknn.engine.dask.driver.DaskEngine._run",
