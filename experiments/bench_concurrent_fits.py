@@ -2,11 +2,13 @@
 
 Starts a LocalCluster (3 worker processes, 1 thread each), then runs LeNet on digits (28×28,
 fixed n_groups, learning rate and momentum, no target) for `--budget` seconds: one fit alone,
-then two fits at once (two client processes on the same scheduler, as two users would). Prints
+then two fits at once (two client processes on the same scheduler, as two users would), after one
+unrecorded warm-up fit (the first fit on a fresh cluster pays its workers' imports and first
+scatters inside its budget) and in alternating order over the repetitions. Prints
 each fit's iterations and its iterations per second of training, the pair's sum against the lone
 fit (1.0: the cluster's throughput is shared without loss), and the machine's load.
 
-    python -m experiments.bench_concurrent_fits [--budget 20] [--n-groups 1] [--reps 1]
+    python -m experiments.bench_concurrent_fits [--budget 20] [--n-groups 1] [--reps 2]
 
 Writes experiments/results/bench_concurrent_fits/bench_concurrent_fits.csv.
 """
@@ -69,7 +71,7 @@ def start_fits(address: str, budget: float, groups: int, seeds: list[int]) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
-    cli = parser(__doc__, reps=(1, 1))
+    cli = parser(__doc__, reps=(2, 1))
     cli.add_argument("--budget", type=float, default=20.0, help="seconds of training per fit")
     cli.add_argument("--n-groups", type=int, default=1, help="compute groups of each fit")
     args = cli.parse_args(argv)
@@ -78,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     print(machine_line())
     rows = []
     with LocalCluster(n_workers=3, threads_per_worker=1, dashboard_address=":0") as cluster:
+        start_fits(cluster.scheduler_address, 5.0, args.n_groups, [999])  # warm-up, not recorded
         for rep in range(repetitions(args)):
-            for mode, seeds in (("alone", [rep]), ("pair", [rep, rep + 100])):
+            modes = [("alone", [rep]), ("pair", [rep, rep + 100])]
+            for mode, seeds in modes if rep % 2 == 0 else modes[::-1]:  # either order, alternately
                 load0 = os.getloadavg()[0]
                 t0 = time.perf_counter()
                 for i, r in enumerate(

@@ -62,3 +62,19 @@ def test_grid_search_with_n_jobs_2_and_no_client_trains_every_candidate(digits):
     search = GridSearchCV(DistributedCNN(**PARAMS), {"learning_rate": [0.1, 0.03]}, cv=2, n_jobs=2)
     search.fit(X, y)
     assert search.best_score_ >= 0.75 and search.best_estimator_.n_iter_ > 0
+
+
+def test_two_fits_at_once_on_one_cluster_each_train_their_own_model(client, digits):
+    from concurrent.futures import ThreadPoolExecutor
+
+    X, y = digits
+
+    def fit(seed: int) -> DistributedCNN:
+        return DistributedCNN(**PARAMS, random_state=seed).fit(X, y)
+
+    with ThreadPoolExecutor(2) as pool:  # two fits on the same client at the same time
+        a, b = pool.map(fit, [0, 1])
+    for est in (a, b):
+        assert est.n_iter_ == 2 * (len(y) // 64) and est.score(X, y) >= 0.85
+    key = next(iter(a.state_.params))  # their own runs, actors and weights: nothing shared
+    assert not np.allclose(a.state_.params[key], b.state_.params[key])
