@@ -28,7 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -327,9 +327,7 @@ class Loop:
         if "charged" in session:  # an optimizer's session: its runs one by one
             log.restore({**session, "trace": trace, "decisions": events})
         else:
-            log.segments, log.charged = ([trace], [math.nan]) if len(trace) else ([], [])
-            log.rows = events.to_dict("records")
-            log.attrs.update(trace.attrs)
+            log.adopt(trace, events, log.elapsed)
         self.rollbacks_in_row = int(session.get("rollbacks_in_row", 0))
         params = ckpt.meta.get("params", {})  # earlier checkpoints kept the budget among the params
         old = ckpt.meta.get("budget") or {name: params.get(name) for name in BUDGET}
@@ -352,9 +350,7 @@ class Loop:
     ) -> None:
         """Go on from a previous fit's records (partial_fit): its history, trace, decisions and clock."""
         self.history = list(history)
-        self.log.segments, self.log.charged = ([trace], [math.nan]) if len(trace) else ([], [])
-        self.log.rows = decisions.to_dict("records")
-        self.log.elapsed = float(history[-1]["time"]) if history else 0.0
+        self.log.adopt(trace, decisions, float(history[-1]["time"]) if history else 0.0)
 
     def save(self, state: TrainState, session: dict[str, Any]) -> Path | None:
         """A checkpoint of `state` with the policy's session and the records; None without a directory."""
@@ -408,9 +404,10 @@ class Loop:
             # when it is an earlier state (a snapshot): callbacks never see iterations go back
             write = self.record if state.iterations_done > last else self.note
             write(state, self._trace_end(), phase="end", event="end")
-        session = step.session or {"kind": "auto", "finished": True}
+        config = self.log.chosen_config(step.config)  # config_ and decisions_ agree by construction
+        session = {**(step.session or {"kind": "auto", "finished": True}), "config": asdict(config)}
         self.save(state, session)
-        return self.result(state, step.config, session)
+        return self.result(state, config, session)
 
     def result(self, state: TrainState, config: RunConfig, session: dict[str, Any]) -> FitResult:
         self.net.set_params(state.params)

@@ -218,6 +218,24 @@ class RunLog:
         self.attrs.update(trace.attrs)
         self.rows = session["decisions"].to_dict("records")
 
+    def adopt(self, trace: pd.DataFrame, decisions: pd.DataFrame, elapsed: float) -> None:
+        """Go on from earlier records (a previous fit's, or a checkpoint's without per-run charges):
+        its runs keep their ids, later runs number on, the clock goes on from `elapsed`."""
+        runs = trace["run"].to_numpy() if "run" in trace and len(trace) else None
+        if runs is None:
+            self.segments = [trace] if len(trace) else []
+        else:
+            self.segments = [
+                trace[runs == i].drop(columns=["kept"], errors="ignore") for i in range(int(runs.max()) + 1)
+            ]
+            self.kept = (
+                {int(r) for r in trace.loc[trace["kept"].astype(bool), "run"]} if "kept" in trace else set()
+            )
+        self.charged = [math.nan] * len(self.segments)
+        self.rows = decisions.to_dict("records")
+        self.attrs.update(trace.attrs)
+        self.elapsed = float(elapsed)
+
     # -- runs ----------------------------------------------------------------------------------
     def add_run(self, trace: pd.DataFrame, seconds: float, phase: str) -> tuple[pd.DataFrame, int]:
         """A run's trace onto the fit's clock, charged `seconds` (its iterations end at the clock's
@@ -267,6 +285,15 @@ class RunLog:
             "optimizer t=%.4g: %s %s: g=%s lr=%g momentum=%g score=%.4g; %s",
             row["time"], phase, action, config.n_groups, config.lr, config.momentum, row["score"], reason,
         )  # fmt: skip
+
+    def chosen_config(self, default: RunConfig) -> RunConfig:
+        """The knobs of the last decision row that set the training config (`chosen`), else `default`."""
+        for row in reversed(self.rows):
+            if row.get("chosen") is True or row.get("chosen") == 1:
+                return default.with_(
+                    n_groups=int(row["n_groups"]), lr=float(row["lr"]), momentum=float(row["momentum"])
+                )
+        return default
 
     def decisions(self) -> pd.DataFrame:
         """DECISION_COLUMNS, then any measured numbers the rows carry (the online optimizer's)."""

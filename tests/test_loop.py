@@ -121,3 +121,38 @@ def test_each_policy_rolls_back_and_runs_the_same_twice(digits, params):
     for key, value in a.state_.params.items():
         np.testing.assert_array_equal(b.state_.params[key], value)
     assert a.config_ == b.config_
+
+
+def _last_chosen(decisions) -> tuple:
+    chosen = decisions[decisions["chosen"].astype(bool)]
+    row = chosen.iloc[-1]
+    return int(row["n_groups"]), float(row["lr"]), float(row["momentum"])
+
+
+@pytest.mark.parametrize("budget", [0.004, 0.012, 0.02, 0.05])
+def test_config_and_decisions_agree_when_the_budget_ends_mid_search(digits, budget):
+    """config_ is the last decision that set the training config, wherever the time budget ends:
+    in the cold start's rates, in its g ladder (the model is a probe's, at its g, not yet at the
+    initial g Algorithm 1 would go on with), or after an epoch. partial_fit goes on with it."""
+    X, y = digits
+    est = DistributedCNN(**{**COMMON, "time_budget": budget}).fit(X, y)
+    c = est.config_
+    assert (c.n_groups, c.lr, c.momentum) == _last_chosen(est.decisions_)
+    stop = est.decisions_[est.decisions_["action"] == "stop"].iloc[-1]
+    assert (int(stop["n_groups"]), float(stop["lr"])) == (c.n_groups, c.lr)
+    est.set_params(time_budget=None, max_epochs=0.5).partial_fit(X, y)
+    assert est.config_ == c and est.trace_.attrs["n_groups"] == c.n_groups
+    assert set(est.trace_[est.trace_["run"] == est.trace_["run"].max()]["lr"]) == {c.lr}
+
+
+def test_the_budget_ending_in_the_g_ladder_keeps_the_g_the_model_trained_at(digits):
+    """The case of a6dbd31: the cold start chose g (choose_groups, chosen) and the budget ended
+    before any run at the initial g; config_ said the initial g, and partial_fit continued there."""
+    X, y = digits
+    est = DistributedCNN(**{**COMMON, "time_budget": 0.0235}).fit(X, y)
+    actions = list(est.decisions_["action"])
+    assert "choose_groups" in actions and "initial_groups" in actions
+    initial = int(est.decisions_.loc[est.decisions_["action"] == "initial_groups", "n_groups"].iloc[0])
+    picked = int(est.decisions_.loc[est.decisions_["action"] == "choose_groups", "n_groups"].iloc[0])
+    assert picked != initial  # the disagreement this pins: g = 2 chosen, 4 the initial g
+    assert est.config_.n_groups == picked

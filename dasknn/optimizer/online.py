@@ -335,6 +335,7 @@ class _OnlineRun:
                     config,
                     "diverged: back to the segment's start, lr / factor",
                     diverged=True,
+                    chosen=True,
                     run=seg.run,
                     **self.numbers(config),
                 )

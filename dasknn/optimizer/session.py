@@ -117,6 +117,9 @@ class _Session:
         return self.finish(state, config)
 
     def finish(self, state: TrainState, config: RunConfig) -> Stop:
+        """Stop with the knobs the model last trained with (the last chosen decision): after the cold
+        start Algorithm 1 would go on at the initial g, but no run has used it yet."""
+        config = self.log.chosen_config(config)
         reason = self.stopped or self.stop_reason()
         self.log.record("train", "stop", config, reason)
         return Stop(reason, config, state=self.prober.snapshots.name(state))
@@ -263,7 +266,8 @@ class _Session:
             out = yield from self.prober.run(config, budget, state, phase, keep=True)
             if out.diverged:
                 config = config.with_(lr=config.lr / 10)
-                log.record(phase, "diverged", config, "diverged: back to the last good state, lr / 10")
+                why = "diverged: back to the last good state, lr / 10"
+                log.record(phase, "diverged", config, why, diverged=True, chosen=True)
                 break
             seg = out.trace
             trained.append(seg)
@@ -295,6 +299,7 @@ class _Session:
             f"epoch {len(self.history)}: {len(done)} iterations",
             score=final_loss(done),
             iterations=len(done),
+            chosen=True,
         )
         return state, config
 
