@@ -10,7 +10,6 @@ optimizer's selection, and held out for validation).
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
@@ -30,11 +29,11 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from dasknn.data import check_X, check_X_y
 from dasknn.data.batching import n_batches
 from dasknn.data.chunks import own_keys
-from dasknn.data.split import split_parts
+from dasknn.data.split import Carved, carve, split_parts
 from dasknn.data.validation import channels_last_hint
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import RunConfig, TrainState
-from dasknn.estimator_data import choose_data, resolve_augment
+from dasknn.estimator_data import choose_data, merged, resolve_augment
 from dasknn.estimator_params import RESUME_PARAMS, SIMULATED_GFLOPS, check_params, parameters_doc
 from dasknn.fitting import BUDGET, Evaluator
 from dasknn.logs import verbose_logging
@@ -42,8 +41,6 @@ from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
 from dasknn.reports import DEFAULT_THRESHOLDS, time_to_accuracy
 from dasknn.stopping import end_reason, wall_bound
-
-logger = logging.getLogger(__name__)
 
 
 class DistributedCNN(ClassifierMixin, BaseEstimator):
@@ -333,35 +330,10 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             n_workers, gflops = self.n_workers or 8, self.simulated_gflops_
             timing = HEModel.estimate(net, self.batch_size, n_workers, gflops, bandwidth_bytes_per_s=1.25e9)
             return SimulatedEngine(timing, **self._engine_options()), None
-        from distributed import default_client
+        from dasknn.cluster import dask_client
+        from dasknn.engine.dask import DaskEngine
 
-        from dasknn.engine.dask import DaskEngine, local_client
-
-        if self.scheduler is not None:
-            client = stack.enter_context(_connect(self.scheduler, self.security))
-        elif _in_dask_task():
-            from distributed import worker_client
-
-            # a fit inside a task (client.submit, joblib's dask backend, dask-ml): the task secedes
-            # from its worker's thread pool while it waits, so the run's own tasks and actors get it
-            client = stack.enter_context(worker_client())
-        else:
-            try:
-                client = default_client()
-            except ValueError:
-                # inside joblib's or multiprocessing's workers (n_jobs > 1) a nanny cannot start
-                # worker processes: the LocalCluster runs its workers as threads there; a free port
-                # for the scheduler's HTTP server (the dashboard when bokeh is installed)
-                threads = _in_daemon_process()
-                client = stack.enter_context(
-                    local_client(
-                        n_workers=self.n_workers,
-                        security=self.security,
-                        processes=not threads,
-                        dashboard_address=":0",
-                    )
-                )
-                _announce(client)
+        client = dask_client(stack, self.scheduler, self.security, self.n_workers)
         return DaskEngine(client, **self._engine_options()), client
 
     def _engine_options(self) -> dict[str, Any]:
@@ -569,7 +541,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             )
         self.n_features_in_ = n_features
         self._sample_shape = tuple(X.shape[1:])
-        self.augment_ = resolve_augment(self)
+        self.augment_ = resolve_augment(self.augment, self.net, self.engine, self.strategy, self.physical_map)
         auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
         y_all = y_idx.compute() if isinstance(y, da.Array) else _label_index(y, self.classes_)
         parts, given = self._validation(np.asarray(y_all), auto, partial_epochs is not None)
@@ -588,7 +560,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.max_wall_time_ = wall_bound(self.max_wall_time, self.engine, self.time_budget)
         with ExitStack() as stack:
             engine, client = self._engine(stack, net)
-            self.data_ = choose_data(self, engine, client, X)
+            is_merged = merged(self.strategy, self.physical_map)
+            self.data_ = choose_data(self.data, is_merged, engine, client, X)
             if self.data_ == "stream":
                 # the stored dtype (uint8 pixels) goes to the workers, which convert each batch
                 X_train = stored if stored is not None and stored.chunks == X.chunks else X
@@ -600,87 +573,51 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 X = client.persist(own_keys(X, fit_id)) if isinstance(X, da.Array) else X
                 y_idx = client.persist(own_keys(y_idx, fit_id)) if isinstance(y_idx, da.Array) else y_idx
             train_from = X_train if self.data_ == "stream" else X
-            X, y_idx, selection, validation, evaluation = self._carve(X, y_idx, parts, given, net, train_from)
+            data = self._carve(X, y_idx, parts, given, train_from)
             if self.data_ != "stream" and client is not None and len(parts.train) < len(y_all):
-                X, y_idx = client.persist(X), client.persist(y_idx)
+                data.X, data.y = client.persist(data.X), client.persist(data.y)
             try:
-                self._train(
-                    engine,
-                    net,
-                    X,
-                    y_idx,
-                    start,
-                    resume_from,
-                    partial_epochs,
-                    selection,
-                    validation,
-                    evaluation,
-                    started,
-                )
+                self._train(engine, net, data, start, resume_from, partial_epochs, started)
             except Exception as err:
-                if client is not None and not _scheduler_answers(client):
-                    raise _scheduler_lost(client, err) from err
+                from dasknn.cluster import scheduler_answers, scheduler_lost
+
+                if client is not None and not scheduler_answers(client):
+                    raise scheduler_lost(client, err) from err
                 raise
         self.net_ = net
         return self
 
-    def _train_part(self, X, parts):
-        """The training samples of X, lazily, in chunks of whole batches (`data.chunks`)."""
-        from dasknn.data.chunks import samples_per_chunk, take_rows
+    def _carve(self, X, y, parts, given, train_from) -> Carved:
+        """The fit's data in its parts (`dasknn.data.split.carve`), the user's validation labels as
+        class indices; `n_train_samples_`."""
+        from dasknn.data.chunks import samples_per_chunk
 
-        chunk = samples_per_chunk(X.shape[1:], self.batch_size)
-        return take_rows(X, parts.train).rechunk({0: chunk})
-
-    def _carve(self, X, y, parts, given, net: Net, train_from):
-        """(X, y) of the training part (dask, cut from `train_from`: X itself, or for a streamed fit
-        the stored uint8 array the workers convert), the selection part's scorer (or None), the
-        validation data as numpy (X_val, y_val class indices) or None, and the training samples
-        that score the training accuracy (`_eval_rows`) as numpy. The three samples are computed
-        together, so a chunk of a store is read once for all of them."""
-        from dasknn.data.chunks import take_rows
-        from dasknn.optimizer.search import SelectionLoss
-
-        sel, val = parts.selection, parts.validation
-        scored = parts.train[self._eval_rows(len(parts.train))]
-        view = self._test_view
-        X_sel, y_sel, X_val, y_val, X_eval, y_eval = dask.compute(
-            view(take_rows(X, sel)), take_rows(y, sel), view(take_rows(X, val)), take_rows(y, val),
-            view(take_rows(X, scored)), take_rows(y, scored),
-        )  # fmt: skip
         if given is not None:
-            X_val, y_val = dask.compute(view(given[0]), given[1])
-            y_val = _label_index(np.asarray(y_val), self.classes_)
-        X = train_from
-        if len(parts.train) < X.shape[0]:
-            X = self._train_part(X, parts)
-            y = take_rows(y, parts.train).rechunk({0: X.chunks[0]})
-        selection = SelectionLoss(net, X_sel, y_sel) if len(sel) else None
-        validation = (X_val, y_val) if len(y_val) else None
-        self.n_train_samples_ = int(X.shape[0])
-        return X, y, selection, validation, (X_eval, np.asarray(y_eval))
+            given = (given[0], _label_index(np.asarray(dask.compute(given[1])[0]), self.classes_))
+        carved = carve(
+            X,
+            y,
+            parts,
+            scored=parts.train[self._eval_rows(len(parts.train))],
+            view=self._test_view,
+            train_from=train_from,
+            rows_per_chunk=samples_per_chunk(X.shape[1:], self.batch_size),
+            given=given,
+        )
+        self.n_train_samples_ = int(carved.X.shape[0])
+        return carved
 
-    def _train(
-        self,
-        engine,
-        net: Net,
-        X,
-        y,
-        start,
-        resume_from,
-        partial_epochs,
-        selection,
-        validation,
-        evaluation,
-        started,
-    ) -> None:
+    def _train(self, engine, net: Net, data: Carved, start, resume_from, partial_epochs, started) -> None:
         from dasknn.callbacks import EarlyStopping, ProgressBar, call
         from dasknn.fitting import Loop
+        from dasknn.optimizer.search import SelectionLoss
 
         callbacks = list(self.callbacks or [])
         if self.early_stopping:
             callbacks.append(EarlyStopping("val_loss", self.n_iter_no_change, self.tol))
         if self.verbose >= 1 and not any(isinstance(cb, ProgressBar) for cb in callbacks):
             callbacks.append(ProgressBar())
+        X, y = data.X, data.y
         nb = n_batches(X.shape[0], self.batch_size)
         epochs = self.max_epochs if partial_epochs is None else partial_epochs
         max_iterations = None if epochs is None else max(1, int(epochs * nb))
@@ -699,8 +636,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             seed=self.random_state,
             time_budget=self.time_budget if auto else None,
             max_iterations=max_iterations if auto else None,
-            evaluate=self._evaluator(net, evaluation, validation),
-            selection=selection if auto else None,
+            evaluate=self._evaluator(net, data.evaluation, data.validation),
+            selection=SelectionLoss(net, *data.selection) if auto and data.selection else None,
             notify=self._notifier(callbacks),
             target_accuracy=self.target_accuracy,
             n_classes=len(self.classes_),
@@ -926,22 +863,6 @@ def _by_lr(trace: pd.DataFrame, config: RunConfig) -> dict[RunConfig, pd.DataFra
     return {config.with_(lr=float(lr)): rows for lr, rows in trace.groupby("lr", sort=False)}
 
 
-def _announce(client) -> None:
-    """A message (INFO: shown from verbose=1) naming the cluster a fit started and its dashboard link.
-
-    dasknn does not depend on bokeh, which dask's dashboard needs: most dask users have it, and
-    it brings a web stack a training library need not impose; without it the line says how to get
-    the dashboard."""
-    import importlib.util
-
-    workers = len(client.scheduler_info().get("workers", {}))
-    if importlib.util.find_spec("bokeh") is not None:
-        where = f"dashboard {client.dashboard_link}"
-    else:
-        where = "no dashboard: pip install bokeh to get one"
-    logger.info("started a LocalCluster of %d workers (%s)", workers, where)
-
-
 def _take(index: np.ndarray, classes: np.ndarray) -> np.ndarray:
     return classes[index]
 
@@ -954,62 +875,3 @@ def _proba_block(block: np.ndarray, net: Net) -> np.ndarray:
 def _label_index(labels: np.ndarray, classes: np.ndarray) -> np.ndarray:
     """Positions of labels in the sorted `classes_` (the class index the net is trained on)."""
     return np.searchsorted(classes, labels).astype(np.int64)
-
-
-def _in_dask_task() -> bool:
-    """True when called from a task running on a dask worker."""
-    from distributed import get_worker
-
-    try:
-        get_worker()
-    except ValueError:
-        return False
-    return True
-
-
-def _in_daemon_process() -> bool:
-    """True where a nanny cannot start worker processes: a daemonic process (multiprocessing pools),
-    or one whose start method is not the standard library's (joblib's loky workers set 'loky')."""
-    import multiprocessing
-
-    method = multiprocessing.get_start_method(allow_none=True)
-    standard = method is None or method in multiprocessing.get_all_start_methods()
-    return bool(multiprocessing.current_process().daemon) or not standard
-
-
-def _connect(address: str, security):
-    """A Client of the scheduler at `address`; SchedulerError (naming it) if it cannot be reached
-    within `distributed.comm.timeouts.connect` (`dasknn train --connect-timeout`)."""
-    from distributed import Client
-
-    from dasknn.engine.dask.recovery import SchedulerError
-
-    timeout = dask.config.get("distributed.comm.timeouts.connect")
-    try:
-        return Client(address, security=security)
-    except (OSError, TimeoutError) as err:
-        raise SchedulerError(
-            f"cannot reach the scheduler at {address} within {timeout} ({type(err).__name__}: {err}); "
-            "check that `dask scheduler` runs there and that the address, port and TLS settings are right"
-        ) from err
-
-
-def _scheduler_answers(client, timeout: float = 10.0) -> bool:
-    """True when the client's scheduler still answers (a bounded identity call)."""
-    if client.status not in ("running", "newly-created"):
-        return False
-    try:
-        client.sync(client.scheduler.identity, callback_timeout=timeout)
-    except Exception:
-        return False
-    return True
-
-
-def _scheduler_lost(client, err: BaseException):
-    from dasknn.engine.dask.recovery import SchedulerError
-
-    address = getattr(client.scheduler, "address", None) or "the client's address"
-    return SchedulerError(
-        f"lost the scheduler at {address} during the fit ({type(err).__name__}: {err}); restart "
-        "`dask scheduler` and its workers, then resume from the last checkpoint (checkpoint_dir, resume=True)"
-    )

@@ -8,11 +8,13 @@ sklearn's `MLPClassifier(validation_fraction=...)` and skorch's `train_split`, o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-__all__ = ["Parts", "split_parts", "stratified_take"]
+__all__ = ["Carved", "Parts", "carve", "split_parts", "stratified_take"]
 
 
 @dataclass(frozen=True)
@@ -73,3 +75,56 @@ def split_parts(y: np.ndarray, validation_fraction: float | None, selection_size
     selection = stratified_take(y, rest, n_sel, rng)
     train = np.setdiff1d(rest, selection, assume_unique=True)
     return Parts(train=train, selection=selection, validation=validation)
+
+
+@dataclass
+class Carved:
+    """A fit's data cut into its parts: the training samples (dask, streamed or persisted), and as
+    numpy the selection part (None when empty), the validation data (None when there is none) and
+    the training samples that score the training accuracy (`evaluation`)."""
+
+    X: Any
+    y: Any
+    selection: tuple[np.ndarray, np.ndarray] | None
+    validation: tuple[np.ndarray, np.ndarray] | None
+    evaluation: tuple[np.ndarray, np.ndarray]
+
+
+def carve(
+    X,
+    y,
+    parts: Parts,
+    *,
+    scored: np.ndarray,
+    view: Callable[[Any], Any],
+    train_from,
+    rows_per_chunk: int,
+    given: tuple[Any, Any] | None = None,
+) -> Carved:
+    """Cut (X, y) into `parts`: the training part from `train_from` (X itself, or for a streamed fit
+    the stored array the workers convert), rechunked to `rows_per_chunk`; the selection and
+    validation parts and the `scored` training samples computed together through `view` (the
+    net's input shape), so a chunk of a store is read once for all three. `given`: validation data
+    passed by the user (X_val, class indices), used instead of the validation part."""
+    import dask
+
+    from dasknn.data.chunks import take_rows
+
+    sel, val = parts.selection, parts.validation
+    X_sel, y_sel, X_val, y_val, X_eval, y_eval = dask.compute(
+        view(take_rows(X, sel)), take_rows(y, sel), view(take_rows(X, val)), take_rows(y, val),
+        view(take_rows(X, scored)), take_rows(y, scored),
+    )  # fmt: skip
+    if given is not None:
+        X_val, y_val = dask.compute(view(given[0]), given[1])
+    X_train, y_train = train_from, y
+    if len(parts.train) < X_train.shape[0]:
+        X_train = take_rows(X_train, parts.train).rechunk({0: rows_per_chunk})
+        y_train = take_rows(y, parts.train).rechunk({0: X_train.chunks[0]})
+    return Carved(
+        X_train,
+        y_train,
+        (X_sel, np.asarray(y_sel)) if len(sel) else None,
+        (X_val, np.asarray(y_val)) if len(y_val) else None,
+        (X_eval, np.asarray(y_eval)),
+    )

@@ -1,0 +1,130 @@
+"""The cluster a fit runs on: where its Dask client comes from, and whether its scheduler still answers.
+
+A fit gets its client at fit time, never in `__init__` (dask-ml's rule): the scheduler given
+(`connect`), the worker's own client when the fit runs inside a task (`worker_client`), the default
+client, else a LocalCluster of its own (worker threads where a nanny cannot start processes).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import ExitStack
+
+import dask
+
+__all__ = [
+    "connect",
+    "dask_client",
+    "in_daemon_process",
+    "in_dask_task",
+    "scheduler_answers",
+    "scheduler_lost",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def dask_client(stack: ExitStack, scheduler: str | None, security, n_workers: int | None):
+    """The fit's client (its lifetime tied to `stack`): the scheduler at `scheduler`, the task's
+    worker_client, the default client, else a LocalCluster of `n_workers` started for this fit."""
+    from distributed import default_client
+
+    from dasknn.engine.dask import local_client
+
+    if scheduler is not None:
+        return stack.enter_context(connect(scheduler, security))
+    if in_dask_task():
+        from distributed import worker_client
+
+        # a fit inside a task (client.submit, joblib's dask backend, dask-ml): the task secedes
+        # from its worker's thread pool while it waits, so the run's own tasks and actors get it
+        return stack.enter_context(worker_client())
+    try:
+        return default_client()
+    except ValueError:
+        # inside joblib's or multiprocessing's workers (n_jobs > 1) a nanny cannot start
+        # worker processes: the LocalCluster runs its workers as threads there; a free port
+        # for the scheduler's HTTP server (the dashboard when bokeh is installed)
+        threads = in_daemon_process()
+        client = stack.enter_context(
+            local_client(
+                n_workers=n_workers, security=security, processes=not threads, dashboard_address=":0"
+            )
+        )
+        _announce(client)
+        return client
+
+
+def _announce(client) -> None:
+    """A message (INFO: shown from verbose=1) naming the cluster a fit started and its dashboard link.
+
+    dasknn does not depend on bokeh, which dask's dashboard needs: most dask users have it, and
+    it brings a web stack a training library need not impose; without it the line says how to get
+    the dashboard."""
+    import importlib.util
+
+    workers = len(client.scheduler_info().get("workers", {}))
+    if importlib.util.find_spec("bokeh") is not None:
+        where = f"dashboard {client.dashboard_link}"
+    else:
+        where = "no dashboard: pip install bokeh to get one"
+    logger.info("started a LocalCluster of %d workers (%s)", workers, where)
+
+
+def in_dask_task() -> bool:
+    """True when called from a task running on a dask worker."""
+    from distributed import get_worker
+
+    try:
+        get_worker()
+    except ValueError:
+        return False
+    return True
+
+
+def in_daemon_process() -> bool:
+    """True where a nanny cannot start worker processes: a daemonic process (multiprocessing pools),
+    or one whose start method is not the standard library's (joblib's loky workers set 'loky')."""
+    import multiprocessing
+
+    method = multiprocessing.get_start_method(allow_none=True)
+    standard = method is None or method in multiprocessing.get_all_start_methods()
+    return bool(multiprocessing.current_process().daemon) or not standard
+
+
+def connect(address: str, security):
+    """A Client of the scheduler at `address`; SchedulerError (naming it) if it cannot be reached
+    within `distributed.comm.timeouts.connect` (`dasknn train --connect-timeout`)."""
+    from distributed import Client
+
+    from dasknn.engine.dask.recovery import SchedulerError
+
+    timeout = dask.config.get("distributed.comm.timeouts.connect")
+    try:
+        return Client(address, security=security)
+    except (OSError, TimeoutError) as err:
+        raise SchedulerError(
+            f"cannot reach the scheduler at {address} within {timeout} ({type(err).__name__}: {err}); "
+            "check that `dask scheduler` runs there and that the address, port and TLS settings are right"
+        ) from err
+
+
+def scheduler_answers(client, timeout: float = 10.0) -> bool:
+    """True when the client's scheduler still answers (a bounded identity call)."""
+    if client.status not in ("running", "newly-created"):
+        return False
+    try:
+        client.sync(client.scheduler.identity, callback_timeout=timeout)
+    except Exception:
+        return False
+    return True
+
+
+def scheduler_lost(client, err: BaseException):
+    from dasknn.engine.dask.recovery import SchedulerError
+
+    address = getattr(client.scheduler, "address", None) or "the client's address"
+    return SchedulerError(
+        f"lost the scheduler at {address} during the fit ({type(err).__name__}: {err}); restart "
+        "`dask scheduler` and its workers, then resume from the last checkpoint (checkpoint_dir, resume=True)"
+    )
