@@ -1,0 +1,54 @@
+"""Checkpoints written by a6dbd31 (before the one loop) still resume, and go on as that commit did.
+
+tests/fixtures/a6dbd31-checkpoints holds, for a fixed-knob fit and an Algorithm 1 fit of the digits
+MLP on the simulated engine, the first checkpoint a6dbd31 wrote (written by
+experiments/pin_loop.py's cases at that commit) and what a6dbd31's own resume of it ended with.
+Compared with tolerances no float drift crosses (other CPUs, other BLAS): the same iterations
+evaluated, the same decisions, the same accuracy and nearly all the same predictions; the losses
+within 1e-3 (a changed loop would move them by far more, or change the iterations).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from dasknn.estimator import DistributedCNN
+
+FIXTURES = Path(__file__).parent / "fixtures" / "a6dbd31-checkpoints"
+COMMON = {
+    "net": "mlp",
+    "input_shape": "flat",
+    "engine": "simulated",
+    "simulated_gflops": 10.0,
+    "n_workers": 4,
+    "batch_size": 32,
+    "time_budget": None,
+    "eval_size": 200,
+}
+CASES = {
+    "fixed": {"n_groups": 2, "learning_rate": 0.1, "momentum": 0.9, "max_epochs": 3},
+    "grid": {"max_epochs": 8},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_checkpoint_of_a6dbd31_resumes_as_a6dbd31_resumed_it(tmp_path, name):
+    d = load_digits()
+    X, y = d.data.astype(np.float32) / 16, d.target
+    directory = tmp_path / name
+    shutil.copytree(FIXTURES / name, directory, ignore=shutil.ignore_patterns("expected.json"))
+    expected = json.loads((FIXTURES / name / "expected.json").read_text())
+    est = DistributedCNN(**COMMON, **CASES[name], checkpoint_dir=directory, resume=True).fit(X, y)
+    assert [int(h["iteration"]) for h in est.history_] == expected["iterations"]
+    np.testing.assert_allclose([h["loss"] for h in est.history_], expected["loss"], rtol=1e-3)
+    actions = list(est.decisions_["action"]) if len(est.decisions_) else []
+    assert actions == expected["actions"]
+    assert est.n_iter_ == expected["n_iter"]
+    assert est.score(X, y) == pytest.approx(expected["score"], abs=0.01)
+    assert np.mean(est.predict(X) == np.asarray(expected["predict"])) >= 0.99
