@@ -116,20 +116,41 @@ class Outcome:
 
 class Fit(Protocol):
     """What a policy may read of the fit (the loop implements it): the clock and records, the data's
-    size, the engine's description (never its `run`), and scores of states on request."""
+    size, the engine's description (never its `run`), and evaluations on request.
+
+    `log`: the clock, budgets and decision rows (`RunLog`); `engine`: for its description only
+    (`n_workers`, `timing`, `placement_`, `time_unit`); `net`: the net being trained (its shapes);
+    `n_batches`: batches per pass over the training part; `batch_size`, `weight_decay`, `seed`: the
+    fit's; `has_selection`: whether states can be scored on a selection part; `evaluates`: whether
+    kept runs are evaluated (and may ask to stop: `Outcome.stop`); `checkpoints`: whether the fit
+    writes checkpoints (a policy then hands its session with `NextRun.checkpoint`);
+    `stop_at_start`: the evaluation of the starting state already asked to stop;
+    `rollbacks_in_row`: the loop's count of kept runs rolled back in a row."""
 
     log: RunLog
     engine: Any
+    net: Any
     n_batches: int
     batch_size: int
+    weight_decay: float
+    seed: int
     has_selection: bool
+    evaluates: bool
+    checkpoints: bool
+    stop_at_start: bool
+    rollbacks_in_row: int
 
     def snapshot(self, name: str) -> TrainState:
         """The state named `name` (`CURRENT`, `START` or a run's `snapshot`)."""
         ...
 
     def score(self, name: str) -> float:
-        """The score of a named state (the selection loss, else NaN); its time charged to the clock."""
+        """The selection loss of a named state, +inf if not finite (NaN without a selection part);
+        its time is charged to the clock."""
+        ...
+
+    def evaluate(self, fields: dict[str, Any]) -> bool:
+        """Evaluate the current state now: a history row with `fields`; True when the fit should stop."""
         ...
 
 
