@@ -315,11 +315,11 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             return float(self.learning_rate)
         import inspect
 
-        from dasknn.optimizer import OmnivoreOptimizer
+        from dasknn.optimizer import GridPolicy
 
         grid = (self.optimizer_options or {}).get("lr_grid")
         if grid is None:
-            grid = inspect.signature(OmnivoreOptimizer).parameters["lr_grid"].default
+            grid = inspect.signature(GridPolicy).parameters["lr_grid"].default
         return float(min(grid))
 
     def _engine(self, stack: ExitStack, net: Net):
@@ -693,7 +693,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         # training is evaluated (and stops at the target) at least once per pass over the data, as
         # the fixed knobs' runs are: the two report time to accuracy at the same granularity
         if self.optimizer == "online":
-            options.setdefault("segment_iterations", min(nb, 200))
+            options.setdefault("run_iterations", min(nb, 200))
             options.setdefault("target_accuracy", self.target_accuracy)
         else:
             options.setdefault("stop_check_iterations", nb)

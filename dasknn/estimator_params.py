@@ -21,9 +21,9 @@ from dasknn.rules import LEARNING_RATE, MOMENTUM, Boolean, Choice, Custom, Numbe
 
 ENGINES = ("dask", "simulated")
 OPTIMIZERS = ("grid", "online")
-DATA_MODES = ("auto", "persist", "stream")
-"""DistributedCNN's `data`: how the Dask engine's workers get the training batches ("auto" chooses
-between the engine's two, `dasknn.engine.dask.driver.DATA_MODES`)."""
+DATA_CHOICES = ("auto", "persist", "stream")
+"""The values of DistributedCNN's `data`: the Dask engine's two ways of getting the training
+batches to the workers (`dasknn.engine.dask.driver.DATA_MODES`), or "auto" to choose between them."""
 STRATEGY_NAMES = ("omnivore", "sma", "model_averaging")
 PHYSICAL_MAPS = ("merged", "unmerged")
 AGGREGATIONS = ("tree", "ps")
@@ -268,9 +268,9 @@ PARAMS: tuple[Param, ...] = (
     Param("optimizer_options", None,
           Custom("None or a dict", accepts=lambda v: v is None or isinstance(v, dict)),
           "Extra options of the optimizer when a knob is \"auto\": with optimizer=\"grid\" of "
-          "`dasknn.optimizer.OmnivoreOptimizer`, e.g. `{\"lr_grid\": (0.1, 0.03, 0.01, 0.003)}` for the "
+          "`dasknn.optimizer.GridPolicy`, e.g. `{\"lr_grid\": (0.1, 0.03, 0.01, 0.003)}` for the "
           "cold start's rates, `probe_iterations`, `epoch_factor`, `cold_start_groups`; with \"online\" of "
-          "`dasknn.optimizer.OnlineOptimizer`, e.g. `initial_lr`, `target_momentum`, "
+          "`dasknn.optimizer.OnlinePolicy`, e.g. `initial_lr`, `target_momentum`, "
           "`exploration_fraction`. Checked before any work starts. The knobs themselves (n_groups, "
           "learning_rate, momentum) and verbose come from this estimator's parameters.",
           flag=False, resume=False),
@@ -287,7 +287,7 @@ PARAMS: tuple[Param, ...] = (
           "the whole run, the same on any machine at any load. \"calibrate\" measures this machine once at "
           "the start of the fit; the value is recorded in `trace_.attrs[\"simulated_gflops\"]` and in every "
           "checkpoint, and a resumed fit reads it back."),
-    Param("data", "auto", Choice(DATA_MODES),
+    Param("data", "auto", Choice(DATA_CHOICES),
           "engine=\"dask\": how the workers get the training batches. \"persist\" holds X in the workers' "
           "memory (the fast path); \"stream\" never persists it: each group's lead worker reads its "
           "batches from X's source (zarr chunks, files), a bounded number ahead, holding at most "
@@ -336,9 +336,9 @@ def parameters_doc() -> str:
 
 def optimizer_class(name: str):
     """The optimizer class of DistributedCNN's `optimizer` parameter."""
-    from dasknn.optimizer import OmnivoreOptimizer, OnlineOptimizer
+    from dasknn.optimizer import GridPolicy, OnlinePolicy
 
-    return OnlineOptimizer if name == "online" else OmnivoreOptimizer
+    return OnlinePolicy if name == "online" else GridPolicy
 
 
 class _NoEngine:

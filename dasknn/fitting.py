@@ -451,7 +451,7 @@ class Loop:
     def _rolled_back(self, out: Outcome) -> Outcome:
         """The one divergence handler: the current state stays the run's start; too many in a row raise."""
         out.trace["phase"] = "rolled_back"
-        self.log.segments[out.run]["phase"] = "rolled_back"
+        self.log.traces[out.run]["phase"] = "rolled_back"
         self.rollbacks_in_row += 1
         if self.rollbacks_in_row > MAX_ROLLBACKS:
             raise FloatingPointError(

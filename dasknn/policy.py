@@ -194,7 +194,7 @@ class RunLog:
     def __init__(self, time_budget: float | None, max_iterations: int | None):
         self.time_budget, self.max_iterations = time_budget, max_iterations
         self.elapsed, self.iterations = 0.0, 0
-        self.segments: list[pd.DataFrame] = []
+        self.traces: list[pd.DataFrame] = []
         self.charged: list[float] = []
         self.rows: list[dict[str, Any]] = []
         self.kept: set[int] = set()
@@ -233,7 +233,7 @@ class RunLog:
         self.charged, self.kept = [float(c) for c in session["charged"]], {int(r) for r in session["kept"]}
         trace = session["trace"]
         runs = trace["run"].to_numpy() if "run" in trace else []
-        self.segments = [
+        self.traces = [
             trace[runs == i].drop(columns=["kept"], errors="ignore") for i in range(len(self.charged))
         ]
         self.attrs.update(trace.attrs)
@@ -244,15 +244,15 @@ class RunLog:
         its runs keep their ids, later runs number on, the clock goes on from `elapsed`."""
         runs = trace["run"].to_numpy() if "run" in trace and len(trace) else None
         if runs is None:
-            self.segments = [trace] if len(trace) else []
+            self.traces = [trace] if len(trace) else []
         else:
-            self.segments = [
+            self.traces = [
                 trace[runs == i].drop(columns=["kept"], errors="ignore") for i in range(int(runs.max()) + 1)
             ]
             self.kept = (
                 {int(r) for r in trace.loc[trace["kept"].astype(bool), "run"]} if "kept" in trace else set()
             )
-        self.charged = [math.nan] * len(self.segments)
+        self.charged = [math.nan] * len(self.traces)
         self.rows = decisions.to_dict("records")
         self.attrs.update(trace.attrs)
         self.elapsed = float(elapsed)
@@ -262,14 +262,14 @@ class RunLog:
         """A run's trace onto the fit's clock, charged `seconds` (its iterations end at the clock's
         new time); returns (the trace on the clock, with `phase` and `run`; the run's index)."""
         span = float(trace["t_end"].max() - trace["t_start"].min()) if len(trace) else 0.0
-        run_id = len(self.segments)
+        run_id = len(self.traces)
         seg = trace.copy()
         if len(seg):
             shift = self.elapsed + (seconds - span) - float(trace["t_start"].min())
             seg["t_start"] += shift
             seg["t_end"] += shift
         seg["phase"], seg["run"] = phase, run_id
-        self.segments.append(seg)
+        self.traces.append(seg)
         self.charged.append(seconds)
         # the engine's description (engine, time unit, strategy, …); not one run's own events
         self.attrs.update({k: v for k, v in trace.attrs.items() if k not in ("diverged", "recoveries")})
@@ -283,7 +283,7 @@ class RunLog:
 
     def trace(self) -> pd.DataFrame:
         """Every run so far, end to end on the optimizer's clock, with `phase`, `run` and `kept`."""
-        frames = [s for s in self.segments if len(s)]
+        frames = [s for s in self.traces if len(s)]
         df = pd.concat(frames, ignore_index=True) if frames else make_trace([], "unknown")
         df["phase"] = df["phase"] if "phase" in df else pd.Series(dtype=object)
         df["run"] = df["run"] if "run" in df else pd.Series(dtype=int)

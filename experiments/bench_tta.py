@@ -184,7 +184,8 @@ def fit_run(
     if decisions is not None and len(decisions):
         # a fixed run's decisions are its rollbacks (divergence: back to the last good state, lr / 10)
         record["rollbacks"] = int((decisions["action"] == "rollback").sum())
-    trains = ("train", "segment")  # the grid optimizer's train epochs, the online one's segments
+    # the grid optimizer's train epochs, the online one's runs ("segment" before the renames)
+    trains = ("train", "run", "segment")
     if decisions is not None and decisions.get("action", pd.Series(dtype=object)).isin(trains).any():
         if decisions_csv is not None:
             decisions.to_csv(decisions_csv, index=False)

@@ -16,7 +16,7 @@ Here, two clusters:
   (appendix E-D): g = 1 tries µ ∈ {0, 0.3, 0.6, 0.9} × η ∈ {0.1, 0.01}; each next g tries µ ×
   {η*_last, η*_last/10} without µ > µ*_last at η*_last. Best = lowest final smoothed loss;
   ℓ_F, SE, P_HE, P_SE, P_total as `dasknn.tradeoff.record` defines them. The optimizer's pick is a
-  run of `OmnivoreOptimizer` on the 32-worker simulated cluster (shards of b/32 per worker).
+  run of `GridPolicy` on the 32-worker simulated cluster (shards of b/32 per worker).
 - local Dask: `local_client(n_workers=2)`, DaskEngine, g ∈ {1, 2}, measured wall seconds, µ grid at
   the simulated g = 1's best η. Skipped at the tiny setting and with --no-dask.
 
@@ -59,7 +59,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from dasknn.engine.simulated import SimulatedEngine  # noqa: E402
 from dasknn.engine.trace import Budget, RunConfig  # noqa: E402
-from dasknn.optimizer import OmnivoreOptimizer  # noqa: E402
+from dasknn.optimizer import GridPolicy  # noqa: E402
 from dasknn.tradeoff.record import record_from_traces  # noqa: E402
 from experiments.common import (  # noqa: E402
     ITERATIONS_OPTION,
@@ -147,10 +147,10 @@ def simulated(
 
 
 def optimizer_pick(net: str, X, y, batch_size: int, max_iterations: int, probe: int) -> tuple[int, list[str]]:
-    """The g that OmnivoreOptimizer chooses on the 32-worker simulated CPU-L, and its decisions."""
+    """The g that GridPolicy chooses on the 32-worker simulated CPU-L, and its decisions."""
     model = cpu_l_model()
     engine = SimulatedEngine(model, variability="gamma", cv=0.06, verbose=0)
-    opt = OmnivoreOptimizer(engine, he_model=model, lr_grid=(0.1, 0.01, 0.001), probe_iterations=probe)
+    opt = GridPolicy(engine, he_model=model, lr_grid=(0.1, 0.01, 0.001), probe_iterations=probe)
     with threadpool_limits(limits=BLAS_THREADS):
         result = opt.optimize(
             make_net(net),
@@ -251,14 +251,14 @@ def run(
         rec["HE_predicted"] = (("groups",), [math.nan] * rec.sizes["groups"])
         parts.append(rec.expand_dims(cluster=["local dask (2 workers)"]))
     ds = xr.concat(parts, dim="cluster", join="outer", combine_attrs="override", data_vars="all")
-    ds["chosen_groups"] = ((), chosen, {"units": "groups", "description": "OmnivoreOptimizer's choice"})
+    ds["chosen_groups"] = ((), chosen, {"units": "groups", "description": "GridPolicy's choice"})
     ds = stamp(ds, NAME, MIRRORS, tiny, net=net, iterations=iterations, engine="simulated + dask")
     ds.attrs["time_unit"] = "simulated s (simulated CPU-L); s (local dask)"
     c = sim.sel(seed=0)
     best_g = int(c["groups"][int(np.nanargmin(c["P_total"].values))])
     async_g = int(max(groups))
     notes = [
-        f"optimizer (OmnivoreOptimizer on the simulated CPU-L, {len(steps)} decisions) picks g = {chosen}; "
+        f"optimizer (GridPolicy on the simulated CPU-L, {len(steps)} decisions) picks g = {chosen}; "
         f"paper: g = {PAPER['chosen_g']}",
         f"lowest P_total among the grid: g = {best_g} ({1 / float(c['P_total'].sel(groups=best_g)):.2f}× "
         f"faster than sync); g = {async_g}: {1 / float(c['P_total'].sel(groups=async_g)):.2f}× "

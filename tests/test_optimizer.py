@@ -1,4 +1,4 @@
-"""OmnivoreOptimizer (Omnivore Algorithm 1 + cold start) on the SimulatedEngine, real training:
+"""GridPolicy (Omnivore Algorithm 1 + cold start) on the SimulatedEngine, real training:
 the cold start's early stop, the initial g from the HE model, the µ* = 0 → halve g rule, the clock
 that counts the search, the decisions record, and argument checks."""
 
@@ -14,7 +14,7 @@ from dasknn.data import load
 from dasknn.engine.simulated import SimulatedEngine
 from dasknn.engine.trace import Budget, RunConfig, TrainState
 from dasknn.nn import zoo
-from dasknn.optimizer import OmnivoreOptimizer
+from dasknn.optimizer import GridPolicy
 from dasknn.optimizer.search import (
     DECISION_COLUMNS,
     Probe,
@@ -52,7 +52,7 @@ def run(digits8):
     net = small_net()
     start_hash = state_hash(TrainState.from_net(net))
     # Algorithm 1's loop from a synchronous cold start (the g ladder of appendix E-D has its own tests)
-    opt = OmnivoreOptimizer(
+    opt = GridPolicy(
         SimulatedEngine(PLANTED, verbose=0), probe_iterations=20, epoch_factor=3, cold_start_groups=False
     )
     result = opt.optimize(
@@ -133,7 +133,7 @@ def test_decisions_have_the_documented_columns_and_probes_share_their_start(run)
 
 def test_momentum_zero_at_four_groups_tries_small_momenta_then_halves_g(digits8):
     X, y = digits8
-    opt = OmnivoreOptimizer(
+    opt = GridPolicy(
         SimulatedEngine(PLANTED, verbose=0),
         probe_iterations=8,
         epoch_factor=0.5,
@@ -159,7 +159,7 @@ def test_momentum_zero_at_four_groups_tries_small_momenta_then_halves_g(digits8)
 def test_a_raising_engine_counts_as_divergence_and_the_cold_start_moves_on(digits8):
     X, y = digits8
     engine = RaisingEngine(t_conv=1.0, t_fc=0.5, verbose=0, raises=lambda config, budget: config.lr >= 1.0)
-    opt = OmnivoreOptimizer(
+    opt = GridPolicy(
         engine, lr_grid=(1.0, 0.1, 0.01, 0.001, 1e-4), probe_iterations=20, epoch_factor=0.5
     )
     result = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=1)
@@ -173,7 +173,7 @@ def test_a_raising_engine_counts_as_divergence_and_the_cold_start_moves_on(digit
 def test_when_every_probe_at_a_g_diverges_the_search_halves_g(digits8):
     X, y = digits8
     engine = RaisingEngine(PLANTED, verbose=0, raises=lambda config, budget: config.n_groups >= 4)
-    opt = OmnivoreOptimizer(engine, probe_iterations=8, epoch_factor=0.5)
+    opt = GridPolicy(engine, probe_iterations=8, epoch_factor=0.5)
     result = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=2)
     d = result.decisions
     at4 = probes(d, "search")[lambda r: r["n_groups"] == 4]
@@ -188,7 +188,7 @@ def test_a_diverging_train_epoch_goes_back_to_its_start_and_divides_lr_by_10(dig
     engine = RaisingEngine(
         PLANTED, verbose=0, raises=lambda config, budget: config.n_groups > 1 and budget.iterations is None
     )
-    opt = OmnivoreOptimizer(engine, probe_iterations=8, epoch_factor=0.5, cold_start_groups=False)
+    opt = GridPolicy(engine, probe_iterations=8, epoch_factor=0.5, cold_start_groups=False)
     result = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=3)
     d = result.decisions
     first, second = d[d["action"] == "choose"].iloc[0], d[d["action"] == "choose"].iloc[1]
@@ -205,7 +205,7 @@ def test_a_diverging_train_epoch_goes_back_to_its_start_and_divides_lr_by_10(dig
 def test_the_he_model_argument_sets_the_initial_groups(digits8):
     X, y = digits8
     he = HEModel(T_cc=1.0, T_nc=0.0, t_fc=1.0, n_workers=8)
-    opt = OmnivoreOptimizer(SimulatedEngine(PLANTED, verbose=0), he_model=he, probe_iterations=10)
+    opt = GridPolicy(SimulatedEngine(PLANTED, verbose=0), he_model=he, probe_iterations=10)
     result = opt.optimize(small_net(), X, y, batch_size=32, max_iterations=25)
     row = result.decisions[result.decisions["action"] == "initial_groups"].iloc[0]
     assert row["n_groups"] == he.smallest_saturating_g() == 2 and "he_model argument" in row["reason"]
@@ -269,7 +269,7 @@ def test_a_winner_is_clear_only_when_5_percent_below_every_other_over_the_window
 )
 def test_bad_optimizer_options_raise_value_errors_naming_them(options, message):
     with pytest.raises(ValueError) as err:
-        OmnivoreOptimizer(SimulatedEngine(PLANTED, verbose=0), **options)
+        GridPolicy(SimulatedEngine(PLANTED, verbose=0), **options)
     assert message in str(err.value)
 
 
@@ -286,19 +286,19 @@ def test_bad_optimizer_options_raise_value_errors_naming_them(options, message):
 )
 def test_bad_optimize_arguments_raise_value_errors_naming_them(digits8, options, message):
     X, y = digits8
-    opt = OmnivoreOptimizer(SimulatedEngine(PLANTED, verbose=0))
+    opt = GridPolicy(SimulatedEngine(PLANTED, verbose=0))
     with pytest.raises(ValueError) as err:
         opt.optimize(small_net(), X, y, batch_size=32, **options)
     assert message in str(err.value)
     with pytest.raises(ValueError, match="engine must have a run"):
-        OmnivoreOptimizer(object())
+        GridPolicy(object())
 
 
 @pytest.mark.slow
 def test_lenet_on_digits_reaches_99_percent_training_accuracy_within_its_budget():
     X, y = load("digits", size=28, batch_size=32)
     timing = HEModel(T_cc=1.0, T_nc=0.0, t_fc=0.5, n_workers=4)
-    opt = OmnivoreOptimizer(SimulatedEngine(timing, verbose=0), probe_iterations=20, epoch_factor=3)
+    opt = GridPolicy(SimulatedEngine(timing, verbose=0), probe_iterations=20, epoch_factor=3)
     result = opt.optimize(
         zoo.lenet(), X, y, batch_size=32, time_budget=3000, should_stop=lambda s, t: reached(t, 0.99, 50)
     )
@@ -325,7 +325,7 @@ def test_stop_check_iterations_makes_train_runs_of_at_most_that_many_iterations(
         checks.append(state.iterations_done)
         return False
 
-    opt = OmnivoreOptimizer(
+    opt = GridPolicy(
         SimulatedEngine(PLANTED, verbose=0), probe_iterations=20, epoch_factor=3,
         cold_start_groups=False, stop_check_iterations=15,
     )  # fmt: skip

@@ -14,7 +14,7 @@ from dasknn.data import load
 from dasknn.engine.simulated import SimulatedEngine
 from dasknn.engine.trace import TrainState
 from dasknn.nn.train import evaluate
-from dasknn.optimizer import OmnivoreOptimizer
+from dasknn.optimizer import GridPolicy
 from dasknn.optimizer.cold_start import ladder
 from dasknn.optimizer.search import SelectionLoss, state_hash
 from dasknn.tradeoff.hardware import HEModel
@@ -44,7 +44,7 @@ def test_momentum_zero_at_g2_stops_the_ladder_and_g2_wins_at_equal_time(digits8)
     """Planted Theorem 1 losses (best total momentum 0.6): at g = 2 the implicit momentum 0.5 leaves
     an explicit 0.1, the grid's µ* = 0, so the ladder stops there; g = 2 beats g = 1's (0.9, 0.1)."""
     X, y = digits8
-    opt = OmnivoreOptimizer(
+    opt = GridPolicy(
         SimulatedEngine(PLANTED, verbose=0),
         probe_iterations=8,
         epoch_factor=0.5,
@@ -77,7 +77,7 @@ def test_equal_time_lets_the_faster_g_win_when_every_g_learns_alike(digits8):
         n = np.arange(1, len(trace) + 1)
         return (1 + abs(config.momentum - 0.6)) * 10 / (10 + n)
 
-    opt = OmnivoreOptimizer(SimulatedEngine(PLANTED, verbose=0), probe_iterations=20, probe_losses=losses)
+    opt = GridPolicy(SimulatedEngine(PLANTED, verbose=0), probe_iterations=20, probe_losses=losses)
     result = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=1)
     d = result.decisions
     assert set(rows(d, "choose_at_g")["n_groups"]) == {2, 4}
@@ -123,7 +123,7 @@ def test_selection_scores_judge_the_probes_and_their_time_is_charged(digits8):
         return value
 
     score.n_samples = selection.n_samples
-    opt = OmnivoreOptimizer(SimulatedEngine(PLANTED, verbose=0), probe_iterations=10, probe_score=score)
+    opt = GridPolicy(SimulatedEngine(PLANTED, verbose=0), probe_iterations=10, probe_score=score)
     result = opt.optimize(net, X, y, batch_size=32, max_epochs=1)
     d, trace = result.decisions, result.trace
     probed = d[d["action"].isin(["probe", "extend"]) & ~d["diverged"]]

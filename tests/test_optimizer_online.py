@@ -15,7 +15,7 @@ from dasknn.engine.simulated import SimulatedEngine
 from dasknn.engine.trace import TrainState
 from dasknn.estimator import DistributedCNN
 from dasknn.nn.loss import softmax_with_loss
-from dasknn.optimizer import OnlineOptimizer, decide, measure
+from dasknn.optimizer import OnlinePolicy, decide, measure
 from dasknn.optimizer.search import state_hash
 from dasknn.tradeoff.hardware import HEModel
 from tests.planted import RaisingEngine, small_net
@@ -126,7 +126,7 @@ def online_run(digits8):
     X, y = digits8
     net = small_net()
     start = state_hash(TrainState.from_net(net))
-    opt = OnlineOptimizer(SimulatedEngine(PLANTED, verbose=0), target_accuracy=0.99)
+    opt = OnlinePolicy(SimulatedEngine(PLANTED, verbose=0), target_accuracy=0.99)
     result = opt.optimize(net, X, y, batch_size=32, time_budget=20_000, should_stop=lambda s, t: reached(t))
     return result, start
 
@@ -150,7 +150,7 @@ def test_online_reaches_the_target_on_the_simulator_and_keeps_every_trial_that_d
     assert len(trials) >= 1, "it explored"
     assert result.trace[result.trace["run"].isin(trials["run"])]["kept"].all()
     # every decision carries the measured numbers that drove it
-    segments = d[d["action"] == "segment"]
+    segments = d[d["action"] == "run"]
     assert segments["seconds_per_iteration"].notna().all() and segments["noise_scale"].gt(0).any()
     assert segments["total_momentum"].notna().all() and segments["time_to_target"].notna().all()
     # exploration stays within the fraction of the time to target estimated when each trial began
@@ -176,7 +176,7 @@ def test_a_diverging_rate_is_abandoned_within_the_trial_and_rolled_back(digits8)
         hashes.append(state_hash(state))
         return False
 
-    opt = OnlineOptimizer(engine, initial_lr=0.3, segment_iterations=40, trial_iterations=16, n_groups=4)
+    opt = OnlinePolicy(engine, initial_lr=0.3, run_iterations=40, trial_iterations=16, n_groups=4)
     result = opt.optimize(net, X, y, batch_size=32, time_budget=5_000, max_iterations=400, should_stop=watch)
     d = result.decisions
     abandoned = d[d["action"] == "abandon"]
@@ -185,8 +185,8 @@ def test_a_diverging_rate_is_abandoned_within_the_trial_and_rolled_back(digits8)
     first = abandoned.index[0]
     assert not result.trace[result.trace["run"] == abandoned.loc[first, "run"]]["kept"].any()
     # the segment after the abandoned trial continued from the state before it
-    segment_after = d.loc[first:][d.loc[first:, "action"] == "segment"].iloc[0]
-    runs_before = d.loc[:first][d.loc[:first, "action"].isin(["segment", "trial"])]
+    segment_after = d.loc[first:][d.loc[first:, "action"] == "run"].iloc[0]
+    runs_before = d.loc[:first][d.loc[:first, "action"].isin(["run", "trial"])]
     assert segment_after["run"] > abandoned.loc[first, "run"]
     trained = result.trace[result.trace["run"] == segment_after["run"]]
     last_kept = result.trace[result.trace["run"] == runs_before["run"].iloc[-1]]
@@ -199,9 +199,9 @@ def test_a_diverging_rate_is_abandoned_within_the_trial_and_rolled_back(digits8)
 def test_online_options_are_checked():
     engine = SimulatedEngine(PLANTED, verbose=0)
     with pytest.raises(ValueError, match="exploration_fraction"):
-        OnlineOptimizer(engine, exploration_fraction=1.5)
+        OnlinePolicy(engine, exploration_fraction=1.5)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['lr_grid'\]"):
-        OnlineOptimizer(engine, lr_grid=(0.1,))
+        OnlinePolicy(engine, lr_grid=(0.1,))
     with pytest.raises(ValueError, match="optimizer must be one of"):
         DistributedCNN(optimizer="adam").fit(np.zeros((4, 1, 8, 8), np.float32), np.arange(4))
 
@@ -213,7 +213,7 @@ def test_the_estimator_trains_online_on_a_local_dask_cluster():
     est.fit(X, y)
     assert est.history_[-1]["accuracy"] >= 0.9
     d = est.decisions_
-    assert d.iloc[0]["action"] == "start" and d["action"].isin(["segment"]).any()
+    assert d.iloc[0]["action"] == "start" and d["action"].isin(["run"]).any()
     assert est.trace_.attrs["engine"] == "dask" and est.trace_["grad_sq"].notna().any()
     ds = est.tradeoff_
     assert ds is not None and ds.sizes["decision"] == len(d)

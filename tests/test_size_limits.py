@@ -27,7 +27,7 @@ STILL_OVER = (
     "dasknn.estimator.DistributedCNN",
     "dasknn.fitting.Loop",
     "dasknn.fitting.Trainer.optimize",
-    "dasknn.optimizer.grid.OmnivoreOptimizer.__init__",
+    "dasknn.optimizer.grid.GridPolicy.__init__",
     "dasknn.engine.dask.driver.DaskEngine._run",
     "dasknn.engine.dask.replicas.run_replicas",
     "dasknn.engine.autotune.tune_learners",

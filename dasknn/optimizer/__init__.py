@@ -14,8 +14,22 @@ a stop). `sizing.py` is no policy: it sizes the cluster by goodput for dask's
 `Adaptive` (docs/architecture.md, "Elastic clusters").
 """
 
-from dasknn.optimizer.grid import OmnivoreOptimizer
-from dasknn.optimizer.online import OnlineOptimizer
+from dasknn.optimizer.grid import GridPolicy
+from dasknn.optimizer.online import OnlinePolicy
 from dasknn.optimizer.session import OptimizerResult
 
-__all__ = ["OmnivoreOptimizer", "OnlineOptimizer", "OptimizerResult"]
+__all__ = ["GridPolicy", "OnlinePolicy", "OptimizerResult"]
+
+
+_RENAMED = {"OmnivoreOptimizer": GridPolicy, "OnlineOptimizer": OnlinePolicy}
+
+
+def __getattr__(name: str):
+    """The names before the policies' (deprecated): OmnivoreOptimizer, OnlineOptimizer."""
+    if name in _RENAMED:
+        import warnings
+
+        new = _RENAMED[name].__name__
+        warnings.warn(f"{name} is now {new}", DeprecationWarning, stacklevel=2)
+        return _RENAMED[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,7 @@ number. Each returns its choice and a reason naming the numbers that drove it.
   updates, so their window is one effective batch M = g·B against M0 = B.
 - `scale_lr`: AdaScale's gain (Johnson et al. ICML'20) r = (σ² + µ²)/(σ²/S + µ²) for an effective
   batch S times larger; the per-update rate becomes η·r/S (g updates share the window).
-- `judge_trial`, `explore_allowed`, `diverging`: when a trial segment wins, when one may be run,
+- `judge_trial`, `explore_allowed`, `diverging`: when a trial run wins, when one may be run,
   when one is abandoned.
 """
 
@@ -120,7 +120,7 @@ def scale_lr(lr: float, noise_scale: float, batch_size: int, g_from: int, g_to: 
 
 def judge_trial(trial: float, before: float, after: float, margin: float = 0.1) -> tuple[bool, str]:
     """Adopt a trial configuration when its progress per second beats the mean of the current
-    configuration's segments before and after it (A-B-A, so the slowing of progress over time does
+    configuration's runs before and after it (A-B-A, so the slowing of progress over time does
     not favour either) by `margin` of that mean."""
     around = [r for r in (before, after) if math.isfinite(r)]
     if not math.isfinite(trial) or not around:
@@ -138,5 +138,5 @@ def explore_allowed(explored: float, trial_seconds: float, time_to_target: float
 
 
 def diverging(score_start: float, score_end: float, limit: float = 2.0) -> bool:
-    """A segment diverges when its end score is not finite or `limit` times its start score."""
+    """A run diverges when its end score is not finite or `limit` times its start score."""
     return not math.isfinite(score_end) or (math.isfinite(score_start) and score_end > limit * score_start)

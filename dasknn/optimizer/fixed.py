@@ -1,6 +1,6 @@
 """Fixed knobs: the trivial policy of the training loop.
 
-It trains with the given (g, η, µ) in runs of at most `chunk` seconds (time_budget / 20, at least
+It trains with the given (g, η, µ) in runs of at most `run_seconds` (time_budget / 20, at least
 2 s; 3 s without a time budget) and at most one epoch of iterations, each evaluated by the loop,
 until the time budget, the iteration budget or an evaluation stops it. After a run that diverged
 (rolled back by the loop) it divides η by 10 and records why, in the decisions and the history.
@@ -28,7 +28,7 @@ class FixedKnobs:
 
     def __init__(self, config: RunConfig, time_budget: float | None, max_iterations: int | None):
         self.config, self.time_budget, self.max_iterations = config, time_budget, max_iterations
-        self.chunk = max(2.0, (time_budget or 60.0) / 20)
+        self.run_seconds = max(2.0, (time_budget or 60.0) / 20)
 
     @property
     def start_fields(self) -> dict[str, Any]:
@@ -110,10 +110,10 @@ class FixedKnobs:
         )
 
     def budget(self) -> Budget:
-        """One run: at most `chunk` seconds (and what is left of the time budget), at most an epoch."""
+        """One run: at most `run_seconds` (and what is left of the time budget), at most an epoch."""
         loop, fit = self.loop, self.fit
         time_end = loop["time_end"]
-        seconds = self.chunk if time_end is None else min(self.chunk, time_end - loop["elapsed"])
+        seconds = self.run_seconds if time_end is None else min(self.run_seconds, time_end - loop["elapsed"])
         iterations = fit.n_batches
         if self.max_iterations is not None:
             spent = fit.snapshot("current").iterations_done - loop["first_iteration"]

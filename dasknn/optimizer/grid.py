@@ -43,14 +43,14 @@ from dasknn.optimizer.session import OptimizerResult, StopCallback, _Session
 from dasknn.policy import CURRENT, NextRun, Outcome, Stop
 from dasknn.tradeoff.hardware import HEModel
 
-__all__ = ["OmnivoreOptimizer"]
+__all__ = ["GridPolicy"]
 
 
 def _unit(value: float) -> bool:
     return 0 <= value < 1
 
 
-class OmnivoreOptimizer:
+class GridPolicy:
     """Omnivore Algorithm 1 with its cold start, over any engine (see the module docstring).
 
     Every number is a parameter with the paper's value as its default: the grids (appendix E),
@@ -104,7 +104,7 @@ class OmnivoreOptimizer:
         verbose: int = 0,
         **unknown: Any,
     ) -> None:
-        check(not unknown, f"unknown option(s) {sorted(unknown)} for OmnivoreOptimizer")
+        check(not unknown, f"unknown option(s) {sorted(unknown)} for GridPolicy")
         check(callable(getattr(engine, "run", None)), f"engine must have a run(...) method; got {engine!r}")
         self.engine = engine
         self.n_workers = int_option(n_workers, "n_workers")
@@ -255,3 +255,13 @@ class OmnivoreOptimizer:
         return OptimizerResult(
             done.state, done.trace, done.decisions, done.config, session.history, session.he_model
         )
+
+
+def __getattr__(name: str):
+    """OmnivoreOptimizer, the name before GridPolicy (deprecated)."""
+    if name == "OmnivoreOptimizer":
+        import warnings
+
+        warnings.warn("OmnivoreOptimizer is now GridPolicy", DeprecationWarning, stacklevel=2)
+        return GridPolicy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """What the online optimizer measures while it trains, from the Trace: no decision is taken here.
 
 Pollux/AdaptDL keep the measuring (throughput, gradient noise scale) apart from the decisions that
-use it; so does dasknn (`optimizer.decide` holds the decisions). Each function reads one segment's
+use it; so does dasknn (`optimizer.decide` holds the decisions). Each function reads one run's
 Trace, or folds it into a running estimate.
 
 - time per iteration at a g (Omnivore §IV-B's HE, measured);
@@ -10,7 +10,7 @@ Trace, or folds it into a running estimate.
   before dividing;
 - the total momentum present: the explicit µ plus the implicit momentum of the staleness the
   groups actually saw (Omnivore Theorem 1: S = g − 1 gives 1 − 1/g, i.e. S̄ / (S̄ + 1));
-- progress per second: the drop of the log score over a segment (the goodput that was realised);
+- progress per second: the drop of the log score over a run (the goodput that was realised);
 - the time to the target accuracy, extrapolated from the training error's log-linear trend.
 """
 
@@ -34,7 +34,7 @@ __all__ = [
 
 
 def seconds_per_iteration(trace: pd.DataFrame, warmup: int = 1) -> float:
-    """Measured time per iteration of one segment (all groups together), NaN if it ran too little."""
+    """Measured time per iteration of one run (all groups together), NaN if it ran too little."""
     if len(trace) < 2:
         return math.nan
     n_groups = int(trace["group"].nunique())
@@ -47,7 +47,7 @@ class NoiseScale:
 
     Unbiased estimates per measured batch: |G|² ≈ (B|G_B|² − b|G_b|²)/(B − b) and
     tr(Σ) ≈ (|G_b|² − |G_B|²)/(1/b − 1/B) (McCandlish et al. 2018, eqs. A.2-A.3); both are noisy,
-    so each is an exponential moving average (weight `decay` per segment, as AdaptDL smooths them)
+    so each is an exponential moving average (weight `decay` per run, as AdaptDL smooths them)
     before B_noise = tr(Σ) / |G|² is formed.
     """
 
@@ -57,7 +57,7 @@ class NoiseScale:
     samples: int = 0
 
     def update(self, trace: pd.DataFrame, batch_size: int) -> None:
-        """Fold one segment's measured norms in (rows without them are skipped)."""
+        """Fold one run's measured norms in (rows without them are skipped)."""
         if "grad_sq" not in trace or "grad_sq_half" not in trace:
             return
         rows = trace[["grad_sq", "grad_sq_half"]].dropna()
@@ -94,7 +94,7 @@ def total_momentum(trace: pd.DataFrame, explicit: float) -> float:
 
 
 def progress_rate(score_start: float, score_end: float, seconds: float) -> float:
-    """The drop of the log score per second over a segment (goodput as realised); −inf if it blew up."""
+    """The drop of the log score per second over a run (goodput as realised); −inf if it blew up."""
     if not (seconds > 0 and score_start > 0 and math.isfinite(score_start)):
         return math.nan
     if not (math.isfinite(score_end) and score_end > 0):

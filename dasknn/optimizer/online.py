@@ -7,7 +7,7 @@ AdaptDL, OSDI'21; YellowFin's closed loop, 2017; AdaScale, ICML'20). So does thi
 1. It starts at once at the smallest g the HE model says saturates the FC server (Omnivore §V-B;
    the engine's timing model, the `he_model` argument, or one from the net's FLOP split), with the
    explicit µ that makes the target total momentum with that g's implicit 1 − 1/g (§IV-B).
-2. It trains in segments continuing from the current weights. After each it measures
+2. It trains in runs continuing from the current weights. After each it measures
    (`optimizer.measure`): time per iteration at that g, the gradient noise scale (the FC server's
    squared gradient norms of each batch and its halves), the total momentum present (explicit µ
    plus the implicit momentum of the measured staleness), and progress per second (the drop of the
@@ -17,13 +17,13 @@ AdaptDL, OSDI'21; YellowFin's closed loop, 2017; AdaScale, ICML'20). So does thi
    HE model calibrated by the measured times for g not yet run) is tried when it beats the current
    one by a margin, with the rate scaled by AdaScale's gain; otherwise the rate ×3 and /3 are tried
    in turn.
-4. A trial is a segment of training like any other: when it did not diverge its iterations stay in
+4. A trial is a run of training like any other: when it did not diverge its iterations stay in
    the model, and it is adopted when its progress per second beats the current configuration's in
-   the segments before and after it (A-B-A). A diverging trial (non-finite, or its score
+   the runs before and after it (A-B-A). A diverging trial (non-finite, or its score
    `divergence_limit` × its start) is abandoned after at most `trial_iterations` and rolled back
    to its start state; its rate is never tried again from above.
 5. Exploration time (trials) stays within `exploration_fraction` (default 10%) of the estimated
-   time to target, re-estimated after every segment from the training error's trend (the time
+   time to target, re-estimated after every run from the training error's trend (the time
    budget when there is no target or trend); each decision row reports it.
 
 Every decision is a row of the decisions log (`search.DECISION_COLUMNS` plus the measured
@@ -34,6 +34,7 @@ numbers that drove it: `seconds_per_iteration`, `noise_scale`, `total_momentum`,
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -59,7 +60,7 @@ from dasknn.policy import CURRENT, NextRun, Outcome, Stop
 from dasknn.tradeoff.hardware import HEModel
 from dasknn.tradeoff.statistical import final_loss
 
-__all__ = ["OnlineOptimizer"]
+__all__ = ["OnlinePolicy"]
 
 
 def _unit(value: float) -> bool:
@@ -67,7 +68,7 @@ def _unit(value: float) -> bool:
 
 
 @dataclass
-class _Segment:
+class _Run:
     """One engine run of the online optimizer: its trace, end state, score and progress."""
 
     config: RunConfig
@@ -84,19 +85,28 @@ class _Segment:
         return measure.progress_rate(self.score_start, self.score_end, self.seconds)
 
 
-class OnlineOptimizer:
+def _renamed_option(options: dict[str, Any], old: str, new: str, value: Any) -> Any:
+    """`value`, or the deprecated option `old` popped from `options` (with a warning naming `new`)."""
+    if old not in options:
+        return value
+    warnings.warn(f"the online optimizer's option {old} is now {new}", DeprecationWarning, stacklevel=3)
+    given = options.pop(old)
+    return given if value is None else value
+
+
+class OnlinePolicy:
     """Goodput-driven online tuning of (g, η, µ) over any engine (see the module docstring).
 
     `initial_lr` (default 0.01, Caffe's LeNet rate): the first rate; `target_momentum`: the total
     momentum µ is steered to (default 0.9); `momentum_gain`, `momentum_tolerance`: the feedback's
     step and dead band; `exploration_fraction`: trials' share of the time to target;
-    `segment_iterations`: a training segment (default one pass over the data, at most 200
-    iterations); `trial_iterations`: a trial (default half a segment, at least 5·g); `lr_factor`:
+    `run_iterations`: a training run (default one pass over the data, at most 200
+    iterations); `trial_iterations`: a trial (default half a run, at least 5·g); `lr_factor`:
     the rate's step (×3 / ÷3); `margin`: how much better a trial's progress (and a g's predicted
     goodput) must be; `divergence_limit`: a trial whose score reaches this multiple of its start
-    is abandoned. `probe_score(state)`: the loss segments are judged on (e.g. a selection part of
+    is abandoned. `probe_score(state)`: the loss runs are judged on (e.g. a selection part of
     the training data; default the smoothed training loss); `target_accuracy`: for the time-to-
-    target estimate. `n_workers`, `max_groups`, `he_model` as for `OmnivoreOptimizer`;
+    target estimate. `n_workers`, `max_groups`, `he_model` as for `GridPolicy`;
     `n_groups`, `learning_rate`, `momentum` pin a knob. Unknown options raise ValueError.
     """
 
@@ -112,7 +122,7 @@ class OnlineOptimizer:
         momentum_gain: float = 0.5,
         momentum_tolerance: float = 0.03,
         exploration_fraction: float = 0.1,
-        segment_iterations: int | None = None,
+        run_iterations: int | None = None,
         trial_iterations: int | None = None,
         lr_factor: float = 3.0,
         margin: float = 0.1,
@@ -125,7 +135,8 @@ class OnlineOptimizer:
         verbose: int = 0,
         **unknown: Any,
     ) -> None:
-        check(not unknown, f"unknown option(s) {sorted(unknown)} for OnlineOptimizer")
+        run_iterations = _renamed_option(unknown, "segment_iterations", "run_iterations", run_iterations)
+        check(not unknown, f"unknown option(s) {sorted(unknown)} for OnlinePolicy")
         check(callable(getattr(engine, "run", None)), f"engine must have a run(...) method; got {engine!r}")
         self.engine = engine
         self.n_workers = int_option(n_workers, "n_workers")
@@ -146,7 +157,7 @@ class OnlineOptimizer:
         self.exploration_fraction = check_values(
             [exploration_fraction], "exploration_fraction", lambda v: 0 <= v < 1, "in [0, 1)"
         )[0]
-        self.segment_iterations = int_option(segment_iterations, "segment_iterations")
+        self.run_iterations = int_option(run_iterations, "run_iterations")
         self.trial_iterations = int_option(trial_iterations, "trial_iterations")
         self.lr_factor = check_values([lr_factor], "lr_factor", lambda v: v > 1, "> 1")[0]
         self.margin = check_values([margin], "margin", lambda v: v >= 0, ">= 0")[0]
@@ -184,7 +195,7 @@ class OnlineOptimizer:
         self._started = False
 
     def next_run(self, last: Outcome | None) -> NextRun | Stop:
-        """The next segment or trial, or Stop; the session after a segment rides on the next run."""
+        """The next run or trial, or Stop; the session after a run rides on the next run."""
         run = self._run
         try:
             step = self._steps.send(last) if self._started else next(self._steps)
@@ -219,7 +230,7 @@ class OnlineOptimizer:
     ) -> OptimizerResult:
         """Train `net` on (X, y) until a budget is spent or `should_stop(state, trace)` says so.
 
-        The arguments are `OmnivoreOptimizer.optimize`'s: `time_budget` in the engine's clock,
+        The arguments are `GridPolicy.optimize`'s: `time_budget` in the engine's clock,
         trials included; `max_epochs` passes over the data. The fit runs on `dasknn.fitting.Loop`.
         """
         from dasknn.fitting import run_policy
@@ -257,7 +268,7 @@ class OnlineOptimizer:
 class _OnlineRun:
     """One `optimize` call of the online optimizer: the log and clock, the measurements, the loop."""
 
-    def __init__(self, opt: OnlineOptimizer, fit) -> None:
+    def __init__(self, opt: OnlinePolicy, fit) -> None:
         self.opt, self.fit, self.net, self.batch_size = opt, fit, fit.net, fit.batch_size
         self.log = fit.log
         self.snapshots = Snapshots()
@@ -265,7 +276,7 @@ class _OnlineRun:
         self.pending: dict[str, Any] | None = None  # a session for the checkpoint before the next run
         self.last_session: dict[str, Any] | None = None
         self.stopped = ""
-        self.stop_asked = False  # the loop's evaluation after the last segment asked to stop
+        self.stop_asked = False  # the loop's evaluation after the last run asked to stop
         self.tpi: dict[int, float] = {}  # measured seconds per iteration at each g that ran
         self.noise = measure.NoiseScale()
         self.explored = 0.0
@@ -276,8 +287,8 @@ class _OnlineRun:
         self.he_model: HEModel | None = None
         self.candidates: list[int] = []
         self.score = math.nan
-        self.trial: tuple[_Segment, str] | None = None  # a trial waiting for its "after" segment
-        self.last_trace = pd.DataFrame()  # the last segment measured
+        self.trial: tuple[_Run, str] | None = None  # a trial waiting for its "after" run
+        self.last_trace = pd.DataFrame()  # the last run measured
 
     # -- set-up ----------------------------------------------------------------------------------
     def he(self) -> tuple[HEModel, str]:
@@ -313,7 +324,7 @@ class _OnlineRun:
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self, state: TrainState, base: RunConfig, resume: dict[str, Any] | None) -> Runs:
-        """The online loop: segments, measurements, decisions and trials, as the runs it asks for."""
+        """The online loop: runs, measurements, decisions and trials, as the runs it asks for."""
         log = self.log
         if resume is not None:
             config = self.restore(resume)
@@ -323,7 +334,7 @@ class _OnlineRun:
             log.record("online", "start", config, why, score=self.score)
         before = math.nan
         while not self.finished():
-            seg = yield from self.segment(config, state, self.segment_length(config), "train")
+            seg = yield from self.train_run(config, state, self.run_length(config), "train")
             if seg is None:
                 break
             if seg.diverged:  # the loop rolled it back (and gives up after too many in a row)
@@ -333,7 +344,7 @@ class _OnlineRun:
                     "train",
                     "rollback",
                     config,
-                    "diverged: back to the segment's start, lr / factor",
+                    "diverged: back to the run's start, lr / factor",
                     diverged=True,
                     chosen=True,
                     run=seg.run,
@@ -344,7 +355,7 @@ class _OnlineRun:
             self.measured(seg)
             log.record(
                 "train",
-                "segment",
+                "run",
                 config,
                 f"{len(seg.trace)} iterations",
                 score=seg.score_end,
@@ -355,24 +366,24 @@ class _OnlineRun:
                 progress=seg.progress,
                 **self.numbers(config),
             )
-            self.segment_done(state, config, seg)
+            self.run_done(state, config, seg)
             if self.finished():
                 break
             config = self.steer(config, seg)
             state, config, before = yield from self.explore(state, config, seg, before)
         return self.finish(state, config)
 
-    def segment_length(self, config: RunConfig) -> int:
-        if self.opt.segment_iterations is not None:
-            return self.opt.segment_iterations
+    def run_length(self, config: RunConfig) -> int:
+        if self.opt.run_iterations is not None:
+            return self.opt.run_iterations
         return max(5 * config.n_groups, min(self.passes, 200))
 
     def trial_length(self, config: RunConfig) -> int:
         if self.opt.trial_iterations is not None:
             return self.opt.trial_iterations
-        return max(5 * config.n_groups, self.segment_length(config) // 2)
+        return max(5 * config.n_groups, self.run_length(config) // 2)
 
-    def segment(self, config: RunConfig, state: TrainState, iterations: int, phase: str) -> Runs:
+    def train_run(self, config: RunConfig, state: TrainState, iterations: int, phase: str) -> Runs:
         """One kept run from `state`, scored by the loop; None when the budget is spent. A trial
         (phase "explore") also diverges when its score reaches `divergence_limit` × its start."""
         log = self.log
@@ -403,13 +414,13 @@ class _OnlineRun:
         end_score = math.inf if out.score is None else out.score
         if not out.diverged:
             self.score = end_score
-        return _Segment(
+        return _Run(
             config, out.trace, out.state, out.diverged, out.seconds, out.run, start_of(out.trace), end_score
         )
 
     # -- measuring and deciding ------------------------------------------------------------------
-    def measured(self, seg: _Segment) -> None:
-        """Fold a segment's time per iteration and gradient norms into the running measurements."""
+    def measured(self, seg: _Run) -> None:
+        """Fold a run's time per iteration and gradient norms into the running measurements."""
         g = seg.config.n_groups
         tpi = measure.seconds_per_iteration(seg.trace)
         if math.isfinite(tpi):
@@ -453,8 +464,8 @@ class _OnlineRun:
             return math.nan, how
         return when, how
 
-    def steer(self, config: RunConfig, seg: _Segment) -> RunConfig:
-        """YellowFin's closed loop on µ from the segment's measured total momentum."""
+    def steer(self, config: RunConfig, seg: _Run) -> RunConfig:
+        """YellowFin's closed loop on µ from the run's measured total momentum."""
         if self.opt.momentum is not None:
             return config
         total = measure.total_momentum(seg.trace, config.momentum)
@@ -510,13 +521,13 @@ class _OnlineRun:
             return config.with_(lr=lr), direction, f"try the rate {direction}: {config.lr:g} -> {lr:g}"
         return None
 
-    def explore(self, state: TrainState, config: RunConfig, seg: _Segment, before: float) -> Runs:
+    def explore(self, state: TrainState, config: RunConfig, seg: _Run, before: float) -> Runs:
         """Run a trial when exploration time allows; judge it A-B-A; returns (state, config, the
         current config's progress before a pending trial)."""
         log, opt = self.log, self.opt
         pending = self.trial
         current = seg.progress
-        if pending is not None:  # this segment is the "after" of the trial
+        if pending is not None:  # this run is the "after" of the trial
             self.trial = None
             trial, key = pending
             adopt, why = decide.judge_trial(trial.progress, before, seg.progress, opt.margin)
@@ -544,7 +555,7 @@ class _OnlineRun:
         ttt, how = self.time_to_target()
         if not decide.explore_allowed(self.explored, seconds, ttt, opt.exploration_fraction):
             return state, config, current
-        trial = yield from self.segment(trial_config, state, iterations, "explore")
+        trial = yield from self.train_run(trial_config, state, iterations, "explore")
         if trial is None:
             return state, config, current
         self.explored += trial.seconds
@@ -577,12 +588,12 @@ class _OnlineRun:
             **self.numbers(trial_config),
         )
         self.trial = (trial, key)
-        self.segment_done(trial.state, config, trial)
+        self.run_done(trial.state, config, trial)
         return trial.state, config, current
 
     # -- bookkeeping -----------------------------------------------------------------------------
-    def segment_done(self, state: TrainState, config: RunConfig, seg: _Segment) -> None:
-        """History, the stop check and the checkpoint hook after every segment kept."""
+    def run_done(self, state: TrainState, config: RunConfig, seg: _Run) -> None:
+        """History, the stop check and the checkpoint hook after every run kept."""
         log = self.log
         self.history.append(
             {
@@ -643,3 +654,13 @@ class _OnlineRun:
             "train", "stop", config, f"{why}; exploration {self.explored:.3g} s", **self.numbers(config)
         )
         return Stop(why, config, state=self.snapshots.name(state))
+
+
+def __getattr__(name: str):
+    """OnlineOptimizer, the name before OnlinePolicy (deprecated)."""
+    if name == "OnlineOptimizer":
+        import warnings
+
+        warnings.warn("OnlineOptimizer is now OnlinePolicy", DeprecationWarning, stacklevel=2)
+        return OnlinePolicy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 `_Session` holds one fit's steps as a generator: it yields the runs it asks the loop for
 (`dasknn.policy.NextRun`) and is sent what they measured; the cold start (`cold_start.py`) and the
-epochs both use it. `OptimizerResult` is what `OmnivoreOptimizer.optimize` returns.
+epochs both use it. `OptimizerResult` is what `GridPolicy.optimize` returns.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dasknn.tradeoff.hardware import HEModel
 from dasknn.tradeoff.statistical import final_loss
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dasknn.optimizer.grid import OmnivoreOptimizer
+    from dasknn.optimizer.grid import GridPolicy
 
 __all__ = ["OptimizerResult", "StopCallback"]
 
@@ -58,7 +58,7 @@ class OptimizerResult:
 class _Session:
     """One fit of Algorithm 1: the log and clock it reads, and its steps (generators of runs)."""
 
-    def __init__(self, opt: OmnivoreOptimizer, fit, base: RunConfig, max_epochs: int | None) -> None:
+    def __init__(self, opt: GridPolicy, fit, base: RunConfig, max_epochs: int | None) -> None:
         self.opt, self.fit, self.base = opt, fit, base
         self.log = fit.log
         self.prober = Prober(

@@ -24,12 +24,12 @@ class BatchReader:
     """The samples of global batch b, read from the persisted chunks in the data's epoch order.
 
     Batch b is rows [pos·B, (pos+1)·B) of epoch b // n_batches's order (`BatchOrder` with the
-    spec's shuffle `window`; window 1: exactly the batches `iterate_batches` yields). Consecutive
+    spec's `shuffle_window`; window 1: exactly the batches `iterate_batches` yields). Consecutive
     batches come from the same shuffled chunks, so the last 2·window chunks read are kept.
     """
 
     def __init__(self, client, spec: Any, keep: int = 2) -> None:
-        window = getattr(spec, "window", 1)
+        window = getattr(spec, "shuffle_window", 1)
         self.client, self.spec, self.keep = client, spec, max(keep, 2 * window)
         self.starts = np.concatenate([[0], np.cumsum(spec.chunks)[:-1]]).astype(np.int64)
         self.order = BatchOrder(spec.chunks, spec.batch_size, spec.seed, window)
@@ -116,7 +116,7 @@ def batch_reader(client, spec: Any, rows: tuple[int, int] | None = None):
         spec.batch_size,
         spec.seed,
         group_batches(spec),
-        window=spec.window,
+        window=spec.shuffle_window,
         prefetch=spec.prefetch,
         prepare=lambda x, b: prepare_batch(spec.augment, spec.seed, x, b, shard),
         timeout=spec.timeout,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -110,6 +111,7 @@ def local_client(
 
 
 DATA_MODES = ("persist", "stream")
+"""How the engine gets the training batches to the workers: persisted once, or streamed."""
 
 
 class _Streamed(NamedTuple):
@@ -129,9 +131,9 @@ class DaskEngine:
     """Runs g compute groups on a dask cluster; `run(...)` follows the Engine contract (`engine.trace`).
 
     `blas_threads` limits BLAS threads per worker process (None: leave the workers as they are);
-    `timeout` bounds every wait on a server or a task (seconds); `window` is how many iterations
-    each group keeps submitted ahead; `verbose` > 0 shows a progress bar; `poll` is how often (s)
-    the driver checks the groups and the workers.
+    `timeout` bounds every wait on a server or a task (seconds); `verbose` > 0 shows a progress
+    bar; `poll` is how often (s) the driver checks the groups and the workers. `window` is
+    deprecated and does nothing (each group's loop runs one iteration at a time).
 
     Fault tolerance: every `snapshot_every` conv updates (checked each `poll`) the driver
     snapshots both servers. When a worker of the placement dies, the run continues on the surviving
@@ -174,7 +176,7 @@ class DaskEngine:
         *,
         blas_threads: int | None = None,
         timeout: float = 120.0,
-        window: int = 2,
+        window: int | None = None,
         verbose: int = 0,
         poll: float = 1.0,
         strategy: Strategy | None = None,
@@ -189,6 +191,13 @@ class DaskEngine:
         shard_reads: str = "lead",
     ) -> None:
         strategy = strategy if strategy is not None else Strategy()
+        if window is not None:
+            warnings.warn(
+                "DaskEngine(window=...) is deprecated and does nothing: each group's loop runs one "
+                "iteration at a time (`window` now names only the shuffle window, `shuffle_window`)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         if shard_reads not in SHARD_READS:
             raise ValueError(f"shard_reads must be one of {SHARD_READS}, got {shard_reads!r}")
         self.shard_reads = shard_reads
@@ -227,7 +236,6 @@ class DaskEngine:
         self.client = client
         self.blas_threads = blas_threads
         self.timeout = float(timeout)
-        self.window = max(1, int(window))
         self.verbose = verbose
         self.poll = float(poll)
         self.snapshot_every = int(snapshot_every)

@@ -75,7 +75,7 @@ class GroupSpec:
     ps_worker: str | None = None
     source: StreamSource | None = None
     augment: Augment | None = None
-    window: int = 1
+    shuffle_window: int = 1
     prefetch: int = 2
     own_reads: bool = False
 
@@ -122,7 +122,7 @@ def group_specs(
                 ps_worker=placement.conv_server_worker,
                 source=data.source,
                 augment=engine.augment,
-                window=engine.shuffle_window,
+                shuffle_window=engine.shuffle_window,
                 prefetch=engine.prefetch,
                 own_reads=engine.shard_reads == "own",
             )
