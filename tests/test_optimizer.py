@@ -159,9 +159,7 @@ def test_momentum_zero_at_four_groups_tries_small_momenta_then_halves_g(digits8)
 def test_a_raising_engine_counts_as_divergence_and_the_cold_start_moves_on(digits8):
     X, y = digits8
     engine = RaisingEngine(t_conv=1.0, t_fc=0.5, verbose=0, raises=lambda config, budget: config.lr >= 1.0)
-    opt = GridPolicy(
-        engine, lr_grid=(1.0, 0.1, 0.01, 0.001, 1e-4), probe_iterations=20, epoch_factor=0.5
-    )
+    opt = GridPolicy(engine, lr_grid=(1.0, 0.1, 0.01, 0.001, 1e-4), probe_iterations=20, epoch_factor=0.5)
     result = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=1)
     cold = probes(result.decisions, "cold_start")[lambda r: r["n_groups"] == 1]
     assert cold.iloc[0]["lr"] == 1.0 and cold.iloc[0]["diverged"] and math.isinf(cold.iloc[0]["score"])
