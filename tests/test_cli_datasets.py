@@ -31,7 +31,7 @@ def tree(tmp_path_factory):
 
 def test_train_on_an_image_folder_at_the_size_and_classes_given(tree, tmp_path):
     run, out = tmp_path / "run", io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):  # the header is a log line
         code = main([
         "train", "--dataset", "imagefolder", "--data-dir", str(tree), "--image-size", "28",
         "--classes", "2", "--resize", "warp", "--engine", "simulated", "--max-epochs", "1",

@@ -57,12 +57,13 @@ def test_predict_on_a_dask_array_sends_the_net_once(digits):
 
 def test_info_and_the_train_header_describe_the_device_in_words(tmp_path):
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):  # train's header is logged
         assert main(["info"]) == 0
         main(["train", "--dataset", "digits", "--engine", "simulated", "--n-workers", "1", "--n-groups", "1",
               "--lr", "0.01", "--momentum", "0.9", "--max-epochs", "0.1", "--eval-size", "100",
               "--output", str(tmp_path / "run")])  # fmt: skip
-    lines = [line for line in out.getvalue().splitlines() if line.startswith(("cpu:", "device:"))]
+    lines = [line.removeprefix("[dasknn] ") for line in out.getvalue().splitlines()]
+    lines = [line for line in lines if line.startswith(("cpu:", "device:"))]
     assert len(lines) == 2, out.getvalue()
     for line in lines:
         assert "{" not in line and "'" not in line and "cores" in line, line

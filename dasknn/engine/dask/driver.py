@@ -270,7 +270,7 @@ class DaskEngine:
             ):
                 raise
             try:
-                alive = cluster_workers(engine_client(self))
+                alive = _settled_workers(engine_client(self))
             except Exception:  # the scheduler is gone too: the caller names that
                 raise err from None
             if alive or self.placement_ is None:
@@ -490,3 +490,19 @@ class DaskEngine:
         from tqdm.auto import tqdm
 
         return tqdm(total=budget.iterations, unit="it", desc="dask engine", dynamic_ncols=True)
+
+
+LOSS_NOTICE_SECONDS = 10.0
+"""How long a run that failed on a lost connection waits for the scheduler to notice which workers
+are gone (a killed worker's connection can close on the client before the scheduler removes it)."""
+
+
+def _settled_workers(client) -> dict[str, Any]:
+    """The cluster's workers once the scheduler has caught up with a loss the client saw first:
+    polled until none is left or LOSS_NOTICE_SECONDS have passed."""
+    deadline = time.monotonic() + LOSS_NOTICE_SECONDS
+    alive = cluster_workers(client)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.25)
+        alive = cluster_workers(client)
+    return alive
