@@ -1,11 +1,13 @@
 """The `dasknn` command: `dasknn train`, `predict`, `experiment`, `info`, `summary`.
 
 `dasknn train` is the main job: DistributedCNN on a LocalCluster sized to the machine (or on a
-running scheduler), Omnivore's optimizer choosing n_groups, learning rate and momentum unless they
-are given. It prints progress, the optimizer's decisions and the time-to-accuracy table, and writes
-the experiment (.nc), the report (.csv), a plot (.png) and the model (model/, `DistributedCNN.save`)
-to an output folder it names. `dasknn predict --model <run>/model` scores a dataset with it or
-writes its predictions, in its own process, with no cluster.
+running scheduler), the tuner (`--tuner auto` by default; `grid` is Omnivore's Algorithm 1) choosing
+n_groups, learning rate and momentum unless they are given; without a target a fit may stop on
+convergence (exit 0; with a target it did not reach, exit 1 as a spent budget). It prints progress,
+the tuner's decisions and the time-to-accuracy table, and writes the experiment (.nc), the report
+(.csv), a plot (.png) and the model (model/, `DistributedCNN.save`) to an output folder it names.
+`dasknn predict --model <run>/model` scores a dataset with it or writes its predictions, in its own
+process, with no cluster.
 
 Every failure ends with one line on stderr, `dasknn <command>: <what failed>: <what to do>`, and
 one of the exit codes below; `--debug` prints the traceback before that line.
@@ -170,7 +172,7 @@ def cmd_train(args) -> int:
         validation_data=validation_data,
         validation_fraction=fraction,
         verbose=args.verbose,
-        optimizer_options=None if args.lr_grid is None else {"lr_grid": args.lr_grid},
+        tuner_options=None if args.lr_grid is None else {"lr_grid": args.lr_grid},
     )
     est._check_params()  # every option checked before the data is read or a cluster started
     X, y = _load_dataset(args)
@@ -545,7 +547,7 @@ def _add_train(t: argparse.ArgumentParser) -> None:
         "--lr-grid",
         type=_rates,
         default=None,
-        help="the optimizer's cold-start rates, highest first, e.g. 0.1,0.03,0.01 (default: 0.1 ... 1e-5)",
+        help="--tuner grid: the cold-start rates, highest first, e.g. 0.1,0.03,0.01 (default: 0.1 ... 1e-5)",
     )
     t.add_argument(
         "--connect-timeout",

@@ -90,8 +90,10 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         warm_start: bool = False,
         checkpoint_dir: Any = None,
         resume: bool = False,
+        tuner_options: dict | None = None,
+        tuner: str = "auto",
+        optimizer: str | None = None,
         optimizer_options: dict | None = None,
-        optimizer: str = "grid",
         simulated_gflops: Any = SIMULATED_GFLOPS,
         data: str = "auto",
         augment: Any = None,
@@ -129,8 +131,10 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.warm_start = warm_start
         self.checkpoint_dir = checkpoint_dir
         self.resume = resume
-        self.optimizer_options = optimizer_options
+        self.tuner_options = tuner_options
+        self.tuner = tuner
         self.optimizer = optimizer
+        self.optimizer_options = optimizer_options
         self.simulated_gflops = simulated_gflops
         self.data = data
         self.augment = augment
@@ -310,14 +314,19 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             )
 
     def _smallest_rate(self) -> float:
-        """The learning rate of the fit, or with "auto" the smallest the optimizer may try."""
+        """The learning rate of the fit, or with "auto" the smallest the tuner may start at."""
         if self.learning_rate != "auto":
             return float(self.learning_rate)
         import inspect
 
+        from dasknn.estimator_params import resolve_tuner
         from dasknn.optimizer import GridPolicy
+        from dasknn.optimizer.prior import solver_prior
 
-        grid = (self.optimizer_options or {}).get("lr_grid")
+        tuner, options = resolve_tuner(self.get_params(deep=False), warn=False)
+        if tuner == "auto":
+            return solver_prior(self.net)[0]
+        grid = (options or {}).get("lr_grid")
         if grid is None:
             grid = inspect.signature(GridPolicy).parameters["lr_grid"].default
         return float(min(grid))
@@ -384,6 +393,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
     def fit(self, X, y) -> DistributedCNN:
         """Train on X (n, C, H, W) and class labels y; returns self."""
         X, y, labels = self._validate(X, y)
+        self._resolve_tuner()
         ckpt = self._checkpoint_to_continue()
         if ckpt is not None:
             self._adopt(ckpt, check_params=self.resume)
@@ -401,6 +411,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         the labels of this y; later calls may only use those. Knobs: see the class docstring.
         """
         X, y, labels = self._validate(X, y, partial=True)
+        self._resolve_tuner()
         if not hasattr(self, "net_"):
             if self.checkpoint_dir is not None and checkpoint.list_checkpoints(self.checkpoint_dir):
                 raise ValueError(f"checkpoint_dir {self.checkpoint_dir} already holds checkpoints")
@@ -413,6 +424,12 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         epochs = self.max_epochs if self.max_epochs is not None else 1.0
         with verbose_logging(self.verbose):
             return self._fit(X, y, None, partial_epochs=epochs)
+
+    def _resolve_tuner(self) -> None:
+        """`tuner_` and `tuner_options_`: the tuner, the deprecated `optimizer=` names mapped onto it."""
+        from dasknn.estimator_params import resolve_tuner
+
+        self.tuner_, self.tuner_options_ = resolve_tuner(self.get_params(deep=False))
 
     def save_checkpoint(self, directory: str | os.PathLike | None = None) -> Path:
         """Write the fitted state as a checkpoint (on request) to `directory` or `checkpoint_dir`."""
@@ -469,7 +486,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         """The parameters a resumed fit must share with the checkpointed one (they shape the run)."""
         out = {}
         for name in RESUME_PARAMS:
-            value = getattr(self, name)
+            value = getattr(self, "tuner_", self.tuner) if name == "tuner" else getattr(self, name)
             if isinstance(value, Net):
                 value = f"Net {value.name}"
             ok = value is None or isinstance(value, (str, bool, int, float))
@@ -507,16 +524,36 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         if "params" not in meta or "classes" not in meta:
             raise ValueError(f"{ckpt.path} is not a DistributedCNN checkpoint (no params/classes)")
         if check_params:
-            ours = self._fingerprint()
-            theirs = meta["params"]
+            ours, theirs = self._fingerprint(), dict(meta["params"])
+            old = "tuner" not in theirs and "optimizer" in theirs  # written before tuner= (default "grid")
+            if old:
+                theirs["tuner"] = theirs.pop("optimizer")
+                if self.tuner == "auto" and self.optimizer is None and theirs["tuner"] != "auto":
+                    # the tuner left at its default: go on with the one the checkpointed fit used
+                    import warnings
+
+                    warnings.warn(
+                        f"resuming {ckpt.path}, written before tuner= existed, with its tuner "
+                        f"{theirs['tuner']!r} (the default then)",
+                        UserWarning,
+                        stacklevel=3,
+                    )
+                    self.tuner_ = ours["tuner"] = theirs["tuner"]
             diff = {k: (theirs[k], ours[k]) for k in RESUME_PARAMS if k in theirs and theirs[k] != ours[k]}
             if diff:
                 detail = ", ".join(
                     f"{k}: checkpoint {a!r}, this estimator {b!r}" for k, (a, b) in diff.items()
                 )
+                hint = ""
+                if old and "tuner" in diff:
+                    hint = (
+                        "; it predates tuner= (then optimizer=, default 'grid'): "
+                        f"pass tuner={theirs['tuner']!r}"
+                    )
                 raise ValueError(
-                    f"resume: {ckpt.path} was written by a fit with other parameters ({detail}); a resumed "
-                    "fit may change only its budget (time_budget, max_epochs, target_accuracy) and callbacks"
+                    f"resume: {ckpt.path} was written by a fit with other parameters ({detail}){hint}; a "
+                    "resumed fit may change only its budget (time_budget, max_epochs, target_accuracy) and "
+                    "callbacks"
                 )
         self.classes_ = np.asarray(meta["classes"])
         self.n_features_in_ = int(meta["n_features_in"])
@@ -652,7 +689,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             session = loop.restore(resume_from)
         elif partial_epochs is not None and hasattr(self, "history_"):
             loop.continue_records(self.history_, self.trace_, self.decisions_)
-        policy = self._policy(engine, auto, partial_epochs, max_iterations, loop.n_batches)
+        policy = self._policy(engine, auto, partial_epochs, max_iterations, loop.n_batches, X, net)
         limit = f"max_epochs={epochs}" if partial_epochs is None else f"partial_fit's {epochs:g} epoch(s)"
         resumed = resume_from is not None and loop.history
         began = {  # where this fit's budgets started, for stopped_by_ (a resume: the original fit's)
@@ -681,18 +718,25 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
         return notify
 
-    def _policy(self, engine, auto: bool, partial_epochs, max_iterations, nb: int):
-        """The loop's policy: Algorithm 1 or the online optimizer for "auto" knobs, else fixed knobs."""
+    def _policy(self, engine, auto: bool, partial_epochs, max_iterations, nb: int, X=None, net=None):
+        """The loop's policy: the tuner ("auto", Algorithm 1, online) for "auto" knobs, else fixed knobs."""
         from dasknn.estimator_params import optimizer_class
         from dasknn.optimizer.fixed import FixedKnobs
 
         if not auto:
             config = self._fixed_config(partial_epochs is not None)
             return FixedKnobs(config, self.time_budget, max_iterations)
-        options: dict[str, Any] = {**(self.optimizer_options or {}), "verbose": max(0, self.verbose - 1)}
+        options: dict[str, Any] = {**(self.tuner_options_ or {}), "verbose": max(0, self.verbose - 1)}
         # training is evaluated (and stops at the target) at least once per pass over the data, as
         # the fixed knobs' runs are: the two report time to accuracy at the same granularity
-        if self.optimizer == "online":
+        if self.tuner_ == "auto":
+            options.setdefault("net_name", self.net if isinstance(self.net, str) else None)
+            if options.get("prior_cache", True) is not False and X is not None:
+                from dasknn.optimizer.prior import PriorCache, dataset_key
+
+                key = PriorCache.key(net, dataset_key(X), self.batch_size, X.shape[1:], self.weight_decay)
+                options.setdefault("cache_key", key)
+        elif self.tuner_ == "online":
             options.setdefault("run_iterations", min(nb, 200))
             options.setdefault("target_accuracy", self.target_accuracy)
         else:
@@ -700,7 +744,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         for knob in ("n_groups", "learning_rate", "momentum"):
             if getattr(self, knob) != "auto":
                 options[knob] = getattr(self, knob)
-        return optimizer_class(self.optimizer)(engine, **options)
+        return optimizer_class(self.tuner_)(engine, **options)
 
     def _finish(self, loop, net: Net, result, callbacks, began: dict[str, Any]) -> None:
         """The fitted attributes from a finished loop; early stopping's best state restored."""
@@ -791,7 +835,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         ds = record_from_traces(
             usable, net=net.name, dataset="user data", batch_size=self.batch_size, device=device_info()
         )
-        return with_decisions(ds, decisions) if self.optimizer == "online" else ds
+        return with_decisions(ds, decisions) if self.tuner_ in ("online", "auto") else ds
 
     # -- prediction ------------------------------------------------------------------------------
     def _check_fitted(self) -> None:

@@ -20,7 +20,8 @@ from dasknn.nn.net import Net
 from dasknn.rules import LEARNING_RATE, MOMENTUM, Boolean, Choice, Custom, Number, Rule
 
 ENGINES = ("dask", "simulated")
-OPTIMIZERS = ("grid", "online")
+TUNERS = ("auto", "grid", "online")
+"""The tuners of the knobs left "auto"; `optimizer` was the old name of `tuner`."""
 DATA_CHOICES = ("auto", "persist", "stream")
 """The values of DistributedCNN's `data`: the Dask engine's two ways of getting the training
 batches to the workers (`dasknn.engine.dask.driver.DATA_MODES`), or "auto" to choose between them."""
@@ -265,20 +266,31 @@ PARAMS: tuple[Param, ...] = (
           "Continue the fit whose latest checkpoint is in `checkpoint_dir` to that fit's own end (same "
           "budgets; on engine=\"simulated\" the result equals the uninterrupted fit). Without a checkpoint "
           "there, a fresh fit.", resume=False),
+    Param("tuner_options", None,
+          Custom("None or a dict", accepts=lambda v: v is None or isinstance(v, dict)),
+          "Extra options of the tuner: with tuner=\"auto\" of `dasknn.optimizer.AutoPolicy`, e.g. "
+          "`prior_cache` (False: no cache), `window`, `trial_fraction`, `max_drops`; with \"grid\" of "
+          "`dasknn.optimizer.GridPolicy`, e.g. `{\"lr_grid\": (0.1, 0.03, 0.01, 0.003)}` for the "
+          "cold start's rates, `probe_iterations`, `epoch_factor`; with \"online\" of "
+          "`dasknn.optimizer.OnlinePolicy`, e.g. `initial_lr`, `exploration_fraction`. Checked before "
+          "any work starts. The knobs themselves (n_groups, learning_rate, momentum) and verbose come from "
+          "this estimator's parameters.",
+          flag=False, resume=False),
+    Param("tuner", "auto", Choice(TUNERS),
+          "How the knobs left \"auto\" (n_groups, learning_rate, momentum) are chosen while training "
+          "(the SGD update itself is always Caffe's momentum SGD). \"auto\": from the first iteration at "
+          "a free prior (the HE model's g, the net's solver η and µ, or the last fit of the same job), "
+          "η doubled while it pays, A-B-A trials within 5% of the elapsed time, η ÷ 3 on a plateau and a "
+          "stop on convergence (`dasknn.optimizer.auto`). \"grid\": Omnivore's Algorithm 1, a cold "
+          "start then grid searches from checkpoints. \"online\": the goodput optimizer (Pollux, "
+          "YellowFin, AdaScale; `dasknn.optimizer.online`).", aliases=("--optimizer",)),
+    Param("optimizer", None, Custom("None or one of 'auto', 'grid', 'online'",
+                                    accepts=lambda v: v is None or v in TUNERS),
+          "Deprecated: the old name of `tuner` (a DeprecationWarning; it read as the SGD/Adam choice of "
+          "Keras and skorch).", flag=False, resume=False),
     Param("optimizer_options", None,
           Custom("None or a dict", accepts=lambda v: v is None or isinstance(v, dict)),
-          "Extra options of the optimizer when a knob is \"auto\": with optimizer=\"grid\" of "
-          "`dasknn.optimizer.GridPolicy`, e.g. `{\"lr_grid\": (0.1, 0.03, 0.01, 0.003)}` for the "
-          "cold start's rates, `probe_iterations`, `epoch_factor`, `cold_start_groups`; with \"online\" of "
-          "`dasknn.optimizer.OnlinePolicy`, e.g. `initial_lr`, `target_momentum`, "
-          "`exploration_fraction`. Checked before any work starts. The knobs themselves (n_groups, "
-          "learning_rate, momentum) and verbose come from this estimator's parameters.",
-          flag=False, resume=False),
-    Param("optimizer", "grid", Choice(OPTIMIZERS),
-          "How \"auto\" knobs are chosen: Omnivore's Algorithm 1, a cold start then grid searches from "
-          "checkpoints (\"grid\"), or the online optimizer that trains from the first iteration at the g "
-          "saturating the FC server and retunes g, η, µ from measured goodput, momentum and gradient "
-          "noise, keeping every trial that did not diverge (\"online\", `dasknn.optimizer.online`)."),
+          "Deprecated: the old name of `tuner_options` (a DeprecationWarning).", flag=False, resume=False),
     Param("simulated_gflops", SIMULATED_GFLOPS,
           Custom("a number > 0 or 'calibrate'", accepts=lambda v: (isinstance(v, str) and v == "calibrate")
                  or Number(0, low_open=True).ok(v), parse_text=_simulated_gflops_word),
@@ -335,10 +347,37 @@ def parameters_doc() -> str:
 
 
 def optimizer_class(name: str):
-    """The optimizer class of DistributedCNN's `optimizer` parameter."""
-    from dasknn.optimizer import GridPolicy, OnlinePolicy
+    """The policy class of DistributedCNN's `tuner` parameter."""
+    from dasknn.optimizer import AutoPolicy, GridPolicy, OnlinePolicy
 
-    return OnlinePolicy if name == "online" else GridPolicy
+    return {"auto": AutoPolicy, "online": OnlinePolicy, "grid": GridPolicy}[name]
+
+
+def resolve_tuner(params: dict[str, Any], warn: bool = True) -> tuple[str, dict[str, Any] | None]:
+    """(tuner, tuner_options) with the deprecated names `optimizer` / `optimizer_options` mapped
+    onto them (a DeprecationWarning each); both names of one setting given is a ValueError."""
+    import warnings
+
+    tuner, options = params["tuner"], params["tuner_options"]
+    if params.get("optimizer") is not None:
+        if tuner != "auto" and tuner != params["optimizer"]:
+            raise ValueError(
+                f"give tuner={tuner!r} or the deprecated optimizer={params['optimizer']!r}, not both"
+            )
+        tuner = params["optimizer"]
+        if warn:
+            warnings.warn(
+                "optimizer= is deprecated: use tuner= (same values)", DeprecationWarning, stacklevel=4
+            )
+    if params.get("optimizer_options") is not None:
+        if options is not None:
+            raise ValueError("give tuner_options or the deprecated optimizer_options, not both")
+        options = params["optimizer_options"]
+        if warn:
+            warnings.warn(
+                "optimizer_options= is deprecated: use tuner_options=", DeprecationWarning, stacklevel=4
+            )
+    return tuner, options
 
 
 class _NoEngine:
@@ -372,7 +411,8 @@ def _check_combinations(params: dict[str, Any], partial: bool) -> None:
         aggregation=params["aggregation"],
         split=params["split"],
     )
-    _check_optimizer_options(params["optimizer_options"], params["optimizer"])
+    tuner, options = resolve_tuner(params, warn=False)
+    _check_optimizer_options(options, tuner)
     _check_tls(params["scheduler"], params["security"])
     _check_data(params)
     n_groups, n_workers = params["n_groups"], params["n_workers"]
@@ -383,19 +423,17 @@ def _check_combinations(params: dict[str, Any], partial: bool) -> None:
         )
 
 
-def _check_optimizer_options(options, optimizer: str = "grid") -> None:
-    """The optimizer's options, each known and valid, none of the estimator's own."""
+def _check_optimizer_options(options, tuner: str = "auto") -> None:
+    """The tuner's options, each known and valid, none of the estimator's own."""
     if options is None:
         return
     own = sorted(set(options) & set(OWN_OPTIONS))
     if own:
-        raise ValueError(
-            f"optimizer_options may not set {own}: use the estimator's parameters of those names"
-        )
+        raise ValueError(f"tuner_options may not set {own}: use the estimator's parameters of those names")
     try:
-        optimizer_class(optimizer)(_NoEngine(), **options)
+        optimizer_class(tuner)(_NoEngine(), **options)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"optimizer_options: {err}") from None
+        raise ValueError(f"tuner_options: {err}") from None
 
 
 def _check_data(params: dict[str, Any]) -> None:

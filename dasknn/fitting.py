@@ -398,6 +398,8 @@ class Loop:
                 self.save(self.snapshots[CURRENT], step.checkpoint)
             step = policy.next_run(self.execute(step))
         state = self.snapshot(step.state)
+        if step.reason.startswith("converged") and not self.stopped_by:  # the tuner's plateau rule
+            self.stopped_by = f"{step.reason} (at iteration {state.iterations_done})"
         last = self.history[-1]["iteration"] if self.history else -1
         if self.evaluator is not None and last != state.iterations_done:
             # the model returned, even mid-search: an evaluation when it is a new step, only noted

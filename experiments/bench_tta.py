@@ -9,9 +9,12 @@ Built so that it cannot flatter the optimizer:
 - every contender runs `--runs` times (default 5), the repetitions interleaved (each round runs every
   contender once, so the machine's load falls on all alike); the table shows medians, the ratio
   of medians, and the per-run ratios (round i of the optimizer against round i of the other);
-- the contenders: the online optimizer; Omnivore's Algorithm 1 (`optimizer="grid"`, its paper
-  defaults); the best fixed configuration of the grid (its grid cost not counted), and the grid's
-  median configuration; a plain PyTorch loop with Caffe's LeNet solver (experiments/bench_tta_torch).
+- the contenders: the default "auto" tuner (`tuner="auto"`, its prior cache off, so every round
+  starts cold; headline ratios against the best fixed configuration, the Caffe solver's settings
+  g = 1, η = 0.01, µ = 0.9, and PyTorch); the online optimizer; Omnivore's Algorithm 1
+  (`tuner="grid"`, its paper defaults); the best fixed configuration of the grid (its grid cost
+  not counted), and the grid's median configuration; a plain PyTorch loop with Caffe's LeNet
+  solver (experiments/bench_tta_torch).
 
 Main job (`dasknn train`'s): mnist-sample / LeNet, batch 64, weight decay 5e-4, target 96%
 held-out accuracy on a stratified 20% of mnist-sample that no contender trains on (the
@@ -153,8 +156,8 @@ def fit_run(
         target_accuracy=target,
         eval_size=eval_size,
         random_state=SEED,
-        optimizer_options=options,
-        optimizer=optimizer,
+        tuner_options=options,
+        tuner=optimizer,
         validation_fraction=validation_fraction,
     )
     est.bench_engine = engine
@@ -184,8 +187,8 @@ def fit_run(
     if decisions is not None and len(decisions):
         # a fixed run's decisions are its rollbacks (divergence: back to the last good state, lr / 10)
         record["rollbacks"] = int((decisions["action"] == "rollback").sum())
-    # the grid optimizer's train epochs, the online one's runs ("segment" before the renames)
-    trains = ("train", "run", "segment")
+    # grid's train epochs, online's runs ("segment" before the renames), auto's windows
+    trains = ("train", "run", "segment", "window", "end")
     if decisions is not None and decisions.get("action", pd.Series(dtype=object)).isin(trains).any():
         if decisions_csv is not None:
             decisions.to_csv(decisions_csv, index=False)
@@ -252,6 +255,17 @@ def summarise(runs: pd.DataFrame, budget: float) -> tuple[pd.DataFrame, dict]:
             out[f"vs {label}: per-run ratios"] = [round(float(online[i] / other[i]), 2) for i in common]
     if len(online) and "median_config_s" in out:
         out["vs median fixed config: ratio of medians"] = float(online.median() / out["median_config_s"])
+    auto = runs[runs["kind"] == "auto"].set_index("round")["seconds"]
+    for label, name in (
+        ("best fixed", out.get("best_fixed")),
+        ("Caffe solver's settings", "fixed g=1 η=0.01 µ=0.9"),
+        ("pytorch", "pytorch (Caffe solver)"),
+    ):
+        other = runs[runs["run"] == name].set_index("round")["seconds"] if name else pd.Series(dtype=float)
+        if len(auto) and len(other):
+            common = auto.index.intersection(other.index)
+            out[f"auto vs {label}: ratio of medians"] = float(auto.median() / other.median())
+            out[f"auto vs {label}: per-run ratios"] = [round(float(auto[i] / other[i]), 2) for i in common]
     table["ratio_to_online"] = table["median_s"] / (float(online.median()) if len(online) else np.nan)
     return table, out
 
@@ -295,7 +309,8 @@ def dask_part(args, X, y) -> tuple[pd.DataFrame, dict]:
         Xc, yc = client.persist([X, y])
         for rnd in range(args.runs):
             print(f"round {rnd + 1} of {args.runs} (load average {os.getloadavg()[0]:.1f})", flush=True)
-            contenders = [("optimizer=online", "online", {"optimizer": "online"})]
+            contenders = [("tuner=auto", "auto", {"optimizer": "auto", "options": {"prior_cache": False}})]
+            contenders += [("optimizer=online", "online", {"optimizer": "online"})]
             contenders += [("optimizer=grid", "grid", {"optimizer": "grid"})]
             contenders += [
                 (f"fixed g={g} η={lr:g} µ={mu:g}", "fixed", {"g": g, "lr": lr, "mu": mu})

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+os.environ.setdefault("DASKNN_PRIOR_CACHE", "off")  # a fit must not start from an earlier test's fit
+
 REPO = Path(__file__).resolve().parents[1]
 
 

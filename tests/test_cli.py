@@ -88,7 +88,7 @@ def test_train_with_a_replica_strategy_on_the_simulator(tmp_path):
 def test_lr_grid_sets_the_optimizers_cold_start_rates(tmp_path):
     run = tmp_path / "grid"
     out = dasknn(
-        "train", "--dataset", "digits", "--engine", "simulated", "--lr-grid", "0.05,0.005",
+        "train", "--dataset", "digits", "--engine", "simulated", "--tuner", "grid", "--lr-grid", "0.05,0.005",
         "--max-epochs", "2", "--eval-size", "300", "--output", str(run), "-q",
     )  # fmt: skip
     assert out.returncode in (0, 1), out.stderr

@@ -165,7 +165,8 @@ def test_auto_knobs_run_omnivores_optimizer_and_record_its_decisions():
     d = load_digits()
     X, y = d.data.astype(np.float32) / 16, d.target
     est = DistributedCNN(net="mlp", input_shape="flat", engine="simulated", n_workers=4, batch_size=32,
-                         time_budget=None, max_epochs=12, target_accuracy=0.95, eval_size=500)  # fmt: skip
+                         time_budget=None, max_epochs=12, target_accuracy=0.95, eval_size=500,
+                         tuner="grid")  # fmt: skip
     est.fit(X, y)
     assert est.history_[-1]["accuracy"] >= 0.95
     actions = list(est.decisions_["action"])
@@ -183,7 +184,7 @@ def test_pinned_knobs_are_kept_by_the_optimizer():
     X, y = d.data.astype(np.float32) / 16, d.target
     est = DistributedCNN(net="mlp", input_shape="flat", engine="simulated", n_workers=4, batch_size=32,
                          time_budget=None, max_epochs=4, n_groups=2, learning_rate=0.05,
-                         eval_size=300)  # fmt: skip
+                         eval_size=300, tuner="grid")  # fmt: skip
     est.fit(X, y)
     assert set(est.trace_["lr"]) == {0.05}
     chosen = est.decisions_[est.decisions_["action"] == "initial_groups"]["n_groups"]
@@ -220,7 +221,7 @@ def test_a_budget_spent_in_the_cold_start_still_gives_a_history_and_a_report(dig
     holds two whole 20-iteration probes and part of a third (0.2 s ended inside the second probe,
     which then returned the initial weights)."""
     X, y = digits
-    est = DistributedCNN(engine="simulated", time_budget=0.5, eval_size=200).fit(X, y)
+    est = DistributedCNN(engine="simulated", time_budget=0.5, eval_size=200, tuner="grid").fit(X, y)
     hist = est.history_
     assert hist[0]["time"] == 0.0 and hist[0]["iteration"] == 0 and hist[0]["event"] == "start"
     assert hist[-1]["iteration"] == est.n_iter_ > 0

@@ -48,7 +48,7 @@ class RecordingCNN(DistributedCNN):
 def test_a_fraction_never_trains_on_its_held_out_or_selection_samples(digits):
     X, y = digits
     ids = (np.arange(len(y)) / 10_000).astype(np.float32)[:, None]
-    est = RecordingCNN(validation_fraction=0.25, max_epochs=2, selection_size=100, **SMALL)
+    est = RecordingCNN(validation_fraction=0.25, max_epochs=2, selection_size=100, tuner="grid", **SMALL)
     est.fit(np.hstack([X, ids]), y)
     parts = est.parts_
     assert est.recorder_.seen == set(parts.train.tolist())  # the optimizer's probes included
@@ -140,7 +140,7 @@ def test_the_csv_logger_writes_a_row_per_evaluation(digits, tmp_path):
 @pytest.mark.parametrize("verbose", [0, 1])
 def test_the_progress_bar_writes_at_verbose_1_and_nothing_at_verbose_0(digits, capsys, verbose):
     X, y = digits
-    DistributedCNN(validation_fraction=0.2, max_epochs=1, verbose=verbose, **SMALL).fit(X, y)
+    DistributedCNN(validation_fraction=0.2, max_epochs=1, verbose=verbose, tuner="grid", **SMALL).fit(X, y)
     out, err = capsys.readouterr()
     if verbose:
         assert "dasknn (simulated):" in err and "/1 epoch" in err
@@ -186,7 +186,7 @@ def test_validation_data_goes_through_the_same_gate(digits):
 
 def test_every_plotted_line_segment_joins_two_evaluations_outside_the_search(digits):
     X, y = digits
-    est = DistributedCNN(validation_fraction=0.2, **{**SMALL, "time_budget": 0.05}).fit(X, y)
+    est = DistributedCNN(validation_fraction=0.2, tuner="grid", **{**SMALL, "time_budget": 0.05}).fit(X, y)
     hist = pd.DataFrame(est.history_)
     spans = search_spans(est.trace_, est.decisions_)
     assert spans and spans[0][0] == 0.0  # the cold start searches first

@@ -95,9 +95,12 @@ def digits():
     "params",
     [
         pytest.param({"n_groups": 2, "learning_rate": 50.0, "momentum": 0.9, "max_epochs": 2}, id="fixed"),
-        pytest.param({"max_epochs": 8, "poison_row": 1500}, id="grid"),
+        pytest.param({"tuner": "grid", "max_epochs": 8, "poison_row": 1500}, id="grid"),
         pytest.param(
-            {"optimizer": "online", "max_epochs": 3, "optimizer_options": {"initial_lr": 1000.0}}, id="online"
+            {"max_epochs": 2, "tuner_options": {"solver": {"base_lr": 20.0, "momentum": 0.9}}}, id="auto"
+        ),
+        pytest.param(
+            {"tuner": "online", "max_epochs": 3, "tuner_options": {"initial_lr": 1000.0}}, id="online"
         ),
     ],
 )  # fmt: skip

@@ -142,7 +142,7 @@ def test_the_estimator_scores_probes_on_its_selection_part_and_passes_optimizer_
     options = {"lr_grid": (0.3, 0.03, 0.003), "probe_iterations": 12}
     est = DistributedCNN(net="mlp", input_shape="flat", engine="simulated", n_workers=4, batch_size=32,
                          time_budget=None, max_epochs=3, eval_size=300,
-                         optimizer_options=options)  # fmt: skip
+                         tuner="grid", tuner_options=options)  # fmt: skip
     est.fit(X, y)
     d = est.decisions_
     cold = rows(d, "probe")[lambda r: r["n_groups"] == 1]
@@ -157,13 +157,13 @@ def test_the_estimator_scores_probes_on_its_selection_part_and_passes_optimizer_
         ({"lr_grid": (0.1, -1.0)}, "lr_grid values must be > 0"),
         ({"probe_iterations": 0}, "probe_iterations"),
         ({"no_such_option": 1}, r"unknown option\(s\) \['no_such_option'\]"),
-        ({"momentum": 0.5}, r"optimizer_options may not set \['momentum'\]"),
+        ({"momentum": 0.5}, r"tuner_options may not set \['momentum'\]"),
         ({"cold_start_groups": "yes"}, "cold_start_groups must be True or False"),
-        ([("lr_grid", (0.1,))], "optimizer_options must be None or a dict"),
+        ([("lr_grid", (0.1,))], "tuner_options must be None or a dict"),
     ],
 )
 def test_bad_optimizer_options_are_named_before_any_work(options, message):
     X = np.zeros((64, 1, 8, 8), dtype=np.float32)
     y = np.arange(64) % 2
     with pytest.raises(ValueError, match=message):
-        DistributedCNN(engine="simulated", max_epochs=1, optimizer_options=options).fit(X, y)
+        DistributedCNN(engine="simulated", max_epochs=1, tuner="grid", tuner_options=options).fit(X, y)

@@ -202,14 +202,14 @@ def test_online_options_are_checked():
         OnlinePolicy(engine, exploration_fraction=1.5)
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['lr_grid'\]"):
         OnlinePolicy(engine, lr_grid=(0.1,))
-    with pytest.raises(ValueError, match="optimizer must be one of"):
-        DistributedCNN(optimizer="adam").fit(np.zeros((4, 1, 8, 8), np.float32), np.arange(4))
+    with pytest.raises(ValueError, match="tuner must be one of"):
+        DistributedCNN(tuner="adam").fit(np.zeros((4, 1, 8, 8), np.float32), np.arange(4))
 
 
 # -- the estimator: simulated and a real LocalCluster ---------------------------------------------
 def test_the_estimator_trains_online_on_a_local_dask_cluster():
     X, y = load("digits", size=28)
-    est = DistributedCNN(optimizer="online", engine="dask", n_workers=2, time_budget=90, target_accuracy=0.9)
+    est = DistributedCNN(tuner="online", engine="dask", n_workers=2, time_budget=90, target_accuracy=0.9)
     est.fit(X, y)
     assert est.history_[-1]["accuracy"] >= 0.9
     d = est.decisions_

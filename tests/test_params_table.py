@@ -67,12 +67,13 @@ def test_the_default_of_each_flag_passes_the_table():
 
 def test_resume_parameters_are_the_ones_checkpoints_fingerprint():
     # the set checkpoints of earlier versions were written with, less the budget (time_budget,
-    # max_epochs, target_accuracy), which a resume may change: they must still resume
+    # max_epochs, target_accuracy), which a resume may change (their "optimizer" is read as
+    # "tuner", test_auto_estimator): they must still resume
     assert set(RESUME_PARAMS) == {
         "net", "batch_size", "n_groups", "learning_rate", "momentum", "weight_decay",
         "engine", "n_workers", "input_shape", "eval_size",
         "validation_fraction", "selection_size", "strategy", "physical_map", "aggregation", "split",
-        "random_state", "optimizer", "simulated_gflops", "augment", "shuffle_window",
+        "random_state", "tuner", "simulated_gflops", "augment", "shuffle_window",
     }  # fmt: skip
 
 
@@ -100,7 +101,7 @@ BAD = [
     ("time_budget", "0"), ("max_epochs", "-2"), ("target_accuracy", "1.5"), ("engine", "spark"),
     ("n_workers", "0"), ("eval_size", "0"), ("selection_size", "-1"), ("n_iter_no_change", "0"),
     ("tol", "-1"), ("strategy", "hogwild"), ("physical_map", "split"), ("aggregation", "allreduce"),
-    ("random_state", "-1"), ("random_state", "4294967296"), ("optimizer", "adam"),
+    ("random_state", "-1"), ("random_state", "4294967296"), ("tuner", "adam"),
     ("simulated_gflops", "0"), ("simulated_gflops", "fast"), ("data", "disk"), ("augment", "rotate"),
     ("shuffle_window", "0"), ("net", "vgg"), ("net", "no/such/net.prototxt"),
 ]  # fmt: skip

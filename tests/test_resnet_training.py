@@ -38,7 +38,8 @@ def test_resnet20_beats_cifar10_quick_on_the_same_data_and_budget():
             engine="dask",
             n_workers=2,
             random_state=0,
-            optimizer_options={"probe_iterations": 5},
+            tuner="grid",
+            tuner_options={"probe_iterations": 5},
         )
         est.fit(X, y)
         scores[net] = est.score(X_test, y_test)

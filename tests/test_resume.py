@@ -80,7 +80,7 @@ def test_a_fit_killed_after_a_checkpoint_resumes_to_the_uninterrupted_model(tmp_
 
 def test_the_optimizer_resumes_from_its_epoch_checkpoint_exactly(tmp_path, digits):
     X, y = digits
-    params = {**COMMON, "n_workers": 4, "batch_size": 32, "max_epochs": 12}
+    params = {**COMMON, "n_workers": 4, "batch_size": 32, "max_epochs": 12, "tuner": "grid"}
     whole = DistributedCNN(**params, checkpoint_dir=tmp_path / "a").fit(X, y)
     first = checkpoint.list_checkpoints(tmp_path / "a")[0]
     ck = checkpoint.load(first)

@@ -14,11 +14,12 @@ a stop). `sizing.py` is no policy: it sizes the cluster by goodput for dask's
 `Adaptive` (docs/architecture.md, "Elastic clusters").
 """
 
+from dasknn.optimizer.auto import AutoPolicy
 from dasknn.optimizer.grid import GridPolicy
 from dasknn.optimizer.online import OnlinePolicy
 from dasknn.optimizer.session import OptimizerResult
 
-__all__ = ["GridPolicy", "OnlinePolicy", "OptimizerResult"]
+__all__ = ["AutoPolicy", "GridPolicy", "OnlinePolicy", "OptimizerResult"]
 
 
 _RENAMED = {"OmnivoreOptimizer": GridPolicy, "OnlineOptimizer": OnlinePolicy}

@@ -30,12 +30,14 @@ from typing import Any
 from dasknn.tradeoff.hardware import HEModel
 
 __all__ = [
+    "CACHE_ENV",
     "CACHE_FILE",
     "CAFFE_DEFAULTS",
     "ZOO_SOLVERS",
     "Prior",
     "PriorCache",
     "dataset_key",
+    "default_cache_path",
     "groups_prior",
     "net_key",
     "solver_prior",
@@ -62,6 +64,8 @@ paper's for resnet20); `mlp` has none and starts from `CAFFE_DEFAULTS`."""
 
 CACHE_FILE = "auto-prior-cache.json"
 """The prior cache's file name in the data home (`dasknn.data.data_home`)."""
+CACHE_ENV = "DASKNN_PRIOR_CACHE"
+"""Environment variable: "off" turns the cache off, a path puts it there (the test suite sets "off")."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,18 @@ def dataset_key(X, rows: int = 16) -> str:
     return f"{'x'.join(str(int(d)) for d in X.shape)}-{np.dtype(X.dtype).name}-{digest}"
 
 
+def default_cache_path() -> Path | None:
+    """`$DASKNN_PRIOR_CACHE` (None when "off"), else `CACHE_FILE` in the data home."""
+    env = os.environ.get(CACHE_ENV, "")
+    if env.lower() in ("off", "0", "false", "no"):
+        return None
+    if env:
+        return Path(env).expanduser()
+    from dasknn.data import data_home
+
+    return data_home() / CACHE_FILE
+
+
 class PriorCache:
     """The configuration each successful fit ended with, keyed by what makes two fits the same job.
 
@@ -146,9 +162,9 @@ class PriorCache:
 
     def __init__(self, path: str | os.PathLike | None = None) -> None:
         if path is None:
-            from dasknn.data import data_home
-
-            path = data_home() / CACHE_FILE
+            path = default_cache_path()
+        if path is None:
+            raise ValueError(f"the prior cache is off (${CACHE_ENV}=off)")
         self.path = Path(path)
 
     @staticmethod

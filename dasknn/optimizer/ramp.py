@@ -132,15 +132,20 @@ class LrRamp:
             raise ValueError(f"the ramp's factor must be > 1, got {self.factor}")
 
     def observe(self, losses) -> RampStep:
-        """Judge the window just run at `self.lr` (its training losses, in order)."""
+        """Judge the window just run at `self.lr` from its training losses, in order."""
+        p, se = progress_and_error(losses)
+        return self.judge(p, se, window_level(losses), len(losses))
+
+    def judge(self, p: float, se: float, level: float, n: int) -> RampStep:
+        """Judge the window just run at `self.lr` from its progress `p` (fall of log loss per
+        iteration, ± `se`) at loss level `level`, over `n` iterations: e.g. the loss of fixed
+        evaluation samples before and after it, far less noisy than the batch losses."""
         if self.done:
             raise RuntimeError("the ramp is over: no more windows to judge")
-        p, se = progress_and_error(losses)
-        level = window_level(losses)
         if not math.isfinite(p) or p < -self.z * se:
             return self._undo(p, "the loss rose" if math.isfinite(p) else "a loss was not finite")
         if len(self.calibration) < 2:  # two windows at the start η measure how progress decays
-            self._keep(p, level, len(losses))
+            self._keep(p, level, n)
             self.calibration.append([p, level])
             if len(self.calibration) < 2:
                 return RampStep(self.lr, False, False, f"calibration window at η = {self.lr:g}: {p:.3g}/it")
@@ -149,7 +154,7 @@ class LrRamp:
             return self._double(f"calibration at η: progress goes as loss^{self.gamma:.2f}")
         expected = self.last_progress * expected_ratio(self.gamma, self.last_level, level)
         if p + self.z * se > expected * (1 + self.margin):  # not worse beyond the window's noise
-            self._keep(p, level, len(losses))
+            self._keep(p, level, n)
             if self.steps >= self.max_steps:
                 return self._finish(f"{self.max_steps} doublings: the ramp ends at η = {self.lr:g}")
             return self._double(f"progress {p:.3g}/it beat the previous η's expected {expected:.3g}/it")

@@ -49,25 +49,29 @@ def test_neighbours_cycle_through_the_rate_and_the_group_count():
 
 # -- plateau --------------------------------------------------------------------------------------
 def test_a_plateau_divides_the_rate_by_three_and_repeated_fruitless_drops_stop_the_fit():
-    rule = Plateau(reference=0.02, fraction=0.1, patience=2, smoothing=1, max_drops=2)
-    assert rule.observe(0.015, 0.90).action == "keep"
-    assert rule.observe(0.010, 0.91).action == "keep"
-    step = rule.observe(0.001, 0.92)  # below a tenth of the post-ramp progress
+    rule = Plateau(span=20, fraction=0.1, max_drops=2)
+    assert rule.observe(0.02, 10, 0.90).action == "keep"  # half a span
+    assert rule.observe(0.02, 10, 0.91).action == "keep"  # the span's 0.02/it is the reference
+    assert rule.observe(0.015, 20, 0.92).action == "keep"
+    step = rule.observe(0.001, 20, 0.93)  # below a tenth of the reference
     assert step.action == "drop" and "÷ 3" in step.reason
-    assert rule.observe(0.004, 0.95).action == "keep"  # the new reference: 0.004 after the drop
-    assert rule.observe(0.0003, 0.95).action == "drop"  # held-out rose 0.92 -> 0.95: it paid
-    assert rule.observe(0.003, 0.95).action == "keep"
-    assert rule.observe(0.0002, 0.95).action == "drop"  # no gain since the last drop: 1 of 2
-    assert rule.observe(0.002, 0.95).action == "keep"
-    step = rule.observe(0.0001, 0.95)
-    assert step.action == "stop" and "converged" in step.reason
+    assert rule.observe(0.004, 20, 0.95).action == "keep"  # the new η's first span: its reference
+    assert rule.observe(0.0003, 20, 0.95).action == "drop"  # held-out rose 0.93 -> 0.95: it paid
+    assert rule.observe(0.003, 20, 0.95).action == "keep"
+    assert rule.observe(0.0002, 20, 0.95).action == "drop"  # no gain since the last drop: 1 of 2
+    assert rule.observe(0.002, 20, 0.95).action == "keep"
+    step = rule.observe(0.0001, 20, 0.95)
+    assert step.action == "stop" and "no held-out gain" in step.reason
     again = Plateau.from_dict(rule.to_dict())
     assert again.to_dict() == rule.to_dict()
 
 
-def test_a_steady_fall_never_triggers_the_plateau():
-    rule = Plateau(reference=0.02)
-    assert {rule.observe(0.01, None).action for _ in range(50)} == {"keep"}
+def test_one_noisy_window_does_not_make_a_plateau_and_a_steady_fall_never_does():
+    rule = Plateau(span=30)
+    rule.observe(0.01, 30)
+    assert rule.observe(-0.02, 10).action == "keep"  # one bad window inside a span
+    assert rule.observe(0.03, 20).action == "keep"  # the span's mean, 0.013/it, is no plateau
+    assert {rule.observe(0.01, 30, None).action for _ in range(50)} == {"keep"}
 
 
 # -- momentum by measurement ----------------------------------------------------------------------

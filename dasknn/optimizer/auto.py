@@ -1,0 +1,518 @@
+"""The "auto" optimizer: a free prior, an η ramp on the training path, capped trials, a plateau rule.
+
+Searching cannot pay on short jobs (Omnivore appendix E: a job that converges in seconds is all
+cold start; Pollux starts from the user's settings and never explores first). So "auto" trains
+from the first iteration and only ever spends a bounded share of the run on anything else:
+
+1. The prior (`optimizer.prior`): the smallest g within 10% of the HE model's best time per
+   iteration; η and µ from the net's solver (a zoo net's published Caffe solver, else Caffe's
+   0.01 / 0.9), or the configuration the last successful fit of the same job reached (the cache in
+   the data home; then the ramp is skipped). The decisions log's "start" row names the source.
+2. The η ramp (`optimizer.ramp`): windows of w iterations, η doubled while a window beats what the
+   previous η would have done at the same loss level; the first worse, rising or non-finite window
+   is undone (the run before it is the start of the next) and the previous η kept.
+3. Training windows, each judged by the plateau rule (`optimizer.plateau`: η ÷ 3 when progress
+   falls below a tenth of the post-ramp progress; the fit stops on convergence after `max_drops`
+   drops without a held-out gain) and by momentum feedback (`optimizer.momentum`: the total
+   momentum regressed from the conv weights' updates steered to the prior's µ, YellowFin).
+4. Capped trials (`optimizer.trials`): η × 2, η ÷ 2, g one step up or down, A-B-A (the current
+   configuration's window before and after, `decide.judge_trial`), started only while the trials'
+   time on the trace's clock stays within 5% of the elapsed time, and cut to what is left of it.
+
+It is a policy of the training loop (`dasknn.policy.Policy`): it never calls the engine; each answer
+is one run (a window, a trial) or a stop. Its state is JSON-able (`session`), carried by the
+checkpoints, so a fit stopped mid-ramp or mid-trial resumes exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dasknn.engine.trace import Budget, RunConfig
+from dasknn.optimizer import decide, measure
+from dasknn.optimizer.momentum import trace_momentum
+from dasknn.optimizer.plateau import Plateau
+from dasknn.optimizer.prior import Prior, PriorCache, default_cache_path, groups_prior, solver_prior
+from dasknn.optimizer.ramp import LrRamp, progress_and_error, window_level
+from dasknn.optimizer.search import check, check_values, group_candidates, int_option
+from dasknn.optimizer.trials import TRIAL_FRACTION, neighbours, trial_seconds
+from dasknn.policy import CURRENT, START, NextRun, Outcome, Stop
+from dasknn.tradeoff.hardware import HEModel
+
+__all__ = ["AutoPolicy"]
+
+
+def _unit(value: float) -> bool:
+    return 0 <= value < 1
+
+
+class AutoPolicy:
+    """The default optimizer (see the module docstring).
+
+    `solver`: Caffe solver settings (`nn.prototxt.read_solver`) whose base_lr and momentum are the
+    prior; `net_name`: a zoo name for its published solver; `prior_cache`: the cache file (None: the
+    data home's; False: no cache); `cache_key`: the job's key (`PriorCache.key`; None: no cache);
+    `window`: w, iterations per ramp window (default half an epoch in [32, 64]: shorter windows
+    judged a doubling on its first transient, simulated LeNet: w = 16 ended the ramp at η = 0.01
+    and missed 96% in 30 s, w = 32 reached it in 6.1 s);
+    `run_iterations`: a training run after the ramp (default half an epoch, at least w);
+    `trial_fraction`: trials' share of the elapsed time (5%); `plateau_fraction`, `max_drops`,
+    `plateau_span` (default four windows or an epoch, the larger): the plateau rule;
+    `momentum_gain`, `momentum_tolerance`: the momentum feedback;
+    `n_workers`, `max_groups`, `he_model`: the groups' candidates and HE model (as the other
+    optimizers); `n_groups`, `learning_rate`, `momentum` pin a knob. Unknown options raise ValueError.
+    """
+
+    def __init__(
+        self,
+        engine=None,
+        *,
+        solver: dict[str, Any] | None = None,
+        net_name: str | None = None,
+        prior_cache: str | Path | bool | None = None,
+        cache_key: str | None = None,
+        window: int | None = None,
+        run_iterations: int | None = None,
+        trial_fraction: float = TRIAL_FRACTION,
+        plateau_fraction: float = 0.1,
+        max_drops: int = 2,
+        plateau_span: int | None = None,
+        momentum_gain: float = 0.1,
+        momentum_tolerance: float = 0.05,
+        n_workers: int | None = None,
+        max_groups: int | None = None,
+        he_model: HEModel | None = None,
+        n_groups: int | None = None,
+        learning_rate: float | None = None,
+        momentum: float | None = None,
+        target_accuracy: float | None = None,
+        verbose: int = 0,
+        **unknown: Any,
+    ) -> None:
+        check(not unknown, f"unknown option(s) {sorted(unknown)} for the auto optimizer")
+        check(
+            solver is None or isinstance(solver, dict), f"solver must be a dict of settings; got {solver!r}"
+        )
+        check(
+            prior_cache is None or prior_cache is False or isinstance(prior_cache, (str, Path)),
+            f"prior_cache must be None, False or a path; got {prior_cache!r}",
+        )
+        check(
+            he_model is None or isinstance(he_model, HEModel),
+            f"he_model must be an HEModel; got {he_model!r}",
+        )
+        self.engine, self.solver, self.net_name = engine, solver, net_name
+        self.prior_cache, self.cache_key = prior_cache, cache_key
+        self.window = int_option(window, "window", minimum=2)
+        self.run_iterations = int_option(run_iterations, "run_iterations", minimum=2)
+        self.trial_fraction = check_values([trial_fraction], "trial_fraction", _unit, "in [0, 1)")[0]
+        self.plateau_fraction = check_values(
+            [plateau_fraction], "plateau_fraction", lambda v: 0 < v < 1, "in (0, 1)"
+        )[0]
+        self.max_drops = int_option(max_drops, "max_drops")
+        self.plateau_span = int_option(plateau_span, "plateau_span")
+        self.momentum_gain = check_values(
+            [momentum_gain], "momentum_gain", lambda v: 0 < v <= 1, "in (0, 1]"
+        )[0]
+        self.momentum_tolerance = check_values(
+            [momentum_tolerance], "momentum_tolerance", _unit, "in [0, 1)"
+        )[0]
+        self.n_workers = int_option(n_workers, "n_workers")
+        self.max_groups = int_option(max_groups, "max_groups")
+        self.he_model = he_model
+        self.n_groups = int_option(n_groups, "n_groups")
+        self.learning_rate = (
+            None
+            if learning_rate is None
+            else check_values([learning_rate], "learning_rate", lambda v: v > 0, "> 0")[0]
+        )
+        self.momentum = (
+            None if momentum is None else check_values([momentum], "momentum", _unit, "in [0, 1)")[0]
+        )
+        self.target_accuracy = target_accuracy
+        self.verbose = int_option(verbose, "verbose", minimum=0)
+
+    # -- the policy (dasknn.policy.Policy) -------------------------------------------------------
+    def begin(self, fit, resume: dict[str, Any] | None) -> None:
+        """Start on the loop's `fit`: the prior (decision row "start"), or a checkpoint's session."""
+        self.fit = fit
+        nb = fit.n_batches
+        self.w = self.window or max(32, min(64, nb // 2))
+        self.run_length = max(self.w, self.run_iterations or nb // 2)
+        self.span = self.plateau_span or max(4 * self.w, nb)
+        self.candidates, self.model = self._groups_model()
+        self.resuming = resume is not None
+        if resume is not None:
+            self.s = dict(resume)
+            return
+        prior = self.prior()
+        config = RunConfig(
+            prior.n_groups, prior.lr, prior.momentum, fit.weight_decay, fit.batch_size, fit.seed
+        )
+        cached = prior.source.startswith("the last successful fit")
+        ramp = None if cached or self.learning_rate is not None else LrRamp(prior.lr, window=self.w)
+        self.s: dict[str, Any] = {
+            "kind": "auto",
+            "optimizer": "auto",
+            "phase": "ramp" if ramp is not None else "train",
+            "config": asdict(config),
+            "target_momentum": prior.momentum,
+            "ramp": None if ramp is None else ramp.to_dict(),
+            "plateau": None,
+            "peak_lr": prior.lr,
+            "explored": 0.0,
+            "turn": 0,
+            "trial": None,
+            "before": None,
+            "restore": None,
+            "next": None,
+            "checkpoint_epoch": math.floor(fit.snapshot(CURRENT).batches_done / nb),
+            "rejected": {},
+            "eval_loss": self._start_loss(),
+            "tpi": None,
+            "overhead": 0.0,
+            "lr_ceiling": None,
+            "stopped": "",
+        }
+        fit.log.record("auto", "start", config, f"prior: {prior.source}; w = {self.w}", chosen=True)
+
+    def next_run(self, last: Outcome | None) -> NextRun | Stop:
+        """The next window or trial, judged from what the last one measured; or Stop."""
+        s = self.s
+        if last is not None:
+            self._observe(last)
+            if last.stop and not last.diverged:
+                s["stopped"] = "the target or a callback stopped the fit"
+        if s["stopped"]:
+            return self._stop(s["stopped"])
+        if self.fit.log.exhausted():
+            return self._stop("budget spent")
+        return self._request()
+
+    # -- measuring and deciding ------------------------------------------------------------------
+    def _observe(self, last: Outcome) -> None:
+        s, log = self.s, self.fit.log
+        config = RunConfig(**s["config"])
+        trace = last.trace
+        n = len(trace)
+        p, se, level, loss_now = self._measure(last)
+        phase = s["phase"]
+        if phase == "ramp":
+            ramp = LrRamp.from_dict(s["ramp"])
+            step = ramp.judge(p if not last.diverged else -math.inf, se, level, n)
+            s["ramp"] = ramp.to_dict()
+            s["config"] = asdict(config.with_(lr=step.lr))
+            if step.restore and not last.diverged:
+                log.kept.discard(last.run)  # the window is undone: its run is not in the model
+                s["restore"] = s.get("last_kept") or START
+            elif not step.restore:
+                s["eval_loss"] = loss_now
+            log.record(
+                "ramp",
+                ("rollback" if last.diverged else "undo") if step.restore else "window",
+                config,
+                step.reason,
+                iterations=n,
+                seconds=last.seconds,
+                run=last.run,
+                diverged=bool(last.diverged),
+                chosen=not step.restore,
+            )
+            if not step.restore:
+                s["last_kept"] = last.snapshot
+            if step.done:
+                self._end_ramp(ramp, RunConfig(**s["config"]))
+            return
+        if last.diverged:  # a training window or a trial the loop rolled back
+            ceiling = s["lr_ceiling"]
+            s["lr_ceiling"] = last.config.lr if ceiling is None else min(ceiling, last.config.lr)
+            if phase == "trial":
+                key = s["trial"]["key"]
+                s["rejected"][key] = s["rejected"].get(key, 0) + 1
+                s["phase"], s["trial"] = "train", None
+                log.record(
+                    "explore",
+                    "abandon",
+                    last.config,
+                    "the trial diverged: rolled back",
+                    diverged=True,
+                    run=last.run,
+                    seconds=last.seconds,
+                )
+            else:
+                s["config"] = asdict(config.with_(lr=config.lr / 3))
+                log.record(
+                    "train",
+                    "rollback",
+                    RunConfig(**s["config"]),
+                    "diverged: back to the window's start, η ÷ 3",
+                    diverged=True,
+                    run=last.run,
+                )
+            return
+        s["last_kept"] = last.snapshot
+        s["eval_loss"] = loss_now
+        rate = p * n / last.seconds if last.seconds > 0 and math.isfinite(p) else math.nan  # per second
+        tpi = measure.seconds_per_iteration(trace)
+        if math.isfinite(tpi) and len(trace):  # what a run costs beyond its iterations (in flight, start-up)
+            s["tpi"], s["overhead"] = tpi, max(0.0, last.seconds - len(trace) * tpi)
+        if phase == "trial":
+            s["explored"] += last.seconds
+            s["trial"]["progress"] = rate
+            s["phase"] = "after"
+            log.record(
+                "explore",
+                "trial",
+                last.config,
+                f"{s['trial']['why']}; {rate:.4g}/s",
+                run=last.run,
+                seconds=last.seconds,
+                iterations=n,
+                progress=rate,
+                exploration=s["explored"],
+            )
+            return
+        if phase == "after":
+            trial = s["trial"]
+            adopt, why = decide.judge_trial(trial["progress"], s["before"] or math.nan, rate)
+            s["rejected"][trial["key"]] = 0 if adopt else s["rejected"].get(trial["key"], 0) + 1
+            trial_config = RunConfig(**trial["config"])
+            log.record(
+                "explore",
+                "adopt" if adopt else "reject",
+                trial_config,
+                why,
+                chosen=adopt,
+                progress=trial["progress"],
+            )
+            if adopt:
+                config = trial_config.with_(momentum=config.momentum)
+                s["config"] = asdict(config)
+                if s["plateau"] is None or not Plateau.from_dict(s["plateau"]).drops:
+                    s["peak_lr"] = config.lr  # the cache remembers the rate before any plateau
+            s["phase"], s["trial"] = "train", None
+        s["before"] = rate
+        self._plateau(config, p, last)
+        if s["stopped"]:
+            return
+        self._momentum(RunConfig(**s["config"]), trace)
+
+    def _measure(self, last: Outcome) -> tuple[float, float, float, float | None]:
+        """(progress per iteration, its standard error, loss level, the evaluation loss after it).
+
+        When the loop evaluated the run (its history row at the run's end state), progress is the
+        fall of the log loss on the fixed evaluation samples over the run, and the level their
+        geometric mean: the same samples before and after, so only the weights changed (its
+        uncertainty taken from the batch losses' slope, an upper bound). Otherwise the slope of the
+        run's batch losses with its standard error (`ramp.progress_and_error`)."""
+        trace, n = last.trace, len(last.trace)
+        history = getattr(self.fit, "history", None) or []
+        before = self.s.get("eval_loss")
+        row = history[-1] if history else None
+        state = last.state
+        if (
+            row is not None
+            and state is not None
+            and not last.diverged
+            and row.get("iteration") == state.iterations_done
+            and before is not None
+            and n > 0
+        ):
+            now = float(row["loss"])
+            if not (now > 0 and math.isfinite(now)):
+                return -math.inf, 0.0, math.nan, None
+            losses = trace["loss"].to_numpy(dtype=float)
+            se = progress_and_error(losses)[1] if len(losses) >= 3 else 0.0
+            return (math.log(before) - math.log(now)) / n, se, math.sqrt(before * now), now
+        losses = trace["loss"].to_numpy(dtype=float) if n else []
+        if len(losses) < 2:
+            return (math.nan if not last.diverged else -math.inf), 0.0, math.nan, None
+        p, se = progress_and_error(losses)
+        return p, se, window_level(losses), None
+
+    def _start_loss(self) -> float | None:
+        """The evaluation loss of the starting state (the loop's start row), None without one."""
+        history = getattr(self.fit, "history", None) or []
+        state = self.fit.snapshot(CURRENT)
+        if history and history[-1].get("iteration") == state.iterations_done:
+            value = float(history[-1]["loss"])
+            return value if value > 0 and math.isfinite(value) else None
+        return None
+
+    def _end_ramp(self, ramp: LrRamp, config: RunConfig) -> None:
+        s = self.s
+        s["phase"], s["peak_lr"] = "train", config.lr
+        s["plateau"] = self._new_plateau().to_dict()
+        self.fit.log.record(
+            "ramp", "end", config, f"η = {config.lr:g} after {ramp.steps} doublings", chosen=True
+        )
+
+    def _new_plateau(self) -> Plateau:
+        return Plateau(span=self.span, fraction=self.plateau_fraction, max_drops=self.max_drops)
+
+    def _plateau(self, config: RunConfig, p: float, last: Outcome) -> None:
+        s = self.s
+        rule = self._new_plateau() if s["plateau"] is None else Plateau.from_dict(s["plateau"])
+        step = rule.observe(p, len(last.trace), self._held_out())
+        s["plateau"] = rule.to_dict()
+        if step.action == "drop" and self.learning_rate is None:
+            s["config"] = asdict(config.with_(lr=config.lr / rule.factor))
+            self.fit.log.record(
+                "train", "plateau", RunConfig(**s["config"]), step.reason, chosen=True, run=last.run
+            )
+        elif step.action == "stop":
+            s["stopped"] = f"converged: {step.reason}"
+
+    def _held_out(self) -> float | None:
+        """The last evaluation's held-out accuracy (else the training accuracy), None before any."""
+        history = getattr(self.fit, "history", None) or []
+        if not history:
+            return None
+        row = history[-1]
+        return row.get("val_accuracy", row.get("accuracy"))
+
+    def _momentum(self, config: RunConfig, trace: pd.DataFrame) -> None:
+        if self.momentum is not None:
+            return
+        s = self.s
+        measured = trace_momentum(trace)
+        mu, why = decide.steer_momentum(
+            config.momentum, measured, s["target_momentum"], self.momentum_gain, self.momentum_tolerance
+        )
+        if mu != config.momentum:
+            s["config"] = asdict(config.with_(momentum=mu))
+            self.fit.log.record(
+                "train", "momentum", RunConfig(**s["config"]), why, chosen=True, total_momentum=measured
+            )
+
+    # -- requests --------------------------------------------------------------------------------
+    def _request(self) -> NextRun:
+        s = self.s
+        if self.resuming:  # a checkpoint's session: the run that was about to start
+            self.resuming = False
+            n = s["next"]
+            return self._run(RunConfig(**n["config"]), n["iterations"], n["phase"], CURRENT, n["seconds"])
+        config = RunConfig(**s["config"])
+        start = s.pop("restore", None) or CURRENT
+        s["restore"] = None
+        if s["phase"] == "ramp":
+            return self._run(config, self.w, "ramp", start)
+        if s["phase"] == "train":
+            trial = self._trial(config)
+            if trial is not None:
+                return trial
+        return self._run(config, self.run_length, "train", start)
+
+    def _trial(self, config: RunConfig) -> NextRun | None:
+        """A trial when the cap allows one of at least half a window, cut to what is left of it."""
+        s, fit = self.s, self.fit
+        if s["before"] is None:
+            return None
+        # the cap's seconds, less what a run costs beyond its iterations (measured on the last window)
+        allowed = trial_seconds(fit.log.elapsed, s["explored"], self.trial_fraction) - 1.5 * s["overhead"]
+        tpi = s["tpi"]
+        if not (tpi is not None and allowed >= tpi * self.w / 2):
+            return None
+        for key, g, lr in neighbours(config.n_groups, config.lr, self.candidates, s["turn"], 2.0):
+            s["turn"] += 1
+            if s["rejected"].get(key, 0) >= 2:
+                continue
+            if key.startswith("g") and self.n_groups is not None:
+                continue
+            if key.startswith("lr") and self.learning_rate is not None:
+                continue
+            if s["lr_ceiling"] is not None and lr >= s["lr_ceiling"]:
+                continue
+            trial = config.with_(n_groups=g, lr=lr)
+            why = f"trial {key}: g={g}, η={lr:g} for at most {allowed:.3g} s ({self.trial_fraction:.0%} cap)"
+            s["phase"], s["trial"] = "trial", {"key": key, "config": asdict(trial), "why": why}
+            return self._run(trial, self.run_length, "explore", CURRENT, seconds=allowed)
+        return None
+
+    def _run(self, config: RunConfig, iterations: int, phase: str, start: str, seconds: float | None = None):
+        s, fit = self.s, self.fit
+        budget = fit.log.budget(iterations=iterations, seconds=seconds)
+        if budget is None:
+            budget = Budget(iterations=1)  # never reached: next_run stops on an exhausted log first
+        s["next"] = {"config": asdict(config), "iterations": iterations, "phase": phase, "seconds": seconds}
+        checkpoint = None
+        epoch = math.floor(fit.snapshot(start).batches_done / fit.n_batches)
+        if getattr(fit, "checkpoints", False) and start == CURRENT and epoch > s["checkpoint_epoch"]:
+            s["checkpoint_epoch"] = epoch
+            checkpoint = dict(s)
+        return NextRun(
+            config,
+            budget,
+            start=start,
+            phase=phase,
+            checkpoint=checkpoint,
+            note={"lr": config.lr, "event": ""},
+        )
+
+    def _stop(self, why: str) -> Stop:
+        s = self.s
+        config = RunConfig(**s["config"])
+        self.fit.log.record("auto", "stop", config, f"{why}; exploration {s['explored']:.3g} s")
+        if not why.startswith("budget") or s["phase"] != "ramp":
+            self._remember(config)
+        return Stop(why, config, session={**s, "finished": True})
+
+    # -- set-up ----------------------------------------------------------------------------------
+    def _groups_model(self) -> tuple[list[int], HEModel]:
+        fit = self.fit
+        engine = fit.engine
+        n = self.n_workers or (self.he_model.n_workers if self.he_model else None)
+        n = n or getattr(engine, "n_workers", None)
+        if n is None and callable(getattr(engine, "conv_worker_count", None)):
+            n = engine.conv_worker_count()
+        candidates = group_candidates(n, self.max_groups or n or 1)
+        model = self.he_model
+        timing = getattr(engine, "timing", None)
+        if model is None and isinstance(timing, HEModel):
+            model = timing
+        if model is None:
+            model = HEModel.estimate(
+                fit.net, fit.batch_size, n or 1, device_gflops=1.0, bandwidth_bytes_per_s=1e15
+            )
+        return [g for g in candidates if g <= model.n_workers] or [1], model
+
+    def _cache(self) -> PriorCache | None:
+        if self.prior_cache is False or self.cache_key is None:
+            return None
+        path = default_cache_path() if self.prior_cache in (None, True) else self.prior_cache
+        return None if path is None else PriorCache(path)
+
+    def prior(self) -> Prior:
+        """Where the fit starts: the cache's entry for this job, else the HE model and the solver."""
+        cache = self._cache()
+        cached = cache.get(self.cache_key) if cache is not None else None
+        if (
+            cached is not None
+            and self.n_groups is None
+            and self.learning_rate is None
+            and self.momentum is None
+        ):
+            if cached.n_groups in self.candidates:
+                return cached
+        g, g_why = groups_prior(self.model, self.candidates)
+        if self.n_groups is not None:
+            g, g_why = self.n_groups, f"n_groups = {self.n_groups} given"
+        lr, mu, source = solver_prior(self.net_name or self.fit.net, self.solver)
+        lr = self.learning_rate or lr
+        mu = mu if self.momentum is None else self.momentum
+        return Prior(g, lr, mu, f"{g_why}; η, µ from {source}")
+
+    def _remember(self, config: RunConfig) -> None:
+        """The configuration this fit reached (the ramp's peak η), for the next fit of the same job."""
+        cache = self._cache()
+        if cache is None:
+            return
+        try:
+            cache.put(self.cache_key, config.n_groups, self.s["peak_lr"], config.momentum)
+        except OSError as err:  # a read-only data home costs the next fit its prior, not this fit
+            self.fit.log.record("auto", "cache", config, f"prior cache not written: {err}")

@@ -1,0 +1,111 @@
+"""The "auto" optimizer on the simulated engine: its decisions from real (simulated-clock) training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dasknn.data import load
+from dasknn.engine.simulated import SimulatedEngine
+from dasknn.fitting import run_policy
+from dasknn.nn import zoo
+from dasknn.optimizer.auto import AutoPolicy
+from dasknn.optimizer.prior import PriorCache
+from dasknn.tradeoff.hardware import HEModel
+from tests.planted import RaisingEngine, small_net
+
+TIMING = HEModel(T_cc=5.0, T_nc=0.0, t_fc=0.5, n_workers=8)
+
+
+@pytest.fixture(scope="module")
+def digits8():
+    X, y = load("digits", size=8, batch_size=32)
+    return np.asarray(X), np.asarray(y)
+
+
+def fit(digits8, budget=300.0, engine=None, **options):
+    X, y = digits8
+    policy = AutoPolicy(**{"prior_cache": False, "window": 16, **options})  # 16: this small problem's
+    engine = engine or SimulatedEngine(TIMING, verbose=0)
+    return run_policy(policy, engine, small_net(), X, y, batch_size=32, time_budget=budget)
+
+
+@pytest.fixture(scope="module")
+def long_fit(digits8):
+    return fit(digits8, budget=600.0)
+
+
+def test_trials_stay_within_five_percent_of_the_elapsed_time_on_the_traces_clock(long_fit):
+    trace = long_fit.trace
+    runs = trace.groupby("run").agg(phase=("phase", "first"), start=("t_start", "min"), end=("t_end", "max"))
+    trials = runs[runs["phase"] == "explore"]
+    assert len(trials) >= 1  # a 600 s job explores
+    spent = 0.0
+    for _, trial in trials.iterrows():
+        spent += trial["end"] - trial["start"]
+        assert spent <= 0.05 * trial["end"] + 1e-9  # at the end of every trial
+    assert spent <= 0.05 * float(trace["t_end"].max())
+
+
+def test_the_ramp_doubles_then_the_plateau_divides_by_three(long_fit):
+    d = long_fit.decisions
+    windows = d[(d["phase"] == "ramp") & (d["action"] == "window")]
+    lrs = windows["lr"].to_numpy()
+    assert lrs[0] == pytest.approx(0.01) and lrs.max() >= 0.04  # Caffe's 0.01, then doubled
+    end = d[d["action"] == "end"].iloc[0]
+    plateau = d[d["action"] == "plateau"]
+    assert len(plateau) >= 1
+    before = d.loc[: plateau.index[0] - 1]
+    lr_before = before[before["chosen"].astype(bool)]["lr"].iloc[-1]
+    assert plateau["lr"].iloc[0] == pytest.approx(lr_before / 3)
+    assert end["lr"] >= 0.04
+
+
+def test_the_same_seed_gives_the_same_decisions(digits8):
+    a, b = fit(digits8, budget=150.0), fit(digits8, budget=150.0)
+    pd.testing.assert_frame_equal(a.decisions, b.decisions)
+
+
+def test_a_diverging_doubling_is_undone_within_one_window(digits8):
+    X, y = digits8
+    engine = RaisingEngine(TIMING, verbose=0, raises=lambda config, budget: config.lr >= 0.04)
+    result = fit(digits8, budget=150.0, engine=engine)
+    d = result.decisions
+    undo = d[(d["phase"] == "ramp") & (d["action"] == "rollback")]  # the loop rolled it back
+    assert len(undo) == 1 and undo["lr"].iloc[0] == pytest.approx(0.04) and undo["diverged"].iloc[0]
+    assert undo["iterations"].iloc[0] <= 16  # within one window
+    kept = result.trace[result.trace["kept"]]
+    assert kept["lr"].max() < 0.04  # nothing trained at the diverging rate stayed in the model
+    assert d[d["action"] == "end"]["lr"].iloc[0] == pytest.approx(0.02)
+
+
+def test_a_second_fit_of_the_same_job_starts_from_the_cache_and_another_net_ignores_it(digits8, tmp_path):
+    X, _ = digits8
+    path = tmp_path / "cache.json"
+    key = PriorCache.key(small_net(), "digits8", 32, (1, 8, 8), 0.0)
+    first = fit(digits8, budget=150.0, prior_cache=path, cache_key=key)
+    assert "last successful fit" not in first.decisions["reason"].iloc[0]
+    cached = PriorCache(path).get(key)
+    assert cached is not None and cached.lr >= 0.04  # the ramp's peak η, not a plateau's lowered one
+    second = fit(digits8, budget=150.0, prior_cache=path, cache_key=key)
+    start = second.decisions.iloc[0]
+    assert "last successful fit" in start["reason"]
+    assert (start["n_groups"], start["lr"], start["momentum"]) == (
+        cached.n_groups,
+        cached.lr,
+        cached.momentum,
+    )
+    assert not (second.decisions["phase"] == "ramp").any()  # the cache's η needs no ramp
+    other = PriorCache.key(zoo.lenet(), "digits8", 32, (1, 8, 8), 0.0)
+    third = fit(digits8, budget=60.0, prior_cache=path, cache_key=other)
+    assert "last successful fit" not in third.decisions["reason"].iloc[0]
+    off = fit(digits8, budget=60.0, prior_cache=False, cache_key=key)
+    assert "last successful fit" not in off.decisions["reason"].iloc[0]
+
+
+def test_unknown_options_and_bad_values_are_refused():
+    with pytest.raises(ValueError, match="unknown option"):
+        AutoPolicy(lr_grid=(0.1,))
+    with pytest.raises(ValueError, match="trial_fraction"):
+        AutoPolicy(trial_fraction=1.5)

@@ -1,0 +1,99 @@
+"""The "auto" tuner as DistributedCNN's default: its prior, the deprecated optimizer= name, a fit
+resumed mid-ramp, checkpoints of the old default, and the stop on convergence."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from dasknn.engine import checkpoint
+from dasknn.estimator import DistributedCNN
+
+COMMON = {"net": "mlp", "input_shape": "flat", "engine": "simulated", "n_workers": 2, "batch_size": 32,
+          "time_budget": None, "eval_size": 200}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def digits():
+    d = load_digits()
+    return d.data.astype(np.float32) / 16, d.target
+
+
+def test_auto_is_the_default_and_its_start_names_the_prior(digits):
+    X, y = digits
+    est = DistributedCNN(**COMMON, max_epochs=2)
+    assert est.tuner == "auto" and est.optimizer is None
+    est.fit(X, y)
+    start = est.decisions_.iloc[0]
+    assert (start["phase"], start["action"]) == ("auto", "start")
+    assert "Caffe's reference solver values" in start["reason"]  # an mlp has no solver of its own
+    assert (start["lr"], start["momentum"]) == (0.01, 0.9)
+    assert set(est.decisions_["phase"]) >= {"ramp"}
+
+
+def test_the_old_optimizer_name_still_works_with_a_deprecation_warning(digits):
+    X, y = digits
+    with pytest.warns(DeprecationWarning, match="use tuner="):
+        est = DistributedCNN(**COMMON, max_epochs=1, optimizer="grid").fit(X, y)
+    assert est.tuner_ == "grid" and "probe" in set(est.decisions_["action"])
+    with pytest.warns(DeprecationWarning, match="use tuner_options="):
+        est = DistributedCNN(**COMMON, max_epochs=1, tuner="grid", optimizer_options={"probe_iterations": 7})
+        est.fit(X, y)
+    with pytest.raises(ValueError, match="not both"):
+        DistributedCNN(**COMMON, max_epochs=1, tuner="online", optimizer="grid").fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        DistributedCNN(**COMMON, max_epochs=1, tuner="grid")._check_params()  # the new name: no warning
+
+
+def test_an_auto_fit_stopped_mid_ramp_resumes_exactly(tmp_path, digits):
+    X, y = digits
+    params = {**COMMON, "max_epochs": 3}
+    whole = DistributedCNN(**params, checkpoint_dir=tmp_path / "a").fit(X, y)
+    first = checkpoint.list_checkpoints(tmp_path / "a")[0]
+    assert checkpoint.load(first).meta["loop"]["phase"] == "ramp"
+    (tmp_path / "b").mkdir()
+    first.rename(tmp_path / "b" / first.name)  # as if killed right after it
+    resumed = DistributedCNN(**params, checkpoint_dir=tmp_path / "b", resume=True).fit(X, y)
+    assert resumed.n_iter_ == whole.n_iter_ and resumed.config_ == whole.config_
+    for key, value in whole.state_.params.items():
+        np.testing.assert_allclose(resumed.state_.params[key], value, rtol=1e-6, atol=1e-7)
+    cols = ["phase", "action", "n_groups", "lr", "momentum"]
+    assert resumed.decisions_[cols].equals(whole.decisions_[cols])
+
+
+def test_the_same_random_state_gives_the_same_decisions(digits):
+    X, y = digits
+    a = DistributedCNN(**COMMON, max_epochs=3).fit(X, y)
+    b = DistributedCNN(**COMMON, max_epochs=3).fit(X, y)
+    cols = ["phase", "action", "n_groups", "lr", "momentum", "reason"]
+    assert a.decisions_[cols].equals(b.decisions_[cols])
+
+
+def test_a_checkpoint_of_the_old_default_resumes_with_its_tuner_or_gives_a_clear_error(tmp_path, digits):
+    X, y = digits
+    params = {**COMMON, "max_epochs": 2}
+    DistributedCNN(**params, tuner="grid", checkpoint_dir=tmp_path).fit(X, y)
+    path = checkpoint.latest(tmp_path).path
+    doc = json.loads((path / "state.json").read_text())
+    fingerprint = doc["meta"]["params"]
+    fingerprint["optimizer"] = fingerprint.pop("tuner")  # as written before tuner= existed
+    (path / "state.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="predates tuner=.*pass tuner='grid'"):
+        DistributedCNN(**params, tuner="online", checkpoint_dir=tmp_path, resume=True).fit(X, y)
+    with pytest.warns(UserWarning, match="written before tuner= existed, with its tuner 'grid'"):
+        resumed = DistributedCNN(**params, checkpoint_dir=tmp_path, resume=True).fit(X, y)
+    assert resumed.tuner_ == "grid" and resumed.n_iter_ > 0
+
+
+def test_a_fit_without_a_target_stops_on_convergence(digits):
+    X, y = digits
+    est = DistributedCNN(**COMMON, max_epochs=200, validation_fraction=0.2).fit(X, y)
+    assert est.stopped_by_.startswith("converged"), est.stopped_by_
+    assert est.state_.batches_done < 200 * 45 * 0.8  # well before its epochs ran out
+    plateaus = est.decisions_[est.decisions_["action"] == "plateau"]
+    assert len(plateaus) >= 2
