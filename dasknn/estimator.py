@@ -128,13 +128,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.security = security
         self.random_state = random_state
         self.verbose = verbose
-        self.warm_start = warm_start
-        self.checkpoint_dir = checkpoint_dir
-        self.resume = resume
-        self.tuner_options = tuner_options
-        self.tuner = tuner
-        self.optimizer = optimizer
-        self.optimizer_options = optimizer_options
+        self.warm_start, self.checkpoint_dir, self.resume = warm_start, checkpoint_dir, resume
+        self.tuner_options, self.tuner = tuner_options, tuner
+        self.optimizer, self.optimizer_options = optimizer, optimizer_options  # deprecated names
         self.simulated_gflops = simulated_gflops
         self.data = data
         self.augment = augment

@@ -51,6 +51,11 @@ def _unit(value: float) -> bool:
     return 0 <= value < 1
 
 
+def _number(value, name: str, ok, what: str):
+    """None, or `value` checked by `ok` (a ValueError naming it and `what` it must be)."""
+    return None if value is None else check_values([value], name, ok, what)[0]
+
+
 class AutoPolicy:
     """The default optimizer (see the module docstring).
 
@@ -110,30 +115,20 @@ class AutoPolicy:
         self.prior_cache, self.cache_key = prior_cache, cache_key
         self.window = int_option(window, "window", minimum=2)
         self.run_iterations = int_option(run_iterations, "run_iterations", minimum=2)
-        self.trial_fraction = check_values([trial_fraction], "trial_fraction", _unit, "in [0, 1)")[0]
-        self.plateau_fraction = check_values(
-            [plateau_fraction], "plateau_fraction", lambda v: 0 < v < 1, "in (0, 1)"
-        )[0]
+        self.trial_fraction = _number(trial_fraction, "trial_fraction", _unit, "in [0, 1)")
+        self.plateau_fraction = _number(
+            plateau_fraction, "plateau_fraction", lambda v: 0 < v < 1, "in (0, 1)"
+        )
         self.max_drops = int_option(max_drops, "max_drops")
         self.plateau_span = int_option(plateau_span, "plateau_span")
-        self.momentum_gain = check_values(
-            [momentum_gain], "momentum_gain", lambda v: 0 < v <= 1, "in (0, 1]"
-        )[0]
-        self.momentum_tolerance = check_values(
-            [momentum_tolerance], "momentum_tolerance", _unit, "in [0, 1)"
-        )[0]
+        self.momentum_gain = _number(momentum_gain, "momentum_gain", lambda v: 0 < v <= 1, "in (0, 1]")
+        self.momentum_tolerance = _number(momentum_tolerance, "momentum_tolerance", _unit, "in [0, 1)")
         self.n_workers = int_option(n_workers, "n_workers")
         self.max_groups = int_option(max_groups, "max_groups")
         self.he_model = he_model
         self.n_groups = int_option(n_groups, "n_groups")
-        self.learning_rate = (
-            None
-            if learning_rate is None
-            else check_values([learning_rate], "learning_rate", lambda v: v > 0, "> 0")[0]
-        )
-        self.momentum = (
-            None if momentum is None else check_values([momentum], "momentum", _unit, "in [0, 1)")[0]
-        )
+        self.learning_rate = _number(learning_rate, "learning_rate", lambda v: v > 0, "> 0")
+        self.momentum = _number(momentum, "momentum", _unit, "in [0, 1)")
         self.target_accuracy = target_accuracy
         self.verbose = int_option(verbose, "verbose", minimum=0)
 
@@ -145,12 +140,12 @@ class AutoPolicy:
         self.w = self.window or max(32, min(64, nb // 2))
         self.run_length = max(self.w, self.run_iterations or nb // 2)
         self.span = self.plateau_span or max(4 * self.w, nb)
-        self.candidates, self.model = self._groups_model()
+        self.candidates, self.model = groups_and_model(self)
         self.resuming = resume is not None
         if resume is not None:
             self.s = dict(resume)
             return
-        prior = self.prior()
+        prior = start_prior(self)
         config = RunConfig(
             prior.n_groups, prior.lr, prior.momentum, fit.weight_decay, fit.batch_size, fit.seed
         )
@@ -173,7 +168,7 @@ class AutoPolicy:
             "next": None,
             "checkpoint_epoch": math.floor(fit.snapshot(CURRENT).batches_done / nb),
             "rejected": {},
-            "eval_loss": self._start_loss(),
+            "eval_loss": start_loss(self.fit),
             "tpi": None,
             "overhead": 0.0,
             "lr_ceiling": None,
@@ -203,58 +198,9 @@ class AutoPolicy:
         p, se, level, loss_now = self._measure(last)
         phase = s["phase"]
         if phase == "ramp":
-            ramp = LrRamp.from_dict(s["ramp"])
-            step = ramp.judge(p if not last.diverged else -math.inf, se, level, n)
-            s["ramp"] = ramp.to_dict()
-            s["config"] = asdict(config.with_(lr=step.lr))
-            if step.restore and not last.diverged:
-                log.kept.discard(last.run)  # the window is undone: its run is not in the model
-                s["restore"] = s.get("last_kept") or START
-            elif not step.restore:
-                s["eval_loss"] = loss_now
-            log.record(
-                "ramp",
-                ("rollback" if last.diverged else "undo") if step.restore else "window",
-                config,
-                step.reason,
-                iterations=n,
-                seconds=last.seconds,
-                run=last.run,
-                diverged=bool(last.diverged),
-                chosen=not step.restore,
-            )
-            if not step.restore:
-                s["last_kept"] = last.snapshot
-            if step.done:
-                self._end_ramp(ramp, RunConfig(**s["config"]))
-            return
+            return self._observe_ramp(last, config, p, se, level, loss_now)
         if last.diverged:  # a training window or a trial the loop rolled back
-            ceiling = s["lr_ceiling"]
-            s["lr_ceiling"] = last.config.lr if ceiling is None else min(ceiling, last.config.lr)
-            if phase == "trial":
-                key = s["trial"]["key"]
-                s["rejected"][key] = s["rejected"].get(key, 0) + 1
-                s["phase"], s["trial"] = "train", None
-                log.record(
-                    "explore",
-                    "abandon",
-                    last.config,
-                    "the trial diverged: rolled back",
-                    diverged=True,
-                    run=last.run,
-                    seconds=last.seconds,
-                )
-            else:
-                s["config"] = asdict(config.with_(lr=config.lr / 3))
-                log.record(
-                    "train",
-                    "rollback",
-                    RunConfig(**s["config"]),
-                    "diverged: back to the window's start, η ÷ 3",
-                    diverged=True,
-                    run=last.run,
-                )
-            return
+            return self._observe_diverged(last, config, phase)
         s["last_kept"] = last.snapshot
         s["eval_loss"] = loss_now
         rate = p * n / last.seconds if last.seconds > 0 and math.isfinite(p) else math.nan  # per second
@@ -302,6 +248,63 @@ class AutoPolicy:
             return
         self._momentum(RunConfig(**s["config"]), trace)
 
+    def _observe_ramp(self, last: Outcome, config: RunConfig, p, se, level, loss_now) -> None:
+        """A ramp window judged (`ramp.LrRamp.judge`): η doubled, kept, or the window undone."""
+        s, log, n = self.s, self.fit.log, len(last.trace)
+        ramp = LrRamp.from_dict(s["ramp"])
+        step = ramp.judge(p if not last.diverged else -math.inf, se, level, n)
+        s["ramp"] = ramp.to_dict()
+        s["config"] = asdict(config.with_(lr=step.lr))
+        if step.restore and not last.diverged:
+            log.kept.discard(last.run)  # the window is undone: its run is not in the model
+            s["restore"] = s.get("last_kept") or START
+        elif not step.restore:
+            s["eval_loss"] = loss_now
+        log.record(
+            "ramp",
+            ("rollback" if last.diverged else "undo") if step.restore else "window",
+            config,
+            step.reason,
+            iterations=n,
+            seconds=last.seconds,
+            run=last.run,
+            diverged=bool(last.diverged),
+            chosen=not step.restore,
+        )
+        if not step.restore:
+            s["last_kept"] = last.snapshot
+        if step.done:
+            self._end_ramp(ramp, RunConfig(**s["config"]))
+
+    def _observe_diverged(self, last: Outcome, config: RunConfig, phase: str) -> None:
+        """A training window or a trial the loop rolled back: a trial abandoned, else η ÷ 3."""
+        s, log = self.s, self.fit.log
+        ceiling = s["lr_ceiling"]
+        s["lr_ceiling"] = last.config.lr if ceiling is None else min(ceiling, last.config.lr)
+        if phase == "trial":
+            key = s["trial"]["key"]
+            s["rejected"][key] = s["rejected"].get(key, 0) + 1
+            s["phase"], s["trial"] = "train", None
+            log.record(
+                "explore",
+                "abandon",
+                last.config,
+                "the trial diverged: rolled back",
+                diverged=True,
+                run=last.run,
+                seconds=last.seconds,
+            )
+        else:
+            s["config"] = asdict(config.with_(lr=config.lr / 3))
+            log.record(
+                "train",
+                "rollback",
+                RunConfig(**s["config"]),
+                "diverged: back to the window's start, η ÷ 3",
+                diverged=True,
+                run=last.run,
+            )
+
     def _measure(self, last: Outcome) -> tuple[float, float, float, float | None]:
         """(progress per iteration, its standard error, loss level, the evaluation loss after it).
 
@@ -335,15 +338,6 @@ class AutoPolicy:
         p, se = progress_and_error(losses)
         return p, se, window_level(losses), None
 
-    def _start_loss(self) -> float | None:
-        """The evaluation loss of the starting state (the loop's start row), None without one."""
-        history = getattr(self.fit, "history", None) or []
-        state = self.fit.snapshot(CURRENT)
-        if history and history[-1].get("iteration") == state.iterations_done:
-            value = float(history[-1]["loss"])
-            return value if value > 0 and math.isfinite(value) else None
-        return None
-
     def _end_ramp(self, ramp: LrRamp, config: RunConfig) -> None:
         s = self.s
         s["phase"], s["peak_lr"] = "train", config.lr
@@ -358,7 +352,7 @@ class AutoPolicy:
     def _plateau(self, config: RunConfig, p: float, last: Outcome) -> None:
         s = self.s
         rule = self._new_plateau() if s["plateau"] is None else Plateau.from_dict(s["plateau"])
-        step = rule.observe(p, len(last.trace), self._held_out())
+        step = rule.observe(p, len(last.trace), held_out(self.fit))
         s["plateau"] = rule.to_dict()
         if step.action == "drop" and self.learning_rate is None:
             s["config"] = asdict(config.with_(lr=config.lr / rule.factor))
@@ -367,14 +361,6 @@ class AutoPolicy:
             )
         elif step.action == "stop":
             s["stopped"] = f"converged: {step.reason}"
-
-    def _held_out(self) -> float | None:
-        """The last evaluation's held-out accuracy (else the training accuracy), None before any."""
-        history = getattr(self.fit, "history", None) or []
-        if not history:
-            return None
-        row = history[-1]
-        return row.get("val_accuracy", row.get("accuracy"))
 
     def _momentum(self, config: RunConfig, trace: pd.DataFrame) -> None:
         if self.momentum is not None:
@@ -459,60 +445,86 @@ class AutoPolicy:
         config = RunConfig(**s["config"])
         self.fit.log.record("auto", "stop", config, f"{why}; exploration {s['explored']:.3g} s")
         if not why.startswith("budget") or s["phase"] != "ramp":
-            self._remember(config)
+            remember(self, config)
         return Stop(why, config, session={**s, "finished": True})
 
     # -- set-up ----------------------------------------------------------------------------------
-    def _groups_model(self) -> tuple[list[int], HEModel]:
-        fit = self.fit
-        engine = fit.engine
-        n = self.n_workers or (self.he_model.n_workers if self.he_model else None)
-        n = n or getattr(engine, "n_workers", None)
-        if n is None and callable(getattr(engine, "conv_worker_count", None)):
-            n = engine.conv_worker_count()
-        candidates = group_candidates(n, self.max_groups or n or 1)
-        model = self.he_model
-        timing = getattr(engine, "timing", None)
-        if model is None and isinstance(timing, HEModel):
-            model = timing
-        if model is None:
-            model = HEModel.estimate(
-                fit.net, fit.batch_size, n or 1, device_gflops=1.0, bandwidth_bytes_per_s=1e15
-            )
-        return [g for g in candidates if g <= model.n_workers] or [1], model
 
-    def _cache(self) -> PriorCache | None:
-        if self.prior_cache is False or self.cache_key is None:
-            return None
-        path = default_cache_path() if self.prior_cache in (None, True) else self.prior_cache
-        return None if path is None else PriorCache(path)
 
-    def prior(self) -> Prior:
-        """Where the fit starts: the cache's entry for this job, else the HE model and the solver."""
-        cache = self._cache()
-        cached = cache.get(self.cache_key) if cache is not None else None
-        if (
-            cached is not None
-            and self.n_groups is None
-            and self.learning_rate is None
-            and self.momentum is None
-        ):
-            if cached.n_groups in self.candidates:
-                return cached
-        g, g_why = groups_prior(self.model, self.candidates)
-        if self.n_groups is not None:
-            g, g_why = self.n_groups, f"n_groups = {self.n_groups} given"
-        lr, mu, source = solver_prior(self.net_name or self.fit.net, self.solver)
-        lr = self.learning_rate or lr
-        mu = mu if self.momentum is None else self.momentum
-        return Prior(g, lr, mu, f"{g_why}; η, µ from {source}")
+def groups_and_model(policy: AutoPolicy) -> tuple[list[int], HEModel]:
+    """The g a fit may use and the HE model: given, the simulated engine's timing, else the FLOP split."""
+    fit = policy.fit
+    engine = fit.engine
+    n = policy.n_workers or (policy.he_model.n_workers if policy.he_model else None)
+    n = n or getattr(engine, "n_workers", None)
+    if n is None and callable(getattr(engine, "conv_worker_count", None)):
+        n = engine.conv_worker_count()
+    candidates = group_candidates(n, policy.max_groups or n or 1)
+    model = policy.he_model
+    timing = getattr(engine, "timing", None)
+    if model is None and isinstance(timing, HEModel):
+        model = timing
+    if model is None:
+        model = HEModel.estimate(
+            fit.net, fit.batch_size, n or 1, device_gflops=1.0, bandwidth_bytes_per_s=1e15
+        )
+    return [g for g in candidates if g <= model.n_workers] or [1], model
 
-    def _remember(self, config: RunConfig) -> None:
-        """The configuration this fit reached (the ramp's peak η), for the next fit of the same job."""
-        cache = self._cache()
-        if cache is None:
-            return
-        try:
-            cache.put(self.cache_key, config.n_groups, self.s["peak_lr"], config.momentum)
-        except OSError as err:  # a read-only data home costs the next fit its prior, not this fit
-            self.fit.log.record("auto", "cache", config, f"prior cache not written: {err}")
+
+def prior_cache(policy: AutoPolicy) -> PriorCache | None:
+    """The policy's prior cache, None when it is off or the job has no key."""
+    if policy.prior_cache is False or policy.cache_key is None:
+        return None
+    path = default_cache_path() if policy.prior_cache in (None, True) else policy.prior_cache
+    return None if path is None else PriorCache(path)
+
+
+def start_prior(policy: AutoPolicy) -> Prior:
+    """Where the fit starts: the cache's entry for this job, else the HE model and the solver."""
+    cache = prior_cache(policy)
+    cached = cache.get(policy.cache_key) if cache is not None else None
+    if (
+        cached is not None
+        and policy.n_groups is None
+        and policy.learning_rate is None
+        and policy.momentum is None
+    ):
+        if cached.n_groups in policy.candidates:
+            return cached
+    g, g_why = groups_prior(policy.model, policy.candidates)
+    if policy.n_groups is not None:
+        g, g_why = policy.n_groups, f"n_groups = {policy.n_groups} given"
+    lr, mu, source = solver_prior(policy.net_name or policy.fit.net, policy.solver)
+    lr = policy.learning_rate or lr
+    mu = mu if policy.momentum is None else policy.momentum
+    return Prior(g, lr, mu, f"{g_why}; η, µ from {source}")
+
+
+def remember(policy: AutoPolicy, config: RunConfig) -> None:
+    """The configuration this fit reached (the ramp's peak η), for the next fit of the same job."""
+    cache = prior_cache(policy)
+    if cache is None:
+        return
+    try:
+        cache.put(policy.cache_key, config.n_groups, policy.s["peak_lr"], config.momentum)
+    except OSError as err:  # a read-only data home costs the next fit its prior, not this fit
+        policy.fit.log.record("auto", "cache", config, f"prior cache not written: {err}")
+
+
+def held_out(fit) -> float | None:
+    """The last evaluation's held-out accuracy (else the training accuracy), None before any."""
+    history = getattr(fit, "history", None) or []
+    if not history:
+        return None
+    row = history[-1]
+    return row.get("val_accuracy", row.get("accuracy"))
+
+
+def start_loss(fit) -> float | None:
+    """The evaluation loss of the starting state (the loop's start row), None without one."""
+    history = getattr(fit, "history", None) or []
+    state = fit.snapshot(CURRENT)
+    if history and history[-1].get("iteration") == state.iterations_done:
+        value = float(history[-1]["loss"])
+        return value if value > 0 and math.isfinite(value) else None
+    return None
