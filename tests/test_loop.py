@@ -152,7 +152,7 @@ def test_the_budget_ending_in_the_g_ladder_keeps_the_g_the_model_trained_at(digi
     """The case of a6dbd31: the cold start chose g (choose_groups, chosen) and the budget ended
     before any run at the initial g; config_ said the initial g, and partial_fit continued there."""
     X, y = digits
-    est = DistributedCNN(**{**COMMON, "time_budget": 0.0235}).fit(X, y)
+    est = DistributedCNN(**{**COMMON, "time_budget": 0.0235, "tuner": "grid"}).fit(X, y)
     actions = list(est.decisions_["action"])
     assert "choose_groups" in actions and "initial_groups" in actions
     initial = int(est.decisions_.loc[est.decisions_["action"] == "initial_groups", "n_groups"].iloc[0])

@@ -263,13 +263,13 @@ class AutoPolicy:
         log.record(
             "ramp",
             ("rollback" if last.diverged else "undo") if step.restore else "window",
-            config,
+            RunConfig(**s["config"]),  # the decision's: the η the fit goes on with
             step.reason,
             iterations=n,
             seconds=last.seconds,
             run=last.run,
             diverged=bool(last.diverged),
-            chosen=not step.restore,
+            chosen=True,
         )
         if not step.restore:
             s["last_kept"] = last.snapshot
@@ -303,6 +303,7 @@ class AutoPolicy:
                 "diverged: back to the window's start, η ÷ 3",
                 diverged=True,
                 run=last.run,
+                chosen=True,
             )
 
     def _measure(self, last: Outcome) -> tuple[float, float, float, float | None]:
