@@ -98,6 +98,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         data: str = "auto",
         augment: Any = None,
         shuffle_window: int = 1,
+        backend: str | None = None,
     ) -> None:
         self.net = net
         self.batch_size = batch_size
@@ -135,6 +136,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.data = data
         self.augment = augment
         self.shuffle_window = shuffle_window
+        self.backend = backend
 
     # -- validation ------------------------------------------------------------------------------
     def _check_params(self, partial: bool = False) -> None:
@@ -261,6 +263,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             )
         else:
             raise ValueError(f"net must be a zoo name, a Net or a .prototxt path, got {type(spec).__name__}")
+        if self.backend is not None:
+            net.backend = self.backend
         if net.input_shape != tuple(input_shape):
             raise ValueError(
                 f"net {net.name!r} takes inputs {net.input_shape}, but X has {tuple(input_shape)}"

@@ -321,6 +321,12 @@ PARAMS: tuple[Param, ...] = (
           "Chunks whose samples are shuffled together each epoch, after the chunks are permuted "
           "(`dasknn.data.batching.window_indices`): 1 shuffles within chunks; larger mixes more and makes a "
           "streaming reader hold more chunks."),
+    Param("backend", None, Choice(("auto", "lowering", "onednn", None)),
+          "The conv phase's kernels (`dasknn.nn.onednn`), set on every layer that has a choice: "
+          "\"lowering\" is Caffe con Troll's batched lowering on numpy's BLAS (the reference); \"onednn\" "
+          "calls oneDNN's direct convolutions (the `onednn` extra); \"auto\" takes oneDNN for float32 on a "
+          "CPU when it is installed and lowering elsewhere. None keeps the net's own setting (\"auto\" for "
+          "zoo and .prototxt nets). A resumed fit must use the same kernels (their roundings differ)."),
 )  # fmt: skip
 """Every parameter of DistributedCNN, in `__init__`'s order."""
 
