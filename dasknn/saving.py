@@ -69,13 +69,32 @@ def _tagged(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
     if isinstance(value, os.PathLike):
         return {"__path__": os.fspath(value)}
     if type(value).__name__ == "Dataset" and type(value).__module__.startswith("xarray"):
-        return {"__dataset__": encode(value.to_dict(data="array"), arrays)}
+        return {"__dataset__": encode(_without_objects(value).to_dict(data="array"), arrays)}
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
         return [_tagged(v, arrays, where) for v in value]
     try:
         return encode(value, arrays)
     except TypeError as err:
         raise ValueError(f"cannot save {where}: {err}") from None
+
+
+def _without_objects(ds):
+    """`ds` with each object-dtype variable as numbers (None as NaN) or else as strings (None as ""):
+    xarray keeps a record's column of optional values (a phase, a reason) as Python objects, which an
+    npz read without pickle cannot hold."""
+    for name in list(ds.variables):
+        var = ds.variables[name]
+        if var.dtype != object:
+            continue
+        values = var.values
+        try:
+            plain = values.astype(float)
+        except (TypeError, ValueError):
+            plain = np.array(["" if v is None else str(v) for v in values.ravel()]).reshape(values.shape)
+        ds = ds.assign_coords({name: (var.dims, plain, var.attrs)}) if name in ds.coords else ds.assign(
+            {name: (var.dims, plain, var.attrs)}
+        )
+    return ds
 
 
 def _untagged(obj: Any, arrays) -> Any:

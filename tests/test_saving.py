@@ -148,3 +148,19 @@ def test_pickle_and_joblib_keep_working(digits, tmp_path):
     np.testing.assert_array_equal(joblib.load(tmp_path / "est.joblib").predict_proba(X[:20]), proba)
     loaded = DistributedCNN.load(est.save(tmp_path / "m"))
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(loaded)).predict_proba(X[:20]), proba)
+
+
+def test_a_record_with_optional_values_saves_without_pickle(digits, tmp_path):
+    # xarray keeps a column of optional values (a reason, or None) as Python objects: the main job's
+    # tradeoff_ had one, and its save failed with "a checkpoint cannot hold object arrays"
+    X, y = digits
+    est = DistributedCNN(max_epochs=0.25, **QUICK).fit(X, y)
+    dim = next(iter(est.tradeoff_.dims))
+    n = est.tradeoff_.sizes[dim]
+    reasons = np.array((["probe", None] * n)[:n], dtype=object)
+    est.tradeoff_ = est.tradeoff_.assign(reason=((dim,), reasons))
+    est.save(tmp_path / "model")
+    loaded = DistributedCNN.load(tmp_path / "model")
+    assert loaded.tradeoff_["reason"].dtype.kind == "U"
+    assert list(loaded.tradeoff_["reason"].values) == ["" if r is None else r for r in reasons]
+    np.testing.assert_array_equal(loaded.predict_proba(X[:8]), est.predict_proba(X[:8]))
