@@ -384,17 +384,10 @@ def cmd_info(args) -> int:
         print(f"gpu: {describe_device('gpu')}; SGEMM {sgemm_gflops('gpu'):.1f} GFLOP/s")
     else:
         print("gpu: none (CuPy with a CUDA device not found)")
-    from dasknn.nn.onednn import info
+    from dasknn.nn.onednn import describe_kernels
 
-    print("kernels:", _kernels_line(info()))
+    print("kernels:", describe_kernels())
     return 0
-
-
-def _kernels_line(onednn: dict) -> str:
-    """The CPU kernel backend "auto" picks for float32 layers, with oneDNN's version and threads."""
-    if not onednn["available"]:
-        return f"batched lowering (oneDNN unavailable: {onednn['reason']})"
-    return f"oneDNN {onednn['version']} ({onednn['threads']} threads), batched lowering as reference"
 
 
 def cmd_summary(args) -> int:

@@ -199,10 +199,14 @@ def machine_line() -> str:
     import os
 
     from dasknn.backend import device_info
+    from dasknn.nn.onednn import describe_kernels
 
     info = device_info()
     load = os.getloadavg()[0]
-    return f"machine: {info}; load average (1 min): {load:.2f} on {info['cores']} cores"
+    return (
+        f"machine: {info}; kernels: {describe_kernels()}; "
+        f"load average (1 min): {load:.2f} on {info['cores']} cores"
+    )
 
 
 def write_tables(folder: str | Path, tables: dict[str, pd.DataFrame], stem: str = "") -> list[Path]:

@@ -365,3 +365,18 @@ def test_lenet_reaches_the_main_jobs_target_with_onednn_as_with_lowering():
         accuracy[backend] = evaluate(net, X_val, y_val)[1]
     assert min(accuracy.values()) >= DEFAULT_TARGET, accuracy
     assert abs(accuracy["onednn"] - accuracy["lowering"]) <= 0.01, accuracy
+
+
+def test_dasknn_info_and_the_experiments_machine_line_name_onednn():
+    import contextlib
+    import io
+
+    from dasknn.cli import main
+    from experiments.common import machine_line
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["info"]) == 0
+    kernels = [line for line in out.getvalue().splitlines() if line.startswith("kernels:")]
+    assert len(kernels) == 1 and kernels[0].startswith("kernels: oneDNN 3."), out.getvalue()
+    assert "kernels: oneDNN 3." in machine_line()

@@ -35,6 +35,7 @@ __all__ = [
     "available",
     "check_backend",
     "conv_kernel",
+    "describe_kernels",
     "info",
     "lrn_kernel",
     "net_backends",
@@ -214,3 +215,12 @@ def info() -> dict[str, Any]:
     from dasknn.nn.onednn.memory import threads
 
     return {"available": True, "version": capi.version(), "threads": threads(), "library": lib._name}
+
+
+def describe_kernels() -> str:
+    """The CPU kernels "auto" picks for float32 layers, in words: oneDNN's version and threads, or
+    batched lowering and why oneDNN is not there (what `dasknn info` and the experiments print)."""
+    found = info()
+    if not found["available"]:
+        return f"batched lowering (oneDNN unavailable: {found['reason']})"
+    return f"oneDNN {found['version']} ({found['threads']} threads), batched lowering as reference"
