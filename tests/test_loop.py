@@ -16,6 +16,7 @@ from sklearn.datasets import load_digits
 
 import dasknn
 from dasknn.estimator import DistributedCNN
+from experiments.pin_loop import COMMON  # the digits MLP fit the pins use
 
 PACKAGE = Path(dasknn.__file__).parent
 
@@ -71,18 +72,6 @@ def test_there_is_one_divergence_handler():
             ):
                 found["in a row"].append(name)
     assert found == {key: ["fitting.py"] for key in found}
-
-
-COMMON = {
-    "net": "mlp",
-    "input_shape": "flat",
-    "engine": "simulated",
-    "simulated_gflops": 10.0,
-    "n_workers": 4,
-    "batch_size": 32,
-    "time_budget": None,
-    "eval_size": 200,
-}
 
 
 @pytest.fixture(scope="module")

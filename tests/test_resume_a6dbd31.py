@@ -19,18 +19,9 @@ import pytest
 from sklearn.datasets import load_digits
 
 from dasknn.estimator import DistributedCNN
+from experiments.pin_loop import COMMON  # the digits MLP fit the pins use
 
 FIXTURES = Path(__file__).parent / "fixtures" / "a6dbd31-checkpoints"
-COMMON = {
-    "net": "mlp",
-    "input_shape": "flat",
-    "engine": "simulated",
-    "simulated_gflops": 10.0,
-    "n_workers": 4,
-    "batch_size": 32,
-    "time_budget": None,
-    "eval_size": 200,
-}
 CASES = {
     "fixed": {"n_groups": 2, "learning_rate": 0.1, "momentum": 0.9, "max_epochs": 3},
     "grid": {"max_epochs": 8},
