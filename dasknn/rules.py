@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,13 +34,14 @@ def _quoted(values: tuple) -> str:
     return ", ".join(repr(v) for v in values)
 
 
-class Rule:
+class Rule(ABC):
     """What one parameter accepts: `ok(value)`, its description `what`, and `parse(text)`."""
 
     what: str = "a value"
 
+    @abstractmethod
     def ok(self, value: Any) -> bool:
-        raise NotImplementedError
+        """True when the parameter may take `value`."""
 
     def check(self, name: str, value: Any) -> Any:
         """`value` when the rule accepts it, else ValueError naming `name`, the rule and the value."""

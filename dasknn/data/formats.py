@@ -120,13 +120,7 @@ def _gunzip(buf: bytes, path: Path) -> bytes:
 def read_bytes(path: str | Path) -> bytes:
     """The bytes of a file, gunzipped when it starts with the gzip magic number (whatever its name)."""
     path = Path(path)
-    buf = path.read_bytes()
-    if buf[:2] != _GZIP_MAGIC:
-        return buf
-    try:
-        return gzip.decompress(buf)
-    except (OSError, EOFError, zlib.error) as err:
-        raise FormatError(f"{path}: corrupt or truncated gzip data ({err})") from err
+    return _gunzip(path.read_bytes(), path)
 
 
 def parse_idx(buf: bytes, source: str = "<bytes>") -> np.ndarray:

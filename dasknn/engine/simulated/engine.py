@@ -162,9 +162,14 @@ class SimulatedEngine:
             rows = sim.advance(budget)
         new_state = sim.train_state()
         net.set_params(new_state.params)
-        attrs = {
-            "n_groups": g,
-            "batch_size": config.batch_size,
+        attrs = self._trace_attrs(sim, config.batch_size, n_workers)
+        return RunResult(trace=make_trace(rows, "simulated", **attrs), state=new_state)
+
+    def _trace_attrs(self, sim, batch_size: int, n_workers: int, **more) -> dict:
+        """What a run's trace records of the run: its groups, the timing model and the strategy."""
+        return {
+            "n_groups": sim.config.n_groups,
+            "batch_size": batch_size,
             "n_workers": n_workers,
             "group_size": sim.k,
             "t_conv": sim.t_conv_mean,
@@ -176,8 +181,8 @@ class SimulatedEngine:
             "strategy": self.strategy.name,
             "physical_map": self.strategy.physical_map,
             "split": getattr(sim, "split", None),
+            **more,
         }
-        return RunResult(trace=make_trace(rows, "simulated", **attrs), state=new_state)
 
     def _run_scheduled(
         self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None
@@ -218,22 +223,9 @@ class SimulatedEngine:
                 if over or change is None or (left is not None and spent >= budget.seconds):
                     break
         net.set_params(state.params)
-        attrs = {
-            "n_groups": sim.config.n_groups,
-            "batch_size": config.batch_size,
-            "n_workers": self.workers_at(_clock(state)),
-            "group_size": sim.k,
-            "t_conv": sim.t_conv_mean,
-            "t_fc": self.t_fc,
-            "variability": self.variability,
-            "cv": self.cv,
-            "forward_fraction": self.forward_fraction,
-            "diverged": sim.diverged,
-            "strategy": self.strategy.name,
-            "physical_map": self.strategy.physical_map,
-            "split": sim.split,
-            "worker_events": events,
-        }
+        attrs = self._trace_attrs(
+            sim, config.batch_size, self.workers_at(_clock(state)), worker_events=events
+        )
         return RunResult(trace=make_trace(rows, "simulated", **attrs), state=state)
 
     def _next_change(self, t: float) -> float | None:
