@@ -309,157 +309,8 @@ class DaskEngine:
             return run_restarting(self, runner, net, X, y, config, budget, start, keep_groups=True)
         if self.strategy.physical_map == "unmerged":  # Omnivore appendix C
             return run_restarting(self, run_unmerged, net, X, y, config, budget, start, keep_groups=False)
-        client = engine_client(self)
-        if self.data == "stream":
-            data = self._streamed(client, X, y, config)
-        else:
-            data = persist_data(self, client, X, y, config)
-        X, y = data.X, data.y
-        elastic_on = elastic.install(client)
-        gone = elastic.leaving(client) if elastic_on else set()
-        placement = plan(
-            elastic.usable_workers(cluster_workers(client), gone), config.n_groups, self._throughput(client)
-        )
-        first_placement = str(placement.roles())
-        begun = begin_run(self, client, net, config, start)
-        state, conv_net, fc_net, run_id = begun.state, begun.conv_net, begun.fc_net, begun.run_id
-        template = client.scatter(conv_net.copy(), broadcast=True, hash=False)
-        t0 = time.time()
-        deadline = None if budget.seconds is None else t0 + budget.seconds
-        bar = self._progress(budget)
-        rows: list[dict[str, Any]] = []
-        recoveries: list[Recovery] = []
-        events: list[elastic.WorkerEvent] = []
-        moved, t_change = None, t0  # the servers' states a hand-off moves to the next segment
-
-        def cluster_change() -> None:
-            elastic.cluster_change(client, placement, config.n_groups, self._throughput)
-
-        seg_state, version, seg, t_lost = state, 0, None, t0
-        lost_all: dict[str, list[str]] = {}
-        try:
-            while True:
-                left = None if budget.iterations is None else budget.iterations - version
-                if (left is not None and left <= 0) or (deadline is not None and time.time() >= deadline):
-                    end_state = seg_state  # a loss at the very end: the state recovered is the result
-                    break
-                seg = Segment(self, client, placement, seg_state, version, state.iterations_done, moved)
-                self.placement_ = placement
-                try:
-                    specs = tasks.group_specs(
-                        self, placement, data, config.with_(n_groups=placement.n_groups), left,
-                        seg_state.batches_done, deadline, run_id, template.key,
-                    )  # fmt: skip
-                    seg.start(conv_net, fc_net, config, specs, template, data.shipped)
-                    if elastic_on:
-                        elastic.use(client, run_id, placement.roles())
-                    if recoveries:
-                        recoveries[-1].seconds = time.time() - t_lost
-                    if moved is not None:
-                        events[-1].seconds = time.time() - t_change
-                        events[-1].conv_state, events[-1].fc_state = seg.state_digests
-                        moved = None
-                    try:
-                        seg.watch(
-                            deadline,
-                            None if bar is None else lambda v: bar.update(max(0, v - bar.n)),
-                            cluster_change if elastic_on else None,
-                        )
-                    except elastic.ClusterChange as change:  # a worker joined or is being retired
-                        t_change = time.time()
-                        seg_state = seg.hand_off()
-                        seg.stop()
-                        version, moved = seg.version, seg.last_states
-                        rows.extend(dict(r, recovered=bool(recoveries)) for r in seg.rows)
-                        seg_state.batches_done = resume_batches(seg_state, seg.rows)
-                        seg.release()
-                        events.append(
-                            elastic.WorkerEvent(
-                                time=t_change - t0,
-                                joined=change.joined,
-                                left=change.leaving,
-                                version=version,
-                                n_groups_before=placement.n_groups,
-                                n_groups_after=change.placement.n_groups,
-                                placement=str(change.placement.roles()),
-                            )
-                        )
-                        placement = change.placement
-                        continue
-                    end_state = seg.finish()
-                    rows.extend(dict(r, recovered=bool(recoveries)) for r in seg.rows)
-                    break
-                except SegmentFailed as failure:
-                    t_lost = time.time()
-                    lost_all.update(failure.lost)
-                    seg.stop()
-                    streamed = data.source is not None  # nothing persisted to recompute
-                    data_back = bool(cluster_workers(client)) if streamed else await_data(self, client, X, y)
-                    if len(recoveries) >= self.max_recoveries or not data_back:
-                        alive = cluster_workers(client)
-                        raise lost_error(
-                            lost_all, seg.version, len(recoveries), self.max_recoveries, alive, placement,
-                            state.iterations_done,
-                        ) from failure  # fmt: skip
-                    seg_state, version, kept, redone = seg.resume_point(failure)
-                    seg.release()
-                    rows.extend(dict(r, recovered=bool(recoveries)) for r in kept)
-                    seg_state.batches_done = resume_batches(seg_state, kept)
-                    before = placement.n_groups
-                    alive = cluster_workers(client)
-                    if not alive:
-                        raise lost_error(
-                            lost_all, seg.version, len(recoveries), self.max_recoveries, alive, placement,
-                            state.iterations_done,
-                        ) from failure  # fmt: skip
-                    # the conv-phase template again: its copies may all have been on lost workers
-                    template = client.scatter(conv_net.copy(), broadcast=True, hash=False)
-                    if streamed and data.shipped.status != "finished":  # its worker was lost
-                        data = self._reship(client)
-                    placement = replan(alive, placement, self._throughput(client))
-                    recoveries.append(
-                        Recovery(
-                            time=t_lost - t0,
-                            worker=", ".join(failure.lost),
-                            roles=sorted({r for roles in failure.lost.values() for r in roles}),
-                            iterations_redone=redone or 0,
-                            n_groups_before=before,
-                            n_groups_after=placement.n_groups,
-                            from_snapshot=redone is not None,
-                            snapshot_version=version,
-                            placement=str(placement.roles()),
-                        )
-                    )
-        except BaseException:
-            if seg is not None:
-                seg.stop()
-            raise
-        finally:
-            if seg is not None:
-                seg.release()
-            if bar is not None:
-                bar.close()
-            client.run(tasks.forget_run, run_id, on_error="ignore")
-            if elastic_on:
-                elastic.forget(client, run_id)
-            del template, seg
-        net.set_params(end_state.params)
-        end_state.batches_done = max([state.batches_done, *(r["batch"] + 1 for r in rows)])
-        on_run_clock(rows, t0, config, X.shape[0])
-        trace = make_trace(
-            rows,
-            "dask",
-            n_groups=config.n_groups,
-            placement=first_placement,
-            batch_size=config.batch_size,
-            strategy=self.strategy.name,
-            aggregation=self.strategy.aggregation,
-            split=fc_net.layers[0].name,
-            recoveries=[r.as_dict() for r in recoveries],
-            worker_events=[e.as_dict() for e in events],
-            started=t0,
-        )
-        return RunResult(trace=trace, state=end_state)
+        run = _GroupsRun(self, net, X, y, config, budget, start)
+        return run.result(net, run.train())
 
     def _throughput(self, client) -> dict[str, float] | None:
         """GFLOP/s of each worker's device (calibrated or given); unnamed workers count as the median."""
@@ -490,6 +341,200 @@ class DaskEngine:
         from tqdm.auto import tqdm
 
         return tqdm(total=budget.iterations, unit="it", desc="dask engine", dynamic_ncols=True)
+
+
+class _GroupsRun:
+    """One run of Omnivore's g groups on the merged map, segment after segment (module docstring).
+
+    It holds what passes from one segment to the next: the placement, the state to start from, the
+    trace rows kept so far, the recoveries from lost workers (`recovery.Recovery`) and the workers
+    that joined or left (`elastic.WorkerEvent`). `train()` runs the segments; `result()` sets the
+    final weights on the net and makes the run's Trace.
+    """
+
+    def __init__(
+        self, engine: DaskEngine, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None
+    ) -> None:
+        client = engine_client(engine)
+        if engine.data == "stream":
+            data = engine._streamed(client, X, y, config)
+        else:
+            data = persist_data(engine, client, X, y, config)
+        self.engine, self.client, self.config, self.budget = engine, client, config, budget
+        self.data, self.X, self.y = data, data.X, data.y
+        self.elastic_on = elastic.install(client)
+        gone = elastic.leaving(client) if self.elastic_on else set()
+        self.placement = plan(
+            elastic.usable_workers(cluster_workers(client), gone), config.n_groups, engine._throughput(client)
+        )
+        self.first_placement = str(self.placement.roles())
+        begun = begin_run(engine, client, net, config, start)
+        self.state, self.conv_net, self.fc_net = begun.state, begun.conv_net, begun.fc_net
+        self.run_id = begun.run_id
+        self.template = client.scatter(self.conv_net.copy(), broadcast=True, hash=False)
+        self.t0 = time.time()
+        self.deadline = None if budget.seconds is None else self.t0 + budget.seconds
+        self.bar = engine._progress(budget)
+        self.rows: list[dict[str, Any]] = []
+        self.recoveries: list[Recovery] = []
+        self.events: list[elastic.WorkerEvent] = []
+        self.moved, self.t_change = None, self.t0  # the servers' states a hand-off moves to the next segment
+        self.seg_state, self.version, self.seg, self.t_lost = self.state, 0, None, self.t0
+        self.lost_all: dict[str, list[str]] = {}
+
+    def train(self) -> TrainState:
+        """Run segments until the budget is spent; the state the run ended in."""
+        deadline = self.deadline
+        try:
+            while True:
+                left = None if self.budget.iterations is None else self.budget.iterations - self.version
+                if (left is not None and left <= 0) or (deadline is not None and time.time() >= deadline):
+                    return self.seg_state  # a loss at the very end: the state recovered is the result
+                end_state = self._segment(left)
+                if end_state is not None:
+                    return end_state
+        except BaseException:
+            if self.seg is not None:
+                self.seg.stop()
+            raise
+        finally:
+            if self.seg is not None:
+                self.seg.release()
+            if self.bar is not None:
+                self.bar.close()
+            self.client.run(tasks.forget_run, self.run_id, on_error="ignore")
+            if self.elastic_on:
+                elastic.forget(self.client, self.run_id)
+            self.template = self.seg = None
+
+    def _cluster_change(self) -> None:
+        elastic.cluster_change(self.client, self.placement, self.config.n_groups, self.engine._throughput)
+
+    def _segment(self, left: int | None) -> TrainState | None:
+        """One segment on the current placement: its end state, or None when the run goes on in
+        another segment (after a worker joined or left, or was lost)."""
+        engine, client, config, bar = self.engine, self.client, self.config, self.bar
+        seg = self.seg = Segment(
+            engine, client, self.placement, self.seg_state, self.version, self.state.iterations_done,
+            self.moved,
+        )  # fmt: skip
+        engine.placement_ = self.placement
+        try:
+            specs = tasks.group_specs(
+                engine, self.placement, self.data, config.with_(n_groups=self.placement.n_groups), left,
+                self.seg_state.batches_done, self.deadline, self.run_id, self.template.key,
+            )  # fmt: skip
+            seg.start(self.conv_net, self.fc_net, config, specs, self.template, self.data.shipped)
+            if self.elastic_on:
+                elastic.use(client, self.run_id, self.placement.roles())
+            if self.recoveries:
+                self.recoveries[-1].seconds = time.time() - self.t_lost
+            if self.moved is not None:
+                self.events[-1].seconds = time.time() - self.t_change
+                self.events[-1].conv_state, self.events[-1].fc_state = seg.state_digests
+                self.moved = None
+            try:
+                seg.watch(
+                    self.deadline,
+                    None if bar is None else lambda v: bar.update(max(0, v - bar.n)),
+                    self._cluster_change if self.elastic_on else None,
+                )
+            except elastic.ClusterChange as change:  # a worker joined or is being retired
+                self._hand_off(seg, change)
+                return None
+            end_state = seg.finish()
+            self.rows.extend(dict(r, recovered=bool(self.recoveries)) for r in seg.rows)
+            return end_state
+        except SegmentFailed as failure:
+            self._recover(seg, failure)
+            return None
+
+    def _hand_off(self, seg: Segment, change: elastic.ClusterChange) -> None:
+        """End `seg` where it is and move its servers' states to the placement `change` plans."""
+        self.t_change = time.time()
+        self.seg_state = seg.hand_off()
+        seg.stop()
+        self.version, self.moved = seg.version, seg.last_states
+        self.rows.extend(dict(r, recovered=bool(self.recoveries)) for r in seg.rows)
+        self.seg_state.batches_done = resume_batches(self.seg_state, seg.rows)
+        seg.release()
+        self.events.append(
+            elastic.WorkerEvent(
+                time=self.t_change - self.t0,
+                joined=change.joined,
+                left=change.leaving,
+                version=self.version,
+                n_groups_before=self.placement.n_groups,
+                n_groups_after=change.placement.n_groups,
+                placement=str(change.placement.roles()),
+            )
+        )
+        self.placement = change.placement
+
+    def _recover(self, seg: Segment, failure: SegmentFailed) -> None:
+        """After a lost worker: go on from `seg`'s last snapshot on the workers left, or raise
+        WorkerLostError when the recoveries are used up or no worker (or no data) is left."""
+        engine, client = self.engine, self.client
+        self.t_lost = time.time()
+        self.lost_all.update(failure.lost)
+        seg.stop()
+        streamed = self.data.source is not None  # nothing persisted to recompute
+        data_back = bool(cluster_workers(client)) if streamed else await_data(engine, client, self.X, self.y)
+        if len(self.recoveries) >= engine.max_recoveries or not data_back:
+            raise self._lost(seg, cluster_workers(client)) from failure
+        self.seg_state, self.version, kept, redone = seg.resume_point(failure)
+        seg.release()
+        self.rows.extend(dict(r, recovered=bool(self.recoveries)) for r in kept)
+        self.seg_state.batches_done = resume_batches(self.seg_state, kept)
+        before = self.placement.n_groups
+        alive = cluster_workers(client)
+        if not alive:
+            raise self._lost(seg, alive) from failure
+        # the conv-phase template again: its copies may all have been on lost workers
+        self.template = client.scatter(self.conv_net.copy(), broadcast=True, hash=False)
+        if streamed and self.data.shipped.status != "finished":  # its worker was lost
+            self.data = engine._reship(client)
+        self.placement = replan(alive, self.placement, engine._throughput(client))
+        self.recoveries.append(
+            Recovery(
+                time=self.t_lost - self.t0,
+                worker=", ".join(failure.lost),
+                roles=sorted({r for roles in failure.lost.values() for r in roles}),
+                iterations_redone=redone or 0,
+                n_groups_before=before,
+                n_groups_after=self.placement.n_groups,
+                from_snapshot=redone is not None,
+                snapshot_version=self.version,
+                placement=str(self.placement.roles()),
+            )
+        )
+
+    def _lost(self, seg: Segment, alive: dict[str, Any]) -> Exception:
+        """The WorkerLostError that ends the run after `seg` lost workers, `alive` the workers left."""
+        return lost_error(
+            self.lost_all, seg.version, len(self.recoveries), self.engine.max_recoveries, alive,
+            self.placement, self.state.iterations_done,
+        )  # fmt: skip
+
+    def result(self, net: Net, end_state: TrainState) -> RunResult:
+        """Set the run's final weights on `net`; the RunResult with the run's Trace."""
+        net.set_params(end_state.params)
+        end_state.batches_done = max([self.state.batches_done, *(r["batch"] + 1 for r in self.rows)])
+        on_run_clock(self.rows, self.t0, self.config, self.X.shape[0])
+        trace = make_trace(
+            self.rows,
+            "dask",
+            n_groups=self.config.n_groups,
+            placement=self.first_placement,
+            batch_size=self.config.batch_size,
+            strategy=self.engine.strategy.name,
+            aggregation=self.engine.strategy.aggregation,
+            split=self.fc_net.layers[0].name,
+            recoveries=[r.as_dict() for r in self.recoveries],
+            worker_events=[e.as_dict() for e in self.events],
+            started=self.t0,
+        )
+        return RunResult(trace=trace, state=end_state)
 
 
 LOSS_NOTICE_SECONDS = 10.0
