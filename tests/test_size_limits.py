@@ -31,8 +31,6 @@ STILL_OVER = (
     "dasknn.fitting.Loop",
     "dasknn.fitting.Trainer.optimize",
     "dasknn.optimizer.grid.GridPolicy.__init__",
-    "dasknn.engine.dask.replicas.run_replicas",
-    "dasknn.engine.autotune.tune_learners",
     "dasknn.tradeoff.record.record_from_traces",
     "dasknn.nn.textformat.parse_prototxt",
 )

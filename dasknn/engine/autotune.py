@@ -95,6 +95,35 @@ def _check(engine, threshold: float, probe_rounds: int, max_learners: int) -> No
         raise ValueError(f"max_learners must be >= 1, got {max_learners}")
 
 
+def _probe_budget(budget: Budget | None, spent: float, done: int, iterations: int) -> Budget | None:
+    """The next probe's budget: `iterations`, cut to what is left of `budget` after `spent` seconds
+    and `done` iterations of probes; None when `budget` is spent."""
+    seconds = None
+    if budget is not None:
+        if budget.exhausted(spent, done):
+            return None
+        if budget.iterations is not None:
+            iterations = min(iterations, budget.iterations - done)
+        if budget.seconds is not None:
+            seconds = budget.seconds - spent
+    return Budget(seconds=seconds, iterations=iterations)
+
+
+def _decide(
+    throughput: float, previous: float | None, threshold: float, learners: int, max_learners: int
+) -> tuple[str, float]:
+    """Crossbow Alg. 2 after a probe of `learners`: (decision, relative change of the throughput).
+
+    'add' a learner while the throughput rose by more than `threshold` over `previous` (or on the
+    first probe; 'max' at `max_learners`), 'remove' one when it fell, else 'keep'."""
+    change = math.nan if previous is None else throughput / previous - 1.0
+    if previous is None or change > threshold:
+        return ("add" if learners < max_learners else "max"), change
+    if throughput < previous and learners > 1:
+        return "remove", change
+    return "keep", change
+
+
 def tune_learners(
     engine,
     net: Net,
@@ -125,25 +154,12 @@ def tune_learners(
     learners, previous, spent, done, decision = 1, None, 0.0, 0, "add"
     with _fixed_learners(engine):
         while True:
-            iterations = learners * int(probe_rounds)
-            seconds = None
-            if budget is not None:
-                if budget.exhausted(spent, done):
-                    decision = "budget"
-                    break
-                if budget.iterations is not None:
-                    iterations = min(iterations, budget.iterations - done)
-                if budget.seconds is not None:
-                    seconds = budget.seconds - spent
+            probe = _probe_budget(budget, spent, done, learners * int(probe_rounds))
+            if probe is None:
+                decision = "budget"
+                break
             t = time.time()
-            result = engine.run(
-                net,
-                X,
-                y,
-                config.with_(n_groups=learners),
-                Budget(seconds=seconds, iterations=iterations),
-                state,
-            )
+            result = engine.run(net, X, y, config.with_(n_groups=learners), probe, state)
             parts.append((spent, result.trace))
             spent += _spent(result.trace, time.time() - t)
             done += len(result.trace)
@@ -152,13 +168,7 @@ def tune_learners(
                 decision = "budget"  # the budget cut the probe short: no throughput to compare
                 break
             throughput, round_seconds, rounds = round_throughput(result.trace, config.batch_size)
-            change = math.nan if previous is None else throughput / previous - 1.0
-            if previous is None or change > threshold:
-                decision = "add" if learners < max_learners else "max"
-            elif throughput < previous and learners > 1:
-                decision = "remove"
-            else:
-                decision = "keep"
+            decision, change = _decide(throughput, previous, threshold, learners, max_learners)
             rows.append(
                 {
                     "step": len(rows),

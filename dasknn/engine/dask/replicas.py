@@ -276,66 +276,25 @@ def run_replicas(
     workers = cluster_workers(client)
     where = learner_workers(workers, k)
     home = sorted(workers)[0]
-    engine.placement_ = Placement(
-        fc_worker=home,
-        conv_server_worker=home,
-        groups=[[w] for w in where],
-        shares={w: 1.0 for w in where},
-        devices=worker_devices(workers),
-        oversubscribed=k > len(workers),
-    )
+    engine.placement_ = _learners_placement(workers, where, home)
     client.run(tasks.prepare_worker, engine.blas_threads)
     state = start.copy() if start is not None else TrainState.from_net(net)
-    z = {key: np.asarray(v) for key, v in state.params.items()}
-    z_prev = {key: z[key] - state.momentum[key] if key in state.momentum else z[key] for key in z}
     alpha = strategy.alpha if strategy.alpha is not None else 1.0 / k
     t0 = time.time()
     deadline = None if budget.seconds is None else t0 + budget.seconds
-    avg_future = submit_actor(
-        client,
-        AverageModel,
-        z,
-        z_prev,
-        k,
-        strategy.name,
-        alpha,
-        config.momentum,
-        _rounds(budget, k),
-        deadline,
-        engine.timeout,
-        worker=home,
+    average, z = _start_average(
+        engine, client, state, k, strategy, config.momentum, alpha, budget, deadline, home
     )
-    average = avg_future.result(timeout=engine.timeout)
     work = net.copy()
     work.set_params(z)
-    run_id = uuid.uuid4().hex
     template = client.scatter(work, broadcast=True, hash=False)
     roles: dict[str, list[str]] = {home: ["average model z"]}
-    loops = []
     for j, w in enumerate(where):
         roles.setdefault(w, []).append(f"learner {j}")
-        spec = LearnerSpec(
-            run_id=run_id,
-            learner=j,
-            n_learners=k,
-            worker=w,
-            device=engine.placement_.devices[w],
-            x_keys=data.x_keys,
-            y_keys=data.y_keys,
-            chunks=data.chunks,
-            batch_size=config.batch_size,
-            seed=config.seed,
-            first_batch=state.batches_done,
-            rounds=_rounds(budget, k),
-            name=strategy.name,
-            alpha=alpha,
-            tau=int(strategy.tau),
-            lr=config.lr,
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-            timeout=engine.timeout,
-        )
-        loops.append(submit_pinned(client, learner_loop, spec, template, average, worker=w))
+    specs = _learner_specs(engine, where, data, config, budget, strategy, alpha, state.batches_done)
+    loops = [
+        submit_pinned(client, learner_loop, spec, template, average, worker=spec.worker) for spec in specs
+    ]
     try:
         rows = wait_for_loops(
             engine,
@@ -366,10 +325,105 @@ def run_replicas(
     on_run_clock(rows, t0, config, data.X.shape[0])
     for i, row in enumerate(rows):
         row["iteration"] = state.iterations_done + i + 1
-    trace = make_trace(
+    return RunResult(trace=_replicas_trace(rows, roles, where, config, strategy, alpha), state=end_state)
+
+
+def _start_average(
+    engine,
+    client,
+    state: TrainState,
+    k: int,
+    strategy: Strategy,
+    momentum: float,
+    alpha: float,
+    budget: Budget,
+    deadline: float | None,
+    home: str,
+):
+    """The AverageModel actor on worker `home`, its z the weights of `state` and z_prev those less
+    `state`'s momentum (Caffe's buffer, z − z_prev); returns the actor and z."""
+    z = {key: np.asarray(v) for key, v in state.params.items()}
+    z_prev = {key: z[key] - state.momentum[key] if key in state.momentum else z[key] for key in z}
+    avg_future = submit_actor(
+        client,
+        AverageModel,
+        z,
+        z_prev,
+        k,
+        strategy.name,
+        alpha,
+        momentum,
+        _rounds(budget, k),
+        deadline,
+        engine.timeout,
+        worker=home,
+    )
+    return avg_future.result(timeout=engine.timeout), z
+
+
+def _learners_placement(workers: dict[str, dict[str, Any]], where: list[str], home: str) -> Placement:
+    """The run's placement: learner j alone in group j on worker `where[j]`, z on `home`."""
+    return Placement(
+        fc_worker=home,
+        conv_server_worker=home,
+        groups=[[w] for w in where],
+        shares={w: 1.0 for w in where},
+        devices=worker_devices(workers),
+        oversubscribed=len(where) > len(workers),
+    )
+
+
+def _learner_specs(
+    engine,
+    where: list[str],
+    data,
+    config: RunConfig,
+    budget: Budget,
+    strategy: Strategy,
+    alpha: float,
+    first_batch: int,
+) -> list[LearnerSpec]:
+    """What each of the k = len(where) learners' loops needs, learner j on worker `where[j]`."""
+    k, run_id = len(where), uuid.uuid4().hex
+    return [
+        LearnerSpec(
+            run_id=run_id,
+            learner=j,
+            n_learners=k,
+            worker=w,
+            device=engine.placement_.devices[w],
+            x_keys=data.x_keys,
+            y_keys=data.y_keys,
+            chunks=data.chunks,
+            batch_size=config.batch_size,
+            seed=config.seed,
+            first_batch=first_batch,
+            rounds=_rounds(budget, k),
+            name=strategy.name,
+            alpha=alpha,
+            tau=int(strategy.tau),
+            lr=config.lr,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            timeout=engine.timeout,
+        )
+        for j, w in enumerate(where)
+    ]
+
+
+def _replicas_trace(
+    rows: list[dict[str, Any]],
+    roles: dict,
+    where: list[str],
+    config: RunConfig,
+    strategy: Strategy,
+    alpha: float,
+):
+    """The run's Trace: its rows, with the learners' placement and SMA's (or averaging's) knobs."""
+    return make_trace(
         rows,
         "dask",
-        n_groups=k,
+        n_groups=len(where),
         placement=str(roles),
         batch_size=config.batch_size,
         strategy=strategy.name,
@@ -378,4 +432,3 @@ def run_replicas(
         tau=int(strategy.tau),
         diverged=not all(math.isfinite(row["loss"]) for row in rows),
     )
-    return RunResult(trace=trace, state=end_state)
