@@ -15,7 +15,10 @@ from the first iteration and only ever spends a bounded share of the run on anyt
    falls below a tenth of the post-ramp progress; the fit stops on convergence after `max_drops`
    drops without a held-out gain) and by momentum feedback (`optimizer.momentum`: the total
    momentum regressed from the conv weights' updates steered to the prior's µ, YellowFin).
-4. Capped trials (`optimizer.trials`): η × 2, η ÷ 2, g one step up or down, A-B-A (the current
+4. A new g when the cluster's size changes (`decide.regroup`, docs/architecture.md "Elastic
+   clusters"): after a run that ended on another number of conv workers, the prior's rule on the
+   HE model at the new count (a pinned `n_groups` stays); a trial under way is abandoned.
+5. Capped trials (`optimizer.trials`): η × 2, η ÷ 2, g one step up or down, A-B-A (the current
    configuration's window before and after, `decide.judge_trial`), started only while the trials'
    time on the trace's clock stays within 5% of the elapsed time, and cut to what is left of it.
 
@@ -27,7 +30,7 @@ checkpoints, so a fit stopped mid-ramp or mid-trial resumes exactly.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +147,8 @@ class AutoPolicy:
         self.resuming = resume is not None
         if resume is not None:
             self.s = dict(resume)
+            if self.s.get("n_workers"):
+                self.candidates, self.model = at_workers(self, int(self.s["n_workers"]))
             return
         prior = start_prior(self)
         config = RunConfig(
@@ -173,6 +178,7 @@ class AutoPolicy:
             "overhead": 0.0,
             "lr_ceiling": None,
             "stopped": "",
+            "n_workers": worker_count(self),
         }
         fit.log.record("auto", "start", config, f"prior: {prior.source}; w = {self.w}", chosen=True)
 
@@ -192,6 +198,7 @@ class AutoPolicy:
     # -- measuring and deciding ------------------------------------------------------------------
     def _observe(self, last: Outcome) -> None:
         s, log = self.s, self.fit.log
+        regroup_on_change(self, last)
         config = RunConfig(**s["config"])
         trace = last.trace
         n = len(trace)
@@ -452,14 +459,46 @@ class AutoPolicy:
     # -- set-up ----------------------------------------------------------------------------------
 
 
+def regroup_on_change(policy: AutoPolicy, last: Outcome) -> None:
+    """g decided again when the run ended on another number of conv workers (`decide.regroup`):
+    the cluster grew or shrank under it. A trial under way is abandoned (A-B-A compares runs
+    on one cluster)."""
+    s, log = policy.s, policy.fit.log
+    n, before = measure.workers_at_end(last.trace), s.get("n_workers")
+    if n is None or before is None or n == before:
+        return
+    policy.candidates, policy.model = at_workers(policy, n)
+    config = RunConfig(**s["config"])
+    he = {g: policy.model.he(g) for g in policy.candidates}
+    g, why = decide.regroup(he, n, before, config.n_groups, policy.n_groups)
+    s["n_workers"], s["config"] = n, asdict(config.with_(n_groups=g))
+    if s["phase"] in ("trial", "after"):
+        trial = RunConfig(**s["trial"]["config"])
+        log.record("explore", "abandon", trial, "the cluster changed during the trial")
+        s["phase"], s["trial"], s["before"] = "train", None, None
+    log.record("cluster", "regroup", RunConfig(**s["config"]), why, chosen=True, n_workers=n, run=last.run)
+
+
+def worker_count(policy: AutoPolicy) -> int | None:
+    """The conv workers N at the fit's start: given, the HE model's, else the engine's count."""
+    engine = policy.fit.engine
+    n = policy.n_workers or (policy.he_model.n_workers if policy.he_model else None)
+    if n is None and callable(getattr(engine, "conv_worker_count", None)):
+        n = engine.conv_worker_count()
+    return n or getattr(engine, "n_workers", None)
+
+
+def at_workers(policy: AutoPolicy, n: int) -> tuple[list[int], HEModel]:
+    """The g a fit may use and the HE model once the cluster has `n` conv workers."""
+    candidates = group_candidates(n, policy.max_groups or n)
+    return [g for g in candidates if g <= n] or [1], replace(policy.model, n_workers=int(n))
+
+
 def groups_and_model(policy: AutoPolicy) -> tuple[list[int], HEModel]:
     """The g a fit may use and the HE model: given, the simulated engine's timing, else the FLOP split."""
     fit = policy.fit
     engine = fit.engine
-    n = policy.n_workers or (policy.he_model.n_workers if policy.he_model else None)
-    n = n or getattr(engine, "n_workers", None)
-    if n is None and callable(getattr(engine, "conv_worker_count", None)):
-        n = engine.conv_worker_count()
+    n = worker_count(policy)
     candidates = group_candidates(n, policy.max_groups or n or 1)
     model = policy.he_model
     timing = getattr(engine, "timing", None)

@@ -14,6 +14,8 @@ number. Each returns its choice and a reason naming the numbers that drove it.
   batch S times larger; the per-update rate becomes η·r/S (g updates share the window).
 - `judge_trial`, `explore_allowed`, `diverging`: when a trial run wins, when one may be run,
   when one is abandoned.
+- `regroup`: g again when the cluster's size changed (docs/architecture.md, "Elastic clusters"):
+  the prior's rule (`optimizer.prior.groups_prior`) on HE(g) at the new worker count.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "explore_allowed",
     "goodput",
     "judge_trial",
+    "regroup",
     "scale_lr",
     "steer_momentum",
 ]
@@ -140,3 +143,35 @@ def explore_allowed(explored: float, trial_seconds: float, time_to_target: float
 def diverging(score_start: float, score_end: float, limit: float = 2.0) -> bool:
     """A run diverges when its end score is not finite or `limit` times its start score."""
     return not math.isfinite(score_end) or (math.isfinite(score_start) and score_end > limit * score_start)
+
+
+def regroup(
+    he_times: Mapping[int, float],
+    n_workers: int,
+    n_workers_before: int,
+    current: int,
+    pinned: int | None = None,
+    tolerance: float = 0.1,
+) -> tuple[int, str]:
+    """(g, why) once the cluster has `n_workers` conv workers instead of `n_workers_before`.
+
+    `he_times`: g → the HE model's time per iteration at the new count (Omnivore §IV-B). The
+    smallest g within `tolerance` of the best, as the prior chooses (less staleness for at most
+    that much time, Theorem 1); a `pinned` g stays, fewer when fewer workers remain (the engines
+    then run one group per worker)."""
+    n, before = int(n_workers), int(n_workers_before)
+    change = f"{before} -> {n} workers"
+    if pinned is not None:
+        g = min(int(pinned), n)
+        kept = "kept" if g == int(pinned) else f"cut to {g}, one group per worker"
+        return g, f"{change}: n_groups = {pinned} pinned, {kept} (k = {n // g})"
+    usable = {int(g): float(t) for g, t in he_times.items() if 1 <= int(g) <= n and math.isfinite(t)}
+    if not usable:
+        return min(int(current), n), f"{change}: no HE(g) known, g = {min(int(current), n)}"
+    best = min(usable.values())
+    g = min(k for k, t in usable.items() if t <= (1 + tolerance) * best)
+    verb = "kept" if g == int(current) else f"{current} -> {g}"
+    return g, (
+        f"{change}: g {verb}, the smallest g with HE(g) = {usable[g]:.4g} within {tolerance:.0%} "
+        f"of the best ({best:.4g})"
+    )

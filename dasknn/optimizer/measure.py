@@ -11,7 +11,8 @@ Trace, or folds it into a running estimate.
 - the total momentum present: the explicit µ plus the implicit momentum of the staleness the
   groups actually saw (Omnivore Theorem 1: S = g − 1 gives 1 − 1/g, i.e. S̄ / (S̄ + 1));
 - progress per second: the drop of the log score over a run (the goodput that was realised);
-- the time to the target accuracy, extrapolated from the training error's log-linear trend.
+- the time to the target accuracy, extrapolated from the training error's log-linear trend;
+- the conv workers a run ended with (the engines record it: the cluster may change under a fit).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "seconds_per_iteration",
     "time_to_target",
     "total_momentum",
+    "workers_at_end",
 ]
 
 
@@ -82,6 +84,12 @@ class NoiseScale:
         if self.grad_sq <= 0:
             return math.inf
         return max(self.trace_sigma, 0.0) / self.grad_sq
+
+
+def workers_at_end(trace: pd.DataFrame) -> int | None:
+    """The conv workers N a run ended with (`attrs["n_workers"]`, both engines), None if unrecorded."""
+    n = trace.attrs.get("n_workers")
+    return None if n is None or not np.isfinite(n) else int(n)
 
 
 def total_momentum(trace: pd.DataFrame, explicit: float) -> float:

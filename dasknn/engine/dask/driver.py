@@ -532,6 +532,7 @@ class _GroupsRun:
             split=self.fc_net.layers[0].name,
             recoveries=[r.as_dict() for r in self.recoveries],
             worker_events=[e.as_dict() for e in self.events],
+            n_workers=elastic.conv_worker_count(self.client, self.elastic_on),
             started=self.t0,
         )
         return RunResult(trace=trace, state=end_state)

@@ -174,6 +174,14 @@ def usable_workers(workers: Mapping[str, Mapping[str, Any]], gone: set[str]) -> 
     }
 
 
+def conv_worker_count(client, installed: bool = True) -> int:
+    """The conv workers N the cluster offers now (usable, less a dedicated FC worker): what the
+    policies size g by (`trace.attrs["n_workers"]`). `installed`: whether `ElasticPlugin` is (it
+    knows the workers being retired)."""
+    workers = usable_workers(cluster_workers(client), leaving(client) if installed else set())
+    return len(plan(workers, 1).conv_workers) if workers else 0
+
+
 def same_placement(a: Placement, b: Placement) -> bool:
     """Whether two placements put every role (servers, groups and their workers) in the same place."""
     return (a.fc_worker, a.conv_server_worker, a.groups) == (b.fc_worker, b.conv_server_worker, b.groups)

@@ -138,6 +138,10 @@ class SimulatedEngine:
         times = [when for when, _ in self.worker_schedule]
         return self.worker_schedule[bisect.bisect_right(times, t) - 1][1]
 
+    def conv_worker_count(self) -> int | None:
+        """The conv workers N a fit starts on: the schedule's first count, else `n_workers`."""
+        return self.workers_at(0.0)
+
     def conv_time(self, k: int) -> float:
         """Mean conv-phase time of a group of k workers (simulated seconds)."""
         if self.t_conv is None:

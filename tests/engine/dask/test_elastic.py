@@ -313,3 +313,40 @@ def test_a_checkpoint_resumes_on_a_cluster_of_another_size(tmp_path):
     after = resumed.trace_[resumed.trace_["iteration"] > done]
     assert len(after) > 0 and (after["workers"].str.count(",") == 0).all()  # one worker now
     assert resumed.n_iter_ == whole.n_iter_ and resumed.score(X, y) >= 0.9
+
+
+def test_the_auto_tuner_decides_g_again_after_a_worker_joins():
+    """The "auto" tuner on a DaskEngine learns the new worker count from the run the join happened
+    in (`trace.attrs["n_workers"]`) and decides g again at the next run boundary."""
+    from dasknn.fitting import run_policy
+    from dasknn.optimizer.auto import AutoPolicy
+    from tests.planted import small_net
+
+    X, y = load("digits", size=8, batch_size=32)
+    policy = AutoPolicy(prior_cache=False, window=16)
+
+    def after_the_regroup(state, trace) -> bool:  # the fit ends one run after the decision
+        rows = [r for r in policy.fit.log.rows if r["action"] == "regroup"]
+        return bool(rows) and int(trace["run"].max()) > rows[0]["run"]
+
+    with local_client(n_workers=1) as client:
+        engine = DaskEngine(client, timeout=30, poll=0.2)
+        joiner = Joiner(client, engine)
+        joiner.start()
+        result = run_policy(
+            policy, engine, small_net(), X, y, batch_size=32, max_iterations=20_000,
+            should_stop=after_the_regroup,
+        )  # fmt: skip
+        joiner.join(timeout=60)
+    assert joiner.error is None, joiner.error
+    d, trace = result.decisions, result.trace
+    assert d.iloc[0]["action"] == "start" and d.iloc[0]["n_groups"] == 1
+    (row,) = d[d["action"] == "regroup"].itertuples()
+    assert row.n_workers == 2 and row.chosen and "1 -> 2 workers" in row.reason
+    # decided at the end of the first run that ended with two workers: no later than the first
+    # run that trained on the new one; every run after it has the new g and uses the new worker
+    on_new = trace["workers"].str.contains(joiner.worker, regex=False)
+    assert row.run <= int(trace.loc[on_new, "run"].min())
+    after = trace[trace["run"] > row.run]
+    assert len(after) and set(after["group"]) == set(range(row.n_groups))
+    assert all(on_new[after.index].groupby(after["run"]).any())
