@@ -14,7 +14,6 @@ import math
 import os
 import time
 import uuid
-import warnings
 from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
@@ -26,16 +25,31 @@ import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator, ClassifierMixin
 
-from dasknn.data import check_X, check_X_y
+from dasknn.data import check_X
 from dasknn.data.batching import n_batches
 from dasknn.data.chunks import own_keys
 from dasknn.data.split import Carved, carve, split_parts
-from dasknn.data.validation import channels_last_hint
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.estimator_data import choose_data, merged, resolve_augment
-from dasknn.estimator_params import RESUME_PARAMS, SIMULATED_GFLOPS, check_params, parameters_doc
-from dasknn.fitting import BUDGET, Evaluator
+from dasknn.estimator_input import (
+    as_array,
+    build_net,
+    check_fit_input,
+    check_net_on_data,
+    check_validation_data,
+    smallest_rate,
+)
+from dasknn.estimator_params import SIMULATED_GFLOPS, check_params, parameters_doc
+from dasknn.estimator_resume import (
+    adopt,
+    checkpoint_meta,
+    checkpoint_to_continue,
+    fingerprint,
+    save_fit,
+    simulated_gflops,
+)
+from dasknn.fitting import Evaluator
 from dasknn.logs import verbose_logging
 from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
@@ -150,186 +164,11 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             name=self.strategy, physical_map=self.physical_map, aggregation=self.aggregation, split=self.split
         )
 
-    def _shape_X(self, X):
-        shape = self.input_shape
-        if shape is None:
-            return X
-        if np.ndim(X) != 2:
-            raise ValueError(
-                f"input_shape={shape!r} reshapes 2-D X (n_samples, n_features); X is {np.ndim(X)}-D"
-            )
-        n_features = X.shape[1]
-        target = (n_features, 1, 1) if shape == "flat" else tuple(int(s) for s in shape)
-        if len(target) != 3 or math.prod(target) != n_features:
-            raise ValueError(f"input_shape {shape!r} does not hold {n_features} features per sample")
-        return X.reshape((X.shape[0], *target))
-
-    def _as_array(self, X, fitted: bool = False):
-        """Dask arrays stay lazy; anything else goes through scikit-learn's gate (sparse, complex,
-        object, empty and 1-D inputs get its standard errors), then the input_shape reshape.
-        With `fitted`, 2-D input must have the features the estimator was fitted on."""
-        if not isinstance(X, da.Array):
-            from sklearn.utils.validation import check_array
-
-            X = check_array(
-                X,
-                accept_sparse=False,
-                dtype="numeric",
-                allow_nd=True,
-                ensure_all_finite=False,
-                ensure_2d=True,
-                input_name="X",
-            )
-            if fitted and X.ndim == 2 and X.shape[1] != self.n_features_in_:
-                raise ValueError(
-                    f"X has {X.shape[1]} features, but DistributedCNN is expecting {self.n_features_in_} "
-                    "features as input"
-                )
-        return self._shape_X(X)
-
-    def _validate(self, X, y, partial: bool = False):
-        """(X, y, the classes in y): every input error raised before any work."""
-        self._check_params(partial)
-        if y is None:
-            raise ValueError("DistributedCNN requires y to be passed, but the target y is None")
-        X = stored = self._as_array(X)
-        if isinstance(y, da.Array):
-            X, y = check_X_y(X, y, batch_size=self.batch_size)
-            self._keep_stored(stored)
-            return X, y, np.unique(y.compute())
-        from sklearn.utils.multiclass import check_classification_targets
-        from sklearn.utils.validation import column_or_1d
-
-        y = column_or_1d(y, warn=True)
-        check_classification_targets(y)
-        labels = np.unique(y)
-        # the shared gate checks X and the lengths; labels of any type are encoded by the caller
-        X, _ = check_X_y(X, np.searchsorted(labels, y), batch_size=self.batch_size)
-        self._keep_stored(stored)
-        return X, y, labels
-
-    def _keep_stored(self, X) -> None:
-        """Keep X in its stored integer dtype (uint8 pixels) for a streamed fit, which sends it
-        to the workers as it is; `_fit` takes it (float X needs no copy: the checked X is it)."""
-        self._stored_X = X if isinstance(X, da.Array) and X.dtype.kind in "biu" else None
-
-    def _validate_named(self, X, y, name: str):
-        """validation_data through the same gate as (X, y), its errors naming it."""
-        try:
-            X = self._as_array(X)
-            if isinstance(y, da.Array):
-                X, y = check_X_y(X, y, batch_size=self.batch_size)
-                return X, y, np.unique(y.compute())
-            y = np.asarray(y)
-            if y.ndim != 1:
-                raise ValueError(f"y must be 1-D, got shape {y.shape}")
-            labels = np.unique(y)
-            X, _ = check_X_y(X, np.searchsorted(labels, y), batch_size=self.batch_size)
-        except ValueError as err:
-            raise ValueError(f"{name}: {err}") from None
-        return X, y, labels
-
     # -- the pieces of a fit ---------------------------------------------------------------------
-    def _build_net(self, input_shape, n_classes: int) -> Net:
-        """The net for samples of `input_shape`; where X looks channels-last, a hint is added to the
-        error, or warned when the net builds anyway (a conv net would read rows as channels)."""
-        hint = channels_last_hint(tuple(input_shape))
-        try:
-            net = self._net_for(input_shape, n_classes)
-        except ValueError as err:
-            if not hint or not err.args or not isinstance(err.args[0], str):
-                raise
-            raise type(err)(err.args[0] + hint) from err
-        if hint:
-            shape = ", ".join(map(str, input_shape))
-            warnings.warn(
-                f"net {net.name!r} reads X as (n, C, H, W) = (n, {shape}){hint}", UserWarning, stacklevel=4
-            )
-        return net
-
-    def _net_for(self, input_shape, n_classes: int) -> Net:
-        from dasknn.nn import zoo
-
-        spec = self.net
-        if isinstance(spec, Net):
-            net = spec.copy()
-        elif isinstance(spec, str) and spec.endswith(".prototxt"):
-            from dasknn.nn.prototxt import read_net
-
-            net = read_net(spec, input_shape=tuple(input_shape))
-        elif isinstance(spec, str):
-            net = zoo.get_net(
-                spec, input_shape=tuple(input_shape), num_classes=n_classes, seed=self.random_state
-            )
-        else:
-            raise ValueError(f"net must be a zoo name, a Net or a .prototxt path, got {type(spec).__name__}")
-        if self.backend is not None:
-            net.backend = self.backend
-        if net.input_shape != tuple(input_shape):
-            raise ValueError(
-                f"net {net.name!r} takes inputs {net.input_shape}, but X has {tuple(input_shape)}"
-            )
-        if net.num_classes != n_classes:
-            raise ValueError(f"net {net.name!r} outputs {net.num_classes} classes, but y has {n_classes}")
-        return net
-
-    def _net_input(self, sample_shape) -> tuple[int, ...]:
-        """The (C, H, W) the net takes for samples of `sample_shape` (cropped with crop_size)."""
-        return self.augment_.sample_shape(sample_shape) if self.augment_ is not None else tuple(sample_shape)
-
     def _test_view(self, X):
         """X as the net sees it when scoring or predicting (centre-cropped with crop_size), lazily."""
         augment = getattr(self, "augment_", None)  # None before a fit resolved it
         return augment.test(X) if augment is not None else X
-
-    def _check_net_on_data(self, net: Net, X) -> None:
-        """Before any cluster starts: `split` names a layer where the net can be split, and the first
-        batch gives finite outputs in the forward pass and a first update (at the smallest learning
-        rate the fit may use) below `checkpoint.WEIGHT_LIMIT`, the size the fit calls divergence."""
-        if self.split not in (None, "auto"):
-            try:
-                net.split_phases(self.split)
-            except KeyError:
-                raise ValueError(
-                    f"split={self.split!r} is not a layer of net {net.name!r}; give one of its layer names "
-                    "(`dasknn summary NET` lists them), 'auto' or None"
-                ) from None
-            except ValueError as err:
-                raise ValueError(f"split={self.split!r}: {err}") from None
-        first = self._test_view(X[: self.batch_size])
-        first = np.asarray(first.compute() if isinstance(first, da.Array) else first, dtype=np.float32)
-        labels = np.zeros(len(first), dtype=np.int64)  # any labels: the size of the step is the point
-        with np.errstate(all="ignore"):
-            # the training forward pass: a test-mode pass of an untrained net with BatchNorm divides
-            # by running statistics that are still zero, which overflows whatever X is
-            loss, _, grads = net.copy().loss_and_grads(first, labels, rng=np.random.default_rng(0))
-        learned = [g for k, g in grads.items() if k not in net.statistics]  # statistics: no rate
-        step = self._smallest_rate() * max((float(np.max(np.abs(g))) for g in learned), default=0.0)
-        if not (math.isfinite(float(loss)) and math.isfinite(step) and step < checkpoint.WEIGHT_LIMIT):
-            raise ValueError(
-                f"the first batch of X (largest |value| {float(np.max(np.abs(first))):.3g}) overflows "
-                f"net {net.name!r}: the forward pass or the first update at learning rate "
-                f"{self._smallest_rate():g} is non-finite or beyond {checkpoint.WEIGHT_LIMIT:g}; "
-                "scale X (e.g. to [0, 1])"
-            )
-
-    def _smallest_rate(self) -> float:
-        """The learning rate of the fit, or with "auto" the smallest the tuner may start at."""
-        if self.learning_rate != "auto":
-            return float(self.learning_rate)
-        import inspect
-
-        from dasknn.estimator_params import resolve_tuner
-        from dasknn.optimizer import GridPolicy
-        from dasknn.optimizer.prior import solver_prior
-
-        tuner, options = resolve_tuner(self.get_params(deep=False), warn=False)
-        if tuner == "auto":
-            return solver_prior(self.net)[0]
-        grid = (options or {}).get("lr_grid")
-        if grid is None:
-            grid = inspect.signature(GridPolicy).parameters["lr_grid"].default
-        return float(min(grid))
 
     def _engine(self, stack: ExitStack, net: Net):
         if self.engine == "simulated":
@@ -367,17 +206,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         parts = split_parts(y_all, fraction, selection, self.random_state)
         given = None
         if self.validation_data is not None:
-            X_val, y_val = self.validation_data
-            X_val, y_val, labels = self._validate_named(X_val, y_val, "validation_data")
-            unseen = np.setdiff1d(labels, self.classes_)
-            if unseen.size:
-                raise ValueError(f"validation_data has classes {unseen.tolist()} that y does not have")
-            if tuple(X_val.shape[1:]) != tuple(self._sample_shape):
-                raise ValueError(
-                    f"validation_data has samples of shape {tuple(X_val.shape[1:])}; "
-                    f"X has {self._sample_shape}"
-                )
-            given = (X_val, y_val)
+            given = check_validation_data(
+                self.validation_data, self.classes_, self._sample_shape, self.input_shape, self.batch_size
+            )
         return parts, given
 
     def _eval_rows(self, n: int) -> np.ndarray:
@@ -392,17 +223,23 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, X, y) -> DistributedCNN:
         """Train on X (n, C, H, W) and class labels y; returns self."""
-        X, y, labels = self._validate(X, y)
+        self._check_params()
+        X, y, labels, stored = check_fit_input(X, y, self.input_shape, self.batch_size)
         self._resolve_tuner()
-        ckpt = self._checkpoint_to_continue()
+        in_memory = hasattr(self, "net_")
+        ckpt = checkpoint_to_continue(self.checkpoint_dir, self.resume, self.warm_start, in_memory)
         if ckpt is not None:
-            self._adopt(ckpt, check_params=self.resume)
+            tuner = getattr(self, "tuner_", self.tuner)
+            default = self.tuner == "auto" and self.optimizer is None
+            adopted = adopt(ckpt, fingerprint(self.get_params(deep=False), tuner), self.resume, default)
+            self.tuner_ = adopted.tuner or self.tuner_
+            self.classes_, self.n_features_in_ = adopted.classes, adopted.n_features_in
         if ckpt is not None or (self.warm_start and hasattr(self, "net_")):
             self._check_labels(labels, "resume" if self.resume else "warm_start")
         else:
             self.classes_ = labels
         with verbose_logging(self.verbose):
-            return self._fit(X, y, ckpt)
+            return self._fit(X, y, stored, ckpt)
 
     def partial_fit(self, X, y, classes=None) -> DistributedCNN:
         """Train one epoch of (X, y) (`max_epochs` when set) from the current state; returns self.
@@ -410,7 +247,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         sklearn's incremental contract: `classes` (all labels of the stream) on the first call, or
         the labels of this y; later calls may only use those. Knobs: see the class docstring.
         """
-        X, y, labels = self._validate(X, y, partial=True)
+        self._check_params(partial=True)
+        X, y, labels, stored = check_fit_input(X, y, self.input_shape, self.batch_size)
         self._resolve_tuner()
         if not hasattr(self, "net_"):
             if self.checkpoint_dir is not None and checkpoint.list_checkpoints(self.checkpoint_dir):
@@ -423,7 +261,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self._check_labels(labels, "partial_fit")
         epochs = self.max_epochs if self.max_epochs is not None else 1.0
         with verbose_logging(self.verbose):
-            return self._fit(X, y, None, partial_epochs=epochs)
+            return self._fit(X, y, stored, None, partial_epochs=epochs)
 
     def _resolve_tuner(self) -> None:
         """`tuner_` and `tuner_options_`: the tuner, the deprecated `optimizer=` names mapped onto it."""
@@ -437,14 +275,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         directory = directory if directory is not None else self.checkpoint_dir
         if directory is None:
             raise ValueError("save_checkpoint needs a directory (or checkpoint_dir)")
-        loop = dict(self._loop_, config=asdict(self.config_), finished=True, final_saved=True)
-        tables = {
-            "history": pd.DataFrame(self.history_),
-            "events": self.decisions_,
-            "trace": self.trace_,
-        }
-        meta = {**self._checkpoint_meta(), "loop": loop}
-        return checkpoint.save(directory, self.state_, meta, tables)
+        loop = dict(self._loop_, config=asdict(self.config_))
+        tables = {"history": pd.DataFrame(self.history_), "events": self.decisions_, "trace": self.trace_}
+        return save_fit(directory, self.state_, loop, tables, self._checkpoint_meta())
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write this fitted model to the new folder `path`, without pickle (`dasknn.saving`)."""
@@ -464,105 +297,15 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         if unseen.size:
             raise ValueError(f"{context}: y has classes {unseen.tolist()} that the first fit did not see")
 
-    def _checkpoint_to_continue(self) -> checkpoint.Checkpoint | None:
-        """The latest checkpoint for resume (or warm_start without a fit in memory); a fresh fit
-        raises ValueError when checkpoint_dir already holds checkpoints (they would be mixed up)."""
-        if self.checkpoint_dir is None:
-            return None
-        found = checkpoint.list_checkpoints(self.checkpoint_dir)
-        if not (self.resume or self.warm_start):
-            if found:
-                raise ValueError(
-                    f"checkpoint_dir {self.checkpoint_dir} already holds checkpoints ({found[-1].name}); "
-                    "pass resume=True to continue that fit, warm_start=True to train on from it, "
-                    "or use an empty directory"
-                )
-            return None
-        if self.warm_start and not self.resume and hasattr(self, "net_"):
-            return None
-        return checkpoint.latest(self.checkpoint_dir)
-
-    def _fingerprint(self) -> dict[str, Any]:
-        """The parameters a resumed fit must share with the checkpointed one (they shape the run)."""
-        out = {}
-        for name in RESUME_PARAMS:
-            value = getattr(self, "tuner_", self.tuner) if name == "tuner" else getattr(self, name)
-            if isinstance(value, Net):
-                value = f"Net {value.name}"
-            ok = value is None or isinstance(value, (str, bool, int, float))
-            out[name] = value if ok else repr(value)
-        return out
-
     def _checkpoint_meta(self) -> dict[str, Any]:
-        meta = {
-            "params": self._fingerprint(),
-            "budget": {name: getattr(self, name) for name in BUDGET},
-            "classes": np.asarray(self.classes_),
-            "n_features_in": int(self.n_features_in_),
-        }
-        if self.engine == "simulated":
-            meta["simulated_gflops"] = self.simulated_gflops_
-        return meta
+        gflops = self.simulated_gflops_ if self.engine == "simulated" else None
+        tuner = getattr(self, "tuner_", self.tuner)
+        return checkpoint_meta(self.get_params(deep=False), tuner, self.classes_, self.n_features_in_, gflops)
 
-    def _resolve_simulated_gflops(self, ckpt: checkpoint.Checkpoint | None, warm: bool) -> None:
-        """`simulated_gflops_`: the given speed, or "calibrate"'s one measurement of this machine,
-        taken once per fit and then carried (a checkpoint's, or the previous fit's on warm_start)."""
-        if self.engine != "simulated":
-            return
-        if self.simulated_gflops != "calibrate":
-            self.simulated_gflops_ = float(self.simulated_gflops)
-        elif ckpt is not None and "simulated_gflops" in ckpt.meta:
-            self.simulated_gflops_ = float(ckpt.meta["simulated_gflops"])
-        elif not (warm and hasattr(self, "simulated_gflops_")):
-            from dasknn.backend import sgemm_gflops
-
-            self.simulated_gflops_ = float(sgemm_gflops())
-
-    def _adopt(self, ckpt: checkpoint.Checkpoint, check_params: bool) -> None:
-        """classes_, n_features_in_ and the state of a checkpoint, checked against this estimator."""
-        meta = ckpt.meta
-        if "params" not in meta or "classes" not in meta:
-            raise ValueError(f"{ckpt.path} is not a DistributedCNN checkpoint (no params/classes)")
-        if check_params:
-            ours, theirs = self._fingerprint(), dict(meta["params"])
-            old = "tuner" not in theirs and "optimizer" in theirs  # written before tuner= (default "grid")
-            if old:
-                theirs["tuner"] = theirs.pop("optimizer")
-                if self.tuner == "auto" and self.optimizer is None and theirs["tuner"] != "auto":
-                    # the tuner left at its default: go on with the one the checkpointed fit used
-                    import warnings
-
-                    warnings.warn(
-                        f"resuming {ckpt.path}, written before tuner= existed, with its tuner "
-                        f"{theirs['tuner']!r} (the default then)",
-                        UserWarning,
-                        stacklevel=3,
-                    )
-                    self.tuner_ = ours["tuner"] = theirs["tuner"]
-            diff = {k: (theirs[k], ours[k]) for k in RESUME_PARAMS if k in theirs and theirs[k] != ours[k]}
-            if diff:
-                detail = ", ".join(
-                    f"{k}: checkpoint {a!r}, this estimator {b!r}" for k, (a, b) in diff.items()
-                )
-                hint = ""
-                if old and "tuner" in diff:
-                    hint = (
-                        "; it predates tuner= (then optimizer=, default 'grid'): "
-                        f"pass tuner={theirs['tuner']!r}"
-                    )
-                raise ValueError(
-                    f"resume: {ckpt.path} was written by a fit with other parameters ({detail}){hint}; a "
-                    "resumed fit may change only its budget (time_budget, max_epochs, target_accuracy) and "
-                    "callbacks"
-                )
-        self.classes_ = np.asarray(meta["classes"])
-        self.n_features_in_ = int(meta["n_features_in"])
-
-    def _fit(self, X, y, ckpt: checkpoint.Checkpoint | None, partial_epochs: float | None = None):
+    def _fit(self, X, y, stored, ckpt: checkpoint.Checkpoint | None, partial_epochs: float | None = None):
         """Train from `ckpt` (resume: its fit's loop too), else the fit in memory (warm_start,
-        partial_fit), else afresh."""
+        partial_fit), else afresh. `stored`: X in its stored integer dtype, for a streamed fit."""
         started = time.perf_counter()  # max_wall_time counts from here: the fit's set-up included
-        stored = self.__dict__.pop("_stored_X", None)
         if len(self.classes_) < 2:
             raise ValueError(f"y has {len(self.classes_)} class; a classifier needs at least 2")
         if isinstance(y, da.Array):
@@ -583,17 +326,20 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         y_all = y_idx.compute() if isinstance(y, da.Array) else _label_index(y, self.classes_)
         parts, given = self._validation(np.asarray(y_all), auto, partial_epochs is not None)
         self.parts_ = parts
-        if ckpt is not None:
-            net = self._build_net(self._net_input(X.shape[1:]), len(self.classes_))
-            net.set_params(ckpt.state.params)
-            start = ckpt.state
-        elif warm:
+        if warm:
             net, start = self.net_, self.state_
         else:
-            net, start = self._build_net(self._net_input(X.shape[1:]), len(self.classes_)), None
+            shape = tuple(X.shape[1:]) if self.augment_ is None else self.augment_.sample_shape(X.shape[1:])
+            net = build_net(self.net, shape, len(self.classes_), self.random_state, self.backend)
+            start = None if ckpt is None else ckpt.state
+            if ckpt is not None:
+                net.set_params(ckpt.state.params)
         resume_from = ckpt if self.resume else None
-        self._check_net_on_data(net, X)
-        self._resolve_simulated_gflops(ckpt, warm)
+        rate = smallest_rate(self.get_params(deep=False))
+        check_net_on_data(net, X, self.split, self.batch_size, rate, self.augment_)
+        if self.engine == "simulated":
+            previous = getattr(self, "simulated_gflops_", None) if warm else None
+            self.simulated_gflops_ = simulated_gflops(self.simulated_gflops, ckpt, previous)
         self.max_wall_time_ = wall_bound(self.max_wall_time, self.engine, self.time_budget)
         with ExitStack() as stack:
             engine, client = self._engine(stack, net)
@@ -848,7 +594,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         """Class probabilities, (n_samples, n_classes): numpy for numpy input, dask for dask input."""
         self._check_fitted()
         lazy = isinstance(X, da.Array)
-        X = check_X(self._as_array(X, fitted=True), batch_size=self.batch_size)
+        X = check_X(as_array(X, self.input_shape, self.n_features_in_), batch_size=self.batch_size)
         augment = getattr(self, "augment_", None)
         if augment is not None and tuple(X.shape[1:]) != self.net_.input_shape:
             X = augment.test(X)  # the centre crop, as when scoring during the fit

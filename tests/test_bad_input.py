@@ -27,6 +27,7 @@ from hypothesis.extra import numpy as hnp
 
 from dasknn.cli import main
 from dasknn.estimator import DistributedCNN
+from dasknn.estimator_input import check_net_on_data, smallest_rate
 
 FAST = dict(
     net="mlp", engine="simulated", n_workers=1, batch_size=8, max_epochs=1, time_budget=None,
@@ -413,7 +414,7 @@ def test_an_untrained_batchnorm_net_on_unit_scale_data_passes_the_overflow_check
 
     net = get_net("resnet20")
     X = np.random.default_rng(0).random((8, 3, 32, 32), dtype=np.float32)
-    est = DistributedCNN(net="resnet20", batch_size=8)
-    est._check_net_on_data(net, X)  # a test-mode pass divided by the zero running variance: NaN
+    rate = smallest_rate(DistributedCNN(net="resnet20", batch_size=8).get_params())  # the tuner's smallest
+    check_net_on_data(net, X, None, 8, rate)  # a test-mode pass divided by the zero running variance: NaN
     # and BatchNorm normalises any scale away: large values reach it finite and leave it unit-sized
-    est._check_net_on_data(net, X * np.float32(1e6))
+    check_net_on_data(net, X * np.float32(1e6), None, 8, rate)
