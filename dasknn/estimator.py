@@ -26,12 +26,21 @@ import pandas as pd
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from dasknn.data import check_X
-from dasknn.data.batching import n_batches
-from dasknn.data.chunks import own_keys
-from dasknn.data.split import Carved, carve, split_parts
+from dasknn.data.split import Carved, split_parts
 from dasknn.engine import checkpoint
-from dasknn.engine.trace import RunConfig, TrainState
-from dasknn.estimator_data import choose_data, merged, resolve_augment
+from dasknn.engine.trace import TrainState
+from dasknn.estimator_data import carved, choose_data, class_indices, merged, placed, resolve_augment
+from dasknn.estimator_fit import (
+    FitSettings,
+    began,
+    build_loop,
+    ended,
+    engine_for,
+    fit_callbacks,
+    plan,
+    policy,
+    tradeoff,
+)
 from dasknn.estimator_input import (
     as_array,
     build_net,
@@ -49,12 +58,11 @@ from dasknn.estimator_resume import (
     save_fit,
     simulated_gflops,
 )
-from dasknn.fitting import Evaluator
 from dasknn.logs import verbose_logging
 from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
-from dasknn.reports import DEFAULT_THRESHOLDS, time_to_accuracy
-from dasknn.stopping import end_reason, wall_bound
+from dasknn.reports import fit_report
+from dasknn.stopping import wall_bound
 
 
 class DistributedCNN(ClassifierMixin, BaseEstimator):
@@ -156,44 +164,23 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
     def _check_params(self, partial: bool = False) -> None:
         check_params(self.get_params(deep=False), partial)
 
-    def _strategy(self):
-        """The engine's Strategy from strategy, physical_map, aggregation and split (validated there)."""
-        from dasknn.engine.strategy import Strategy
-
-        return Strategy(
-            name=self.strategy, physical_map=self.physical_map, aggregation=self.aggregation, split=self.split
+    # -- the pieces of a fit ---------------------------------------------------------------------
+    def _settings(self) -> FitSettings:
+        """This fit's settings (`dasknn.estimator_fit`): the parameters, and the values it resolved."""
+        gflops = self.simulated_gflops_ if self.engine == "simulated" else None
+        resolved = {"tuner": self.tuner_, "tuner_options": self.tuner_options_, "augment": self.augment_}
+        return FitSettings.resolve(
+            self.get_params(deep=False),
+            max_wall_time=self.max_wall_time_,
+            simulated_gflops=gflops,
+            **resolved,
         )
 
-    # -- the pieces of a fit ---------------------------------------------------------------------
-    def _test_view(self, X):
-        """X as the net sees it when scoring or predicting (centre-cropped with crop_size), lazily."""
-        augment = getattr(self, "augment_", None)  # None before a fit resolved it
-        return augment.test(X) if augment is not None else X
-
     def _engine(self, stack: ExitStack, net: Net):
-        if self.engine == "simulated":
-            from dasknn.engine.simulated import SimulatedEngine
-            from dasknn.tradeoff.hardware import HEModel
+        """The fit's engine and its Dask client (None on the simulator)."""
+        return engine_for(stack, self._settings(), net)
 
-            n_workers, gflops = self.n_workers or 8, self.simulated_gflops_
-            timing = HEModel.estimate(net, self.batch_size, n_workers, gflops, bandwidth_bytes_per_s=1.25e9)
-            return SimulatedEngine(timing, **self._engine_options()), None
-        from dasknn.cluster import dask_client
-        from dasknn.engine.dask import DaskEngine
-
-        client = dask_client(stack, self.scheduler, self.security, self.n_workers)
-        return DaskEngine(client, **self._engine_options()), client
-
-    def _engine_options(self) -> dict[str, Any]:
-        """What both engines take from the estimator: verbosity, strategy, augmentation, shuffling."""
-        return {
-            "verbose": max(0, self.verbose - 1),
-            "strategy": self._strategy(),
-            "augment": self.augment_,
-            "shuffle_window": self.shuffle_window,
-        }
-
-    def _validation(self, y_all: np.ndarray, with_selection: bool, partial: bool):
+    def _validation(self, y_all: np.ndarray, with_selection: bool, partial: bool, sample_shape):
         """The parts of X (`dasknn.data.split`) and the given validation data, checked like X."""
         fraction = self.validation_fraction
         if fraction is None and self.early_stopping and self.validation_data is None and not partial:
@@ -207,18 +194,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         given = None
         if self.validation_data is not None:
             given = check_validation_data(
-                self.validation_data, self.classes_, self._sample_shape, self.input_shape, self.batch_size
+                self.validation_data, self.classes_, sample_shape, self.input_shape, self.batch_size
             )
         return parts, given
-
-    def _eval_rows(self, n: int) -> np.ndarray:
-        """Which of the n training samples score the training accuracy: `eval_size` of them, seeded."""
-        rng = np.random.default_rng(self.random_state)
-        return np.sort(rng.choice(n, min(self.eval_size, n), replace=False))
-
-    def _evaluator(self, net: Net, evaluation, validation) -> Evaluator:
-        X_eval, y_eval = evaluation
-        return Evaluator(net, np.asarray(X_eval, dtype=np.float32), y_eval, *(validation or (None, None)))
 
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, X, y) -> DistributedCNN:
@@ -229,9 +207,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         in_memory = hasattr(self, "net_")
         ckpt = checkpoint_to_continue(self.checkpoint_dir, self.resume, self.warm_start, in_memory)
         if ckpt is not None:
-            tuner = getattr(self, "tuner_", self.tuner)
             default = self.tuner == "auto" and self.optimizer is None
-            adopted = adopt(ckpt, fingerprint(self.get_params(deep=False), tuner), self.resume, default)
+            adopted = adopt(ckpt, fingerprint(self.get_params(deep=False), self.tuner_), self.resume, default)
             self.tuner_ = adopted.tuner or self.tuner_
             self.classes_, self.n_features_in_ = adopted.classes, adopted.n_features_in
         if ckpt is not None or (self.warm_start and hasattr(self, "net_")):
@@ -308,10 +285,6 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         started = time.perf_counter()  # max_wall_time counts from here: the fit's set-up included
         if len(self.classes_) < 2:
             raise ValueError(f"y has {len(self.classes_)} class; a classifier needs at least 2")
-        if isinstance(y, da.Array):
-            y_idx = y.map_blocks(_label_index, self.classes_, dtype=np.int64)
-        else:
-            y_idx = da.from_array(_label_index(y, self.classes_), chunks=(X.chunks[0],))
         n_features = int(math.prod(X.shape[1:]))
         warm = ckpt is None and hasattr(self, "net_") and (self.warm_start or partial_epochs is not None)
         if (warm or ckpt is not None) and n_features != self.n_features_in_:
@@ -320,11 +293,10 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 "features as input"
             )
         self.n_features_in_ = n_features
-        self._sample_shape = tuple(X.shape[1:])
         self.augment_ = resolve_augment(self.augment, self.net, self.engine, self.strategy, self.physical_map)
         auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
-        y_all = y_idx.compute() if isinstance(y, da.Array) else _label_index(y, self.classes_)
-        parts, given = self._validation(np.asarray(y_all), auto, partial_epochs is not None)
+        y_idx, y_all = class_indices(y, self.classes_, X.chunks[0])
+        parts, given = self._validation(y_all, auto, partial_epochs is not None, X.shape[1:])
         self.parts_ = parts
         if warm:
             net, start = self.net_, self.state_
@@ -345,18 +317,12 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             engine, client = self._engine(stack, net)
             is_merged = merged(self.strategy, self.physical_map)
             self.data_ = choose_data(self.data, is_merged, engine, client, X)
-            if self.data_ == "stream":
-                # the stored dtype (uint8 pixels) goes to the workers, which convert each batch
-                X_train = stored if stored is not None and stored.chunks == X.chunks else X
-                y_idx = da.from_array(np.asarray(y_all), chunks=(X.chunks[0],))
-            elif client is not None:
-                # once per fit, under this fit's own key names (`own_keys`): the engine's runs then
-                # reuse these chunks, and no later fit resubmits a key the scheduler still holds
-                fit_id = uuid.uuid4().hex
-                X = client.persist(own_keys(X, fit_id)) if isinstance(X, da.Array) else X
-                y_idx = client.persist(own_keys(y_idx, fit_id)) if isinstance(y_idx, da.Array) else y_idx
-            train_from = X_train if self.data_ == "stream" else X
-            data = self._carve(X, y_idx, parts, given, train_from)
+            X, y_idx, train_from = placed(self.data_, client, X, y_idx, y_all, stored)
+            data = carved(
+                X, y_idx, parts, given, train_from, classes=self.classes_, augment=self.augment_,
+                batch_size=self.batch_size, eval_size=self.eval_size, seed=self.random_state,
+            )  # fmt: skip
+            self.n_train_samples_ = int(data.X.shape[0])
             if self.data_ != "stream" and client is not None and len(parts.train) < len(y_all):
                 data.X, data.y = client.persist(data.X), client.persist(data.y)
             try:
@@ -367,87 +333,41 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 if client is not None and not scheduler_answers(client):
                     raise scheduler_lost(client, err) from err
                 raise
-        self.net_ = net
         return self
 
-    def _carve(self, X, y, parts, given, train_from) -> Carved:
-        """The fit's data in its parts (`dasknn.data.split.carve`), the user's validation labels as
-        class indices; `n_train_samples_`."""
-        from dasknn.data.chunks import samples_per_chunk
-
-        if given is not None:
-            given = (given[0], _label_index(np.asarray(dask.compute(given[1])[0]), self.classes_))
-        carved = carve(
-            X,
-            y,
-            parts,
-            scored=parts.train[self._eval_rows(len(parts.train))],
-            view=self._test_view,
-            train_from=train_from,
-            rows_per_chunk=samples_per_chunk(X.shape[1:], self.batch_size),
-            given=given,
-        )
-        self.n_train_samples_ = int(carved.X.shape[0])
-        return carved
-
     def _train(self, engine, net: Net, data: Carved, start, resume_from, partial_epochs, started) -> None:
-        from dasknn.callbacks import EarlyStopping, ProgressBar, call
-        from dasknn.fitting import Loop
-        from dasknn.optimizer.search import SelectionLoss
+        """Run the fit's loop (`dasknn.estimator_fit`) from `start` and set the fitted attributes."""
+        from dasknn.callbacks import call
 
-        callbacks = list(self.callbacks or [])
-        if self.early_stopping:
-            callbacks.append(EarlyStopping("val_loss", self.n_iter_no_change, self.tol))
-        if self.verbose >= 1 and not any(isinstance(cb, ProgressBar) for cb in callbacks):
-            callbacks.append(ProgressBar())
-        X, y = data.X, data.y
-        nb = n_batches(X.shape[0], self.batch_size)
-        epochs = self.max_epochs if partial_epochs is None else partial_epochs
-        max_iterations = None if epochs is None else max(1, int(epochs * nb))
-        auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
-        session = None
-        if resume_from is not None:
-            session = dict(resume_from.meta.get("loop", {}))
-            auto = session.get("kind", "auto" if auto else "fixed") == "auto"
-        loop = Loop(
-            engine,
-            net,
-            X,
-            y,
-            batch_size=self.batch_size,
-            weight_decay=float(self.weight_decay),
-            seed=self.random_state,
-            time_budget=self.time_budget if auto else None,
-            max_iterations=max_iterations if auto else None,
-            evaluate=self._evaluator(net, data.evaluation, data.validation),
-            selection=SelectionLoss(net, *data.selection) if auto and data.selection else None,
-            notify=self._notifier(callbacks),
-            target_accuracy=self.target_accuracy,
-            n_classes=len(self.classes_),
-            checkpoint_dir=self.checkpoint_dir,
-            meta=self._checkpoint_meta(),
-            verbose=max(0, self.verbose - 1),
-            max_wall_time=self.max_wall_time_,
-            wall_start=started,
+        s = self._settings()
+        callbacks = fit_callbacks(s)
+        p = plan(s, data.X.shape[0], partial_epochs, resume_from)
+        notify, meta, n_classes = self._notifier(callbacks), self._checkpoint_meta(), len(self.classes_)
+        loop = build_loop(
+            s, p, engine, net, data, notify=notify, meta=meta, n_classes=n_classes, started=started
         )
         state = start.copy() if start is not None else TrainState.from_net(net)
+        session = None
         if resume_from is not None:
             session = loop.restore(resume_from)
-        elif partial_epochs is not None and hasattr(self, "history_"):
+        elif p.partial and hasattr(self, "history_"):
             loop.continue_records(self.history_, self.trace_, self.decisions_)
-        policy = self._policy(engine, auto, partial_epochs, max_iterations, loop.n_batches, X, net)
-        limit = f"max_epochs={epochs}" if partial_epochs is None else f"partial_fit's {epochs:g} epoch(s)"
-        resumed = resume_from is not None and loop.history
-        began = {  # where this fit's budgets started, for stopped_by_ (a resume: the original fit's)
-            "elapsed": loop.history[0]["time"] if resumed else loop.log.elapsed,
-            "iteration": state.iterations_done, "max_iterations": max_iterations, "limit": limit,
-        }  # fmt: skip
+        previous = getattr(self, "config_", None)
+        fit_policy = policy(s, p, engine, previous, loop.n_batches, data.X, net)
+        start_of_budgets = began(loop, p, state, resume_from is not None)
         call(callbacks, "on_fit_begin", self)
         try:
-            result = loop.run(policy, state, session)
+            result = loop.run(fit_policy, state, session)
         finally:
             call(callbacks, "on_fit_end", self)
-        self._finish(loop, net, result, callbacks, began)
+        end = ended(s, loop, net, result, callbacks, start_of_budgets)
+        self.state_, self.stopped_by_, self.best_iteration_ = end.state, end.stopped_by, end.best_iteration
+        self.trace_, self.decisions_, self.config_ = result.trace, result.decisions, result.config
+        self._loop_, self.history_, self.checkpoint_ = result.session, loop.history, loop.last_checkpoint
+        self.net_ = net
+        self.n_iter_ = int(self.state_.iterations_done)
+        self.report_ = self.time_to_accuracy()
+        self.tradeoff_ = tradeoff(s, result, net)
 
     def _notifier(self, callbacks):
         """The loop's `notify(hook, info)`: calls the callbacks; for an evaluation, returns the reason
@@ -464,79 +384,6 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
         return notify
 
-    def _policy(self, engine, auto: bool, partial_epochs, max_iterations, nb: int, X=None, net=None):
-        """The loop's policy: the tuner ("auto", Algorithm 1, online) for "auto" knobs, else fixed knobs."""
-        from dasknn.estimator_params import optimizer_class
-        from dasknn.optimizer.fixed import FixedKnobs
-
-        if not auto:
-            config = self._fixed_config(partial_epochs is not None)
-            return FixedKnobs(config, self.time_budget, max_iterations)
-        options: dict[str, Any] = {**(self.tuner_options_ or {}), "verbose": max(0, self.verbose - 1)}
-        # training is evaluated (and stops at the target) at least once per pass over the data, as
-        # the fixed knobs' runs are: the two report time to accuracy at the same granularity
-        if self.tuner_ == "auto":
-            options.setdefault("net_name", self.net if isinstance(self.net, str) else None)
-            if options.get("prior_cache", True) is not False and X is not None:
-                from dasknn.optimizer.prior import PriorCache, dataset_key
-
-                key = PriorCache.key(net, dataset_key(X), self.batch_size, X.shape[1:], self.weight_decay)
-                options.setdefault("cache_key", key)
-        elif self.tuner_ == "online":
-            options.setdefault("run_iterations", min(nb, 200))
-            options.setdefault("target_accuracy", self.target_accuracy)
-        else:
-            options.setdefault("stop_check_iterations", nb)
-        for knob in ("n_groups", "learning_rate", "momentum"):
-            if getattr(self, knob) != "auto":
-                options[knob] = getattr(self, knob)
-        return optimizer_class(self.tuner_)(engine, **options)
-
-    def _finish(self, loop, net: Net, result, callbacks, began: dict[str, Any]) -> None:
-        """The fitted attributes from a finished loop; early stopping's best state restored."""
-        from dasknn.callbacks import EarlyStopping
-        from dasknn.fitting import runs_by_config
-
-        state = result.state
-        restorer = next((cb for cb in callbacks if isinstance(cb, EarlyStopping) and cb.restore_best), None)
-        best = None if restorer is None else restorer.best_state
-        if best is not None and best.iterations_done != state.iterations_done:
-            state = best
-            net.set_params(best.params)
-            why = f"restored the best (iteration {best.iterations_done})"
-            loop.note(best, loop.history[-1]["time"], phase="end", event=why)  # history, not a new step
-            result.stopped_by += f"; {why}"
-        self.state_ = state
-        self.trace_ = result.trace
-        if self.engine == "simulated":
-            self.trace_.attrs["simulated_gflops"] = self.simulated_gflops_
-        self.decisions_ = result.decisions
-        self.config_ = result.config
-        self._loop_ = result.session
-        self.history_ = loop.history
-        self.checkpoint_ = loop.last_checkpoint
-        self.net_ = net
-        self.stopped_by_ = result.stopped_by or end_reason(
-            limit=began["limit"],
-            max_iterations=began["max_iterations"],
-            iterations=int(result.state.iterations_done) - began["iteration"],
-            iteration=int(result.state.iterations_done),
-            time_budget=self.time_budget,
-            elapsed=loop.log.elapsed - began["elapsed"],
-            unit="simulated s" if self.engine == "simulated" else "s",
-            decisions=result.decisions,
-        )
-        self.best_iteration_ = None if restorer is None else restorer.best_iteration
-        self.n_iter_ = int(self.state_.iterations_done)
-        self.report_ = self.time_to_accuracy()
-        if result.session.get("kind") == "fixed":
-            train = self.trace_[self.trace_["phase"] == "train"] if "phase" in self.trace_ else self.trace_
-            train = train.drop(columns=["phase", "run", "kept"], errors="ignore")
-            runs = _by_lr(train, self.config_)
-        else:
-            runs = runs_by_config(self.trace_, self.decisions_, self.random_state)
-        self.tradeoff_ = self._tradeoff(runs, net, self.decisions_)
-
     def time_to_accuracy(self, thresholds=None, rule: str = "first") -> pd.DataFrame:
         """Time to accuracy of this fit: held-out rows (when there was validation data), then training.
 
@@ -546,42 +393,8 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         simulated ("simulated s", engine="simulated") or real ("s"). `report_` is this with the defaults.
         """
         self._check_fitted()
-        if thresholds is None:
-            extra = [self.target_accuracy] if self.target_accuracy else []
-            thresholds = sorted({*DEFAULT_THRESHOLDS, *extra})
-        history = pd.DataFrame(self.history_)
-        metrics = ["accuracy"]
-        if "val_accuracy" in history and history["val_accuracy"].notna().any():
-            metrics.insert(0, "val_accuracy")
-        tables = [time_to_accuracy(history, thresholds, rule, run=self.net_.name, metric=m) for m in metrics]
-        report = pd.concat(tables, ignore_index=True)
-        report.attrs["time_unit"] = "simulated s" if self.engine == "simulated" else "s"
-        return report
-
-    def _fixed_config(self, partial: bool) -> RunConfig:
-        """The knobs of a fixed-knob run: as given; a partial_fit's continue the last fit's config_."""
-        if partial and hasattr(self, "config_"):
-            return self.config_
-        return RunConfig(
-            n_groups=1 if self.n_groups == "auto" else int(self.n_groups),
-            lr=0.01 if self.learning_rate == "auto" else float(self.learning_rate),
-            momentum=0.9 if self.momentum == "auto" else float(self.momentum),
-            weight_decay=float(self.weight_decay),
-            batch_size=self.batch_size,
-            seed=self.random_state,
-        )
-
-    def _tradeoff(self, runs, net: Net, decisions: pd.DataFrame):
-        from dasknn.backend import device_info
-        from dasknn.tradeoff.record import record_from_traces, with_decisions
-
-        usable = {k: t for k, t in runs.items() if len(t)}
-        if not usable:
-            return None
-        ds = record_from_traces(
-            usable, net=net.name, dataset="user data", batch_size=self.batch_size, device=device_info()
-        )
-        return with_decisions(ds, decisions) if self.tuner_ in ("online", "auto") else ds
+        unit = "simulated s" if self.engine == "simulated" else "s"
+        return fit_report(self.history_, thresholds, rule, self.target_accuracy, self.net_.name, unit)
 
     # -- prediction ------------------------------------------------------------------------------
     def _check_fitted(self) -> None:
@@ -646,13 +459,6 @@ if DistributedCNN.__doc__:  # the Parameters section comes from the table (`dask
     )
 
 
-def _by_lr(trace: pd.DataFrame, config: RunConfig) -> dict[RunConfig, pd.DataFrame]:
-    """Fixed knobs' trace rows per learning rate (a rollback changes it), keyed by RunConfig."""
-    if not len(trace) or "lr" not in trace:
-        return {}
-    return {config.with_(lr=float(lr)): rows for lr, rows in trace.groupby("lr", sort=False)}
-
-
 def _take(index: np.ndarray, classes: np.ndarray) -> np.ndarray:
     return classes[index]
 
@@ -660,8 +466,3 @@ def _take(index: np.ndarray, classes: np.ndarray) -> np.ndarray:
 def _proba_block(block: np.ndarray, net: Net) -> np.ndarray:
     logits, _ = net.forward(block, train=False)
     return softmax(logits).astype(np.float32)
-
-
-def _label_index(labels: np.ndarray, classes: np.ndarray) -> np.ndarray:
-    """Positions of labels in the sorted `classes_` (the class index the net is trained on)."""
-    return np.searchsorted(classes, labels).astype(np.int64)

@@ -1,20 +1,29 @@
-"""How DistributedCNN's training data reaches the workers: persisted or streamed, and augmented.
+"""How DistributedCNN's training data reaches the workers: persisted or streamed, augmented, carved.
 
 Two decisions of a fit, each a small function of the parameters it names and what it measured:
 `choose_data` (persist X on the workers, or let each group's lead worker stream its batches from
 X's source: `engine.dask.runs.data_mode` on X's size and the workers' memory limits) and
 `resolve_augment` (the given augmentation, or a `.prototxt` net's transform_param crop/mirror).
+Then `placed` puts X where the fit's runs read it, and `carved` cuts it into the three parts
+(docs/architecture.md, "The three parts of the data, and their metrics").
 """
 
 from __future__ import annotations
 
 import math
 import os
+import uuid
 from typing import Any
 
-from dasknn.data.augment import Augment, as_augment
+import dask
+import dask.array as da
+import numpy as np
 
-__all__ = ["choose_data", "merged", "resolve_augment"]
+from dasknn.data.augment import Augment, as_augment
+from dasknn.data.chunks import own_keys
+from dasknn.data.split import Carved, Parts, carve
+
+__all__ = ["carved", "choose_data", "class_indices", "label_index", "merged", "placed", "resolve_augment"]
 
 
 def merged(strategy: Any, physical_map: str) -> bool:
@@ -53,3 +62,58 @@ def choose_data(data: str, is_merged: bool, engine: Any, client: Any, X: Any) ->
     limit = total_memory_limit(client) if requested == "auto" else None
     engine.data = data_mode(requested, int(X.shape[0]) * int(math.prod(X.shape[1:])) * 4, limit)
     return engine.data
+
+
+def label_index(labels: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """Positions of labels in the sorted `classes_` (the class index the net is trained on)."""
+    return np.searchsorted(classes, labels).astype(np.int64)
+
+
+def class_indices(y, classes: np.ndarray, chunks) -> tuple[da.Array, np.ndarray]:
+    """y's labels as class indices: lazily, chunked as X (`chunks`), and in memory."""
+    if isinstance(y, da.Array):
+        y_idx = y.map_blocks(label_index, classes, dtype=np.int64)
+        return y_idx, np.asarray(y_idx.compute())
+    y_all = label_index(y, classes)
+    return da.from_array(y_all, chunks=(chunks,)), y_all
+
+
+def placed(mode: str, client: Any, X, y, y_all: np.ndarray, stored):
+    """(X, y, the array the training part is cut from) where the fit's runs read them. Streamed:
+    X as `stored` (its integer dtype, uint8 pixels, which the workers convert batch by batch) and
+    the labels from memory; else, on a cluster, persisted once under this fit's own key names
+    (`own_keys`): the engine's runs then reuse these chunks, and no later fit resubmits a key the
+    scheduler still holds."""
+    if mode == "stream":
+        train_from = stored if stored is not None and stored.chunks == X.chunks else X
+        return X, da.from_array(np.asarray(y_all), chunks=(X.chunks[0],)), train_from
+    if client is not None:
+        fit_id = uuid.uuid4().hex
+        X = client.persist(own_keys(X, fit_id)) if isinstance(X, da.Array) else X
+        y = client.persist(own_keys(y, fit_id)) if isinstance(y, da.Array) else y
+    return X, y, X
+
+
+def carved(
+    X, y, parts: Parts, given, train_from, *, classes: np.ndarray, augment: Augment | None,
+    batch_size: int, eval_size: int, seed: int,
+) -> Carved:  # fmt: skip
+    """The fit's data in its `parts` (`dasknn.data.split.carve`): the scored training samples are
+    `eval_size` of the training part, seeded; the user's validation data (`given`) with its labels
+    as class indices; all seen through `augment`'s test view."""
+    from dasknn.data.chunks import samples_per_chunk
+
+    if given is not None:
+        given = (given[0], label_index(np.asarray(dask.compute(given[1])[0]), classes))
+    n = len(parts.train)
+    scored = np.sort(np.random.default_rng(seed).choice(n, min(eval_size, n), replace=False))
+    return carve(
+        X,
+        y,
+        parts,
+        scored=parts.train[scored],
+        view=(lambda X: X) if augment is None else augment.test,
+        train_from=train_from,
+        rows_per_chunk=samples_per_chunk(X.shape[1:], batch_size),
+        given=given,
+    )

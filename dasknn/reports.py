@@ -63,6 +63,31 @@ def time_to_accuracy(
     return pd.DataFrame(rows)
 
 
+def fit_report(
+    history,
+    thresholds: Iterable[float] | None,
+    rule: str,
+    target_accuracy: float | None,
+    run: str,
+    time_unit: str,
+) -> pd.DataFrame:
+    """Time to accuracy of one fit: held-out rows (when it had validation data), then training.
+
+    `thresholds` None: `DEFAULT_THRESHOLDS` and `target_accuracy`; `time_unit` ("s" or "simulated
+    s") goes to `attrs["time_unit"]`."""
+    if thresholds is None:
+        extra = [target_accuracy] if target_accuracy else []
+        thresholds = sorted({*DEFAULT_THRESHOLDS, *extra})
+    history = pd.DataFrame(history)
+    metrics = ["accuracy"]
+    if "val_accuracy" in history and history["val_accuracy"].notna().any():
+        metrics.insert(0, "val_accuracy")
+    tables = [time_to_accuracy(history, thresholds, rule, run=run, metric=m) for m in metrics]
+    report = pd.concat(tables, ignore_index=True)
+    report.attrs["time_unit"] = time_unit
+    return report
+
+
 def compare_runs(
     histories: Mapping[str, object],
     thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
