@@ -121,6 +121,38 @@ def _one_iteration(engine, config: RunConfig, budget: Budget) -> float:
     return seconds if budget.seconds is None else min(seconds, budget.seconds)
 
 
+def _run_seconds(
+    engine, trace: pd.DataFrame, wall: float, config: RunConfig, budget: Budget, raised: bool
+) -> float:
+    """What the fit's clock charges an engine run: the run's span in the engine's clock, or on a real
+    clock its wall time `wall` (start-up included); a run with no iteration done its seconds budget;
+    a raising run its wall time (on a simulated clock one modelled iteration: nothing read from the
+    wall clock is charged there)."""
+    span = float(trace["t_end"].max() - trace["t_start"].min()) if len(trace) else 0.0
+    simulated = getattr(engine, "time_unit", None) == "simulated s"
+    if trace.attrs.get("time_unit") == "simulated s":
+        seconds = span
+    elif simulated:  # a raising simulated run: one modelled iteration, never the wall clock
+        seconds = _one_iteration(engine, config, budget)
+    else:
+        seconds = max(span, wall)
+    if not raised and not len(trace) and budget.seconds is not None:
+        seconds = max(seconds, budget.seconds)  # the engine waited out its budget
+    return seconds
+
+
+def _scoring_seconds(wall: float, seg: pd.DataFrame, simulated: bool, n_samples: int | None) -> float:
+    """What the fit's clock charges for scoring a state on `n_samples` samples after the run `seg`:
+    its wall time, or on a simulated clock the forward passes over the samples, a third of an
+    iteration's time per batch."""
+    if not simulated:  # (before any run the log has no unit yet: the engine says it)
+        return wall
+    if not n_samples or not len(seg):
+        return 0.0
+    per_iteration = float((seg["t_end"] - seg["t_start"]).median())
+    return per_iteration / 3 * n_samples / max(1, int(seg["n_images"].median()) if "n_images" in seg else 1)
+
+
 def _clock(state: TrainState | None) -> float | None:
     """The simulator's clock carried in a state (None for engines whose runs start their clock at 0)."""
     sim = None if state is None else state.extra.get("simulator")
@@ -467,12 +499,7 @@ class Loop:
         return float(trace["t_end"].max()) if len(trace) else self.log.elapsed
 
     def _engine_run(self, config: RunConfig, budget: Budget, start: TrainState, keep: bool):
-        """The engine's run: (trace, end state or None, diverged, seconds charged).
-
-        Charged: the run's span in the engine's clock, or on a real clock its wall time (start-up
-        included); a run with no iteration done its seconds budget; a raising run its wall time
-        (on a simulated clock one modelled iteration: nothing read from the wall clock is charged
-        there)."""
+        """The engine's run: (trace, end state or None, diverged, seconds charged: `_run_seconds`)."""
         t0 = time.perf_counter()
         try:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # divergence is an outcome
@@ -487,16 +514,7 @@ class Loop:
         losses = trace["loss"].to_numpy(dtype=float)
         diverged = state is None or bool(trace.attrs.get("diverged")) or not np.isfinite(losses).all()
         diverged = diverged or not checkpoint.healthy(state)  # exploding weights
-        span = float(trace["t_end"].max() - trace["t_start"].min()) if len(trace) else 0.0
-        simulated = getattr(self.engine, "time_unit", None) == "simulated s"
-        if trace.attrs.get("time_unit") == "simulated s":
-            seconds = span
-        elif simulated:  # a raising simulated run: one modelled iteration, never the wall clock
-            seconds = _one_iteration(self.engine, config, budget)
-        else:
-            seconds = max(span, wall)
-        if result is not None and not len(trace) and budget.seconds is not None:
-            seconds = max(seconds, budget.seconds)  # the engine waited out its budget
+        seconds = _run_seconds(self.engine, trace, wall, config, budget, raised=result is None)
         return trace, state, diverged, seconds
 
     def _score(self, state: TrainState, seg: pd.DataFrame) -> float:
@@ -506,7 +524,12 @@ class Loop:
             return final_loss(seg) if len(seg) else math.nan
         t0 = time.perf_counter()
         value = float(self.selection(state))
-        self.log.charge(self._scoring_seconds(time.perf_counter() - t0, seg))
+        wall = time.perf_counter() - t0
+        simulated = "simulated s" in (
+            self.log.attrs.get("time_unit"),
+            getattr(self.engine, "time_unit", None),
+        )
+        self.log.charge(_scoring_seconds(wall, seg, simulated, getattr(self.selection, "n_samples", None)))
         t = _clock(state)
         if t is None:
             t = self.wall_offset + time.perf_counter() - self.wall0
@@ -514,21 +537,6 @@ class Loop:
             "on_progress", {"time": t, "epoch": state.batches_done / self.n_batches, "phase": "search"}
         )
         return value if math.isfinite(value) else math.inf
-
-    def _scoring_seconds(self, wall: float, seg: pd.DataFrame) -> float:
-        """The clock's charge for scoring a state: its wall time, or on a simulated clock the forward
-        passes over the scorer's samples, a third of an iteration's time per batch."""
-        simulated = "simulated s" in (
-            self.log.attrs.get("time_unit"),
-            getattr(self.engine, "time_unit", None),
-        )
-        if not simulated:  # (before any run the log has no unit yet: the engine says it)
-            return wall
-        n = getattr(self.selection, "n_samples", None)
-        if not n or not len(seg):
-            return 0.0
-        per_iteration = float((seg["t_end"] - seg["t_start"]).median())
-        return per_iteration / 3 * n / max(1, int(seg["n_images"].median()) if "n_images" in seg else 1)
 
 
 def run_policy(policy: Policy, engine, net, X, y, *, start: TrainState | None = None, **options) -> FitResult:

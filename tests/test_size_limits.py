@@ -27,8 +27,6 @@ EXCEPTIONS = {
 """At most three, each with its reason."""
 
 STILL_OVER = (
-    "dasknn.fitting.Loop",
-    "dasknn.fitting.Trainer.optimize",
     "dasknn.optimizer.grid.GridPolicy.__init__",
     "dasknn.tradeoff.record.record_from_traces",
     "dasknn.nn.textformat.parse_prototxt",
