@@ -28,8 +28,6 @@ EXCEPTIONS = {
 
 STILL_OVER = (
     "dasknn.optimizer.grid.GridPolicy.__init__",
-    "dasknn.tradeoff.record.record_from_traces",
-    "dasknn.nn.textformat.parse_prototxt",
 )
 """Over the limits today, to be split (the test fails while any is)."""
 

@@ -139,6 +139,55 @@ def _scalar(kind: str, text: str, error) -> Any:
     return text
 
 
+class _Tokens:
+    """The tokens of one text, with what the parser asks of them: where an offset lies (line,
+    column), which punctuation a token is, a scalar value, and the error naming a place."""
+
+    def __init__(self, text: str, source: str | None) -> None:
+        self.text, self.source = text, source
+        self.tokens = _tokenize(text, self.error)
+        self.newlines = [m.start() for m in re.finditer("\n", text)]
+
+    def error(self, message: str, pos: int) -> PrototxtError:
+        return PrototxtError(message, *_position(self.text, pos), source=self.source)
+
+    def where(self, pos: int) -> tuple[int, int]:
+        line = bisect.bisect_left(self.newlines, pos)
+        return line + 1, pos - (self.newlines[line - 1] if line else -1)
+
+    def punct(self, j: int, chars: str) -> bool:
+        return self.tokens[j][0] == "punct" and self.tokens[j][1] in chars
+
+    def value_at(self, j: int) -> tuple[Any, int]:
+        """The scalar at token j (adjacent strings joined) and the index after it."""
+        tokens, error = self.tokens, self.error
+        kind, tok, pos = tokens[j]
+        if kind not in ("num", "ident", "str"):
+            raise error(f"expected a value, got {tok!r}", pos)
+        value = _scalar(kind, tok, lambda m: error(m, pos))
+        while kind == "str" and tokens[j + 1][0] == "str":
+            j += 1
+            value += _scalar("str", tokens[j][1], lambda m, at=tokens[j][2]: error(m, at))
+        return value, j + 1
+
+    def scalars(self, i: int, field: str, pos: int, values: list, positions: list) -> int:
+        """The value of `field: v` or the values of `field: [v, ...]` at token i, appended to
+        `values` (their places to `positions`); the index after them."""
+        tokens = self.tokens
+        bracketed = self.punct(i, "[")
+        i += bracketed
+        while not (bracketed and self.punct(i, "]")):
+            positions.append(self.where(tokens[i][2] if bracketed else pos))
+            value, i = self.value_at(i)
+            values.append(value)
+            if not bracketed:
+                break
+            if not self.punct(i, ",]"):
+                raise self.error(f"expected ',' or ']' in list {field!r}, got {tokens[i][1]!r}", tokens[i][2])
+            i += self.punct(i, ",")
+        return i + bracketed
+
+
 def parse_prototxt(text: str, source: str | None = None) -> dict[str, list]:
     """Parse protobuf text format into a message: {field name: [values in file order]}.
 
@@ -153,30 +202,8 @@ def parse_prototxt(text: str, source: str | None = None) -> dict[str, list]:
     """
     if not isinstance(text, str):
         raise TypeError(f"parse_prototxt takes text (str), got {type(text).__name__}")
-
-    def error(message: str, pos: int) -> PrototxtError:
-        return PrototxtError(message, *_position(text, pos), source=source)
-
-    tokens = _tokenize(text, error)
-    newlines = [m.start() for m in re.finditer("\n", text)]
-
-    def where(pos: int) -> tuple[int, int]:
-        line = bisect.bisect_left(newlines, pos)
-        return line + 1, pos - (newlines[line - 1] if line else -1)
-
-    def punct(j: int, chars: str) -> bool:
-        return tokens[j][0] == "punct" and tokens[j][1] in chars
-
-    def value_at(j: int) -> tuple[Any, int]:
-        kind, tok, pos = tokens[j]
-        if kind not in ("num", "ident", "str"):
-            raise error(f"expected a value, got {tok!r}", pos)
-        value = _scalar(kind, tok, lambda m: error(m, pos))
-        while kind == "str" and tokens[j + 1][0] == "str":
-            j += 1
-            value += _scalar("str", tokens[j][1], lambda m, at=tokens[j][2]: error(m, at))
-        return value, j + 1
-
+    reader = _Tokens(text, source)
+    tokens, error, punct = reader.tokens, reader.error, reader.punct
     stack: list[tuple[Message, str, int]] = [(Message(), "", 0)]  # (message, its closer, its offset)
     stack[0][0].source = source
     i = 0
@@ -198,24 +225,13 @@ def parse_prototxt(text: str, source: str | None = None) -> dict[str, list]:
                 if len(stack) > MAX_DEPTH:
                     raise error(f"messages nested deeper than {MAX_DEPTH} levels", tokens[i][2])
                 values.append(Message())
-                positions.append(where(pos))
+                positions.append(reader.where(pos))
                 stack.append((values[-1], _CLOSERS[tokens[i][1]], tokens[i][2]))
                 i += 1
                 continue
             if not has_colon:
                 raise error(f"expected ':' or '{{' after field {tok!r}, got {tokens[i][1]!r}", tokens[i][2])
-            bracketed = punct(i, "[")
-            i += bracketed
-            while not (bracketed and punct(i, "]")):
-                positions.append(where(tokens[i][2] if bracketed else pos))
-                value, i = value_at(i)
-                values.append(value)
-                if not bracketed:
-                    break
-                if not punct(i, ",]"):
-                    raise error(f"expected ',' or ']' in list {tok!r}, got {tokens[i][1]!r}", tokens[i][2])
-                i += punct(i, ",")
-            i += bracketed
+            i = reader.scalars(i, tok, pos, values, positions)
         i += punct(i, ",;")
     if len(stack) > 1:
         raise error(f"'{'{' if stack[-1][1] == '}' else '<'}' opened here is never closed", stack[-1][2])

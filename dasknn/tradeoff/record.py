@@ -82,6 +82,44 @@ def record_from_traces(
     (engine,), (time_unit,) = engines, time_units
     coords = {dim: sorted({k[i] for k in runs}) for i, dim in enumerate(RUN_DIMS)}
     n_iter = max(len(t) for t in runs.values())
+    series, scalars = _run_arrays(runs, coords, n_iter, window)
+    if batch_size is None:
+        sizes = {int(s) for t in runs.values() for s in t["n_images"].dropna().unique()}
+        batch_size = sizes.pop() if len(sizes) == 1 else 0
+    dims_it = RUN_DIMS + ("iteration",)
+    data_vars = {name: (dims_it, arr) for name, arr in series.items()}
+    data_vars.update({name: (RUN_DIMS, arr) for name, arr in scalars.items()})
+    ds = xr.Dataset(
+        data_vars,
+        coords={
+            **{
+                d: np.asarray(v, dtype=np.int64 if d in ("groups", "seed") else np.float64)
+                for d, v in coords.items()
+            },
+            "iteration": np.arange(1, n_iter + 1, dtype=np.int64),
+        },
+    )
+    _describe(ds, time_unit, window)
+    device = device if isinstance(device, str) else json.dumps(dict(device), sort_keys=True, default=str)
+    ds.attrs = {
+        "net": str(net),
+        "dataset": str(dataset),
+        "batch_size": int(batch_size),
+        "device": device,
+        "engine": str(engine),
+        "time_unit": str(time_unit),
+        "dasknn_version": __version__,
+        "smoothing_window": int(window),
+        "target_loss_rule": TARGET_LOSS_RULE,
+    }
+    return ds.merge(penalties(ds, window=window))
+
+
+def _run_arrays(
+    runs: dict[tuple, pd.DataFrame], coords: dict[str, list], n_iter: int, window: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Each run's per-iteration series (`PER_ITERATION`) and its scalars, at its place on the run
+    dimensions; NaN for missing runs and for iterations past a run's end."""
     shape = tuple(len(coords[d]) for d in RUN_DIMS)
     series = {name: np.full(shape + (n_iter,), np.nan) for name in PER_ITERATION}
     scalars = {name: np.full(shape, np.nan) for name in ("time_per_iter", "final_loss", "n_iterations")}
@@ -96,10 +134,11 @@ def record_from_traces(
         scalars["time_per_iter"][at] = time_per_iteration(trace)
         scalars["final_loss"][at] = final_loss(trace, window)
         scalars["n_iterations"][at] = n
-    if batch_size is None:
-        sizes = {int(s) for t in runs.values() for s in t["n_images"].dropna().unique()}
-        batch_size = sizes.pop() if len(sizes) == 1 else 0
-    dims_it = RUN_DIMS + ("iteration",)
+    return series, scalars
+
+
+def _describe(ds: xr.Dataset, time_unit: str, window: int) -> None:
+    """Units and a description on every variable and coordinate of a record (in their attrs)."""
     units = {
         "loss": "1",
         "loss_smoothed": "1",
@@ -120,18 +159,6 @@ def record_from_traces(
         "final_loss": "smoothed loss at the end of the run",
         "n_iterations": "updates in the run",
     }
-    data_vars = {name: (dims_it, arr) for name, arr in series.items()}
-    data_vars.update({name: (RUN_DIMS, arr) for name, arr in scalars.items()})
-    ds = xr.Dataset(
-        data_vars,
-        coords={
-            **{
-                d: np.asarray(v, dtype=np.int64 if d in ("groups", "seed") else np.float64)
-                for d, v in coords.items()
-            },
-            "iteration": np.arange(1, n_iter + 1, dtype=np.int64),
-        },
-    )
     for name in ds.data_vars:
         ds[name].attrs = {"units": units[name], "description": about[name]}
     ds["groups"].attrs = {"units": "1", "description": "n_groups, the number of compute groups (S = g - 1)"}
@@ -139,19 +166,6 @@ def record_from_traces(
     ds["momentum"].attrs = {"units": "1", "description": "explicit momentum (mu)"}
     ds["seed"].attrs = {"units": "1", "description": "seed of the data order and initialisation"}
     ds["iteration"].attrs = {"units": "1", "description": "update number in completion order, 1-based"}
-    device = device if isinstance(device, str) else json.dumps(dict(device), sort_keys=True, default=str)
-    ds.attrs = {
-        "net": str(net),
-        "dataset": str(dataset),
-        "batch_size": int(batch_size),
-        "device": device,
-        "engine": str(engine),
-        "time_unit": str(time_unit),
-        "dasknn_version": __version__,
-        "smoothing_window": int(window),
-        "target_loss_rule": TARGET_LOSS_RULE,
-    }
-    return ds.merge(penalties(ds, window=window))
 
 
 def penalties(ds: xr.Dataset, window: int = SMOOTHING_WINDOW) -> xr.Dataset:
