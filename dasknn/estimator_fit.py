@@ -139,7 +139,9 @@ def engine_for(stack: ExitStack, s: FitSettings, net: Net):
     from dasknn.engine.dask import DaskEngine
 
     client = dask_client(stack, s.scheduler, s.security, s.n_workers)
-    return DaskEngine(client, **options), client
+    engine = DaskEngine(client, **options)
+    stack.callback(engine.close)  # the servers it keeps between runs go before the client
+    return engine, client
 
 
 def fit_callbacks(s: FitSettings) -> list:

@@ -146,6 +146,15 @@ class ConvModelServer:
         with self._lock:
             self.stopped = True
 
+    def new_run(self, version: int = 0) -> None:
+        """Begin another run on the weights, momentum and update measurement held now (the Dask
+        engine keeps its servers between runs: a new η or µ is an argument of each push, not a
+        restart): pushes accepted again, no group's loop claimed, the log empty, versions counted
+        from `version`."""
+        with self._lock:
+            self.stopped, self.claimed, self.log = False, set(), []
+            self.version = int(version)
+
     def claim(self, group: int) -> bool:
         """Register compute group `group`'s loop; False if one already ran for it or the server stopped."""
         with self._lock:

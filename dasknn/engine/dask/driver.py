@@ -28,6 +28,7 @@ from dasknn.data.augment import Augment
 from dasknn.data.batching import check_window
 from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.dask import elastic, tasks
+from dasknn.engine.dask.kept import Kept, knobs_of, release_kept, take_kept
 from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
 from dasknn.engine.dask.recovery import ClusterError, Recovery, is_worker_loss, lost_error, resume_batches
 from dasknn.engine.dask.replicas import run_replicas
@@ -168,6 +169,14 @@ class DaskEngine:
     its rows' draws of the batch), so no batch crosses between workers, but each worker loads every
     chunk its rows lie in: a compressed store's chunks are read and decoded k times an epoch, not
     once. 'own' pays where storage is fast and the network between workers is not.
+
+    `keep_servers`: a run that ends normally leaves its servers running (the conv model server,
+    the FC server, the shard servers, the workers' copies of the net), and the next run of the same
+    net starts on them when their two workers are still in its placement: η and µ travel with every
+    push and FC step, so a new η or µ, or a new g, restarts nothing, and the servers' state is set
+    only when the run starts from another state than the one they hold (a window undone). False:
+    every run starts new ones (experiments/bench_run_boundary.py compares the two). `close()` lets
+    them go.
     """
 
     def __init__(
@@ -189,6 +198,7 @@ class DaskEngine:
         shuffle_window: int = 1,
         prefetch: int = 2,
         shard_reads: str = "lead",
+        keep_servers: bool = True,
     ) -> None:
         strategy = strategy if strategy is not None else Strategy()
         if window is not None:
@@ -241,6 +251,8 @@ class DaskEngine:
         self.snapshot_every = int(snapshot_every)
         self.max_recoveries = int(max_recoveries)
         self._stream_cache: _Streamed | None = None
+        self._kept: Kept | None = None
+        self.keep_servers = bool(keep_servers)
         self.placement_: Placement | None = None
 
     def conv_worker_count(self) -> int:
@@ -299,8 +311,13 @@ class DaskEngine:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_stream_cache"] = None  # a Future of this process's client
+        state["_stream_cache"] = state["_kept"] = None  # a Future of this process's client
         return state
+
+    def close(self) -> None:
+        """Let the servers kept between runs go (`release_kept`); the estimator calls it when a fit ends."""
+        release_kept(self._kept)
+        self._kept = None
 
     def _run(self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None) -> RunResult:
         if self.strategy.synchronous:  # SMA (Crossbow §3.2) or model averaging (SparkNet)
@@ -368,10 +385,18 @@ class _GroupsRun:
             elastic.usable_workers(cluster_workers(client), gone), config.n_groups, engine._throughput(client)
         )
         self.first_placement = str(self.placement.roles())
-        begun = begin_run(engine, client, net, config, start)
-        self.state, self.conv_net, self.fc_net = begun.state, begun.conv_net, begun.fc_net
-        self.run_id = begun.run_id
-        self.template = client.scatter(self.conv_net.copy(), broadcast=True, hash=False)
+        self.net, self.kept = net, False
+        self.reuse = take_kept(engine._kept, client, net, config, self.placement)
+        engine._kept = None
+        if self.reuse is not None:  # the last run's servers, workers' nets and template: no restart
+            self.state = start.copy() if start is not None else TrainState.from_net(net)
+            self.conv_net, self.fc_net = self.reuse.conv_net, self.reuse.fc_net
+            self.run_id, self.template = self.reuse.run_id, self.reuse.template
+        else:
+            begun = begin_run(engine, client, net, config, start)
+            self.state, self.conv_net, self.fc_net = begun.state, begun.conv_net, begun.fc_net
+            self.run_id = begun.run_id
+            self.template = client.scatter(self.conv_net.copy(), broadcast=True, hash=False)
         self.t0 = time.time()
         self.deadline = None if budget.seconds is None else self.t0 + budget.seconds
         self.bar = engine._progress(budget)
@@ -402,7 +427,8 @@ class _GroupsRun:
                 self.seg.release()
             if self.bar is not None:
                 self.bar.close()
-            self.client.run(tasks.forget_run, self.run_id, on_error="ignore")
+            if not self.kept:  # no later run uses the workers' copies of its net
+                self.client.run(tasks.forget_run, self.run_id, on_error="ignore")
             if self.elastic_on:
                 elastic.forget(self.client, self.run_id)
             self.template = self.seg = None
@@ -414,9 +440,10 @@ class _GroupsRun:
         """One segment on the current placement: its end state, or None when the run goes on in
         another segment (after a worker joined or left, or was lost)."""
         engine, client, config, bar = self.engine, self.client, self.config, self.bar
+        servers, self.reuse = (None if self.reuse is None else self.reuse.servers), None  # the first only
         seg = self.seg = Segment(
             engine, client, self.placement, self.seg_state, self.version, self.state.iterations_done,
-            self.moved,
+            self.moved, servers,
         )  # fmt: skip
         engine.placement_ = self.placement
         try:
@@ -444,6 +471,10 @@ class _GroupsRun:
                 return None
             end_state = seg.finish()
             self.rows.extend(dict(r, recovered=bool(self.recoveries)) for r in seg.rows)
+            if engine.keep_servers:  # for the next run (`kept`)
+                parts = (self.run_id, self.conv_net, self.fc_net, self.template)
+                servers, self.kept = seg.keep(end_state.copy()), True
+                engine._kept = Kept(servers, self.net, client, knobs_of(config), *parts)
             return end_state
         except SegmentFailed as failure:
             self._recover(seg, failure)

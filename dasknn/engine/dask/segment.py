@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
+
+import numpy as np
 
 from dasknn.engine.dask import iteration, tasks
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
@@ -63,11 +65,48 @@ class SegmentFailed(Exception):
         super().__init__(f"lost {what}" + (f": {cause}" if cause is not None else ""))
 
 
+@dataclass
+class Servers:
+    """A finished segment's actors, kept running for the next run (`Segment.keep`): the conv model
+    and FC servers, the shard servers by worker, the workers of the two servers, and a copy of the
+    state they hold. A run that differs only in η or µ (arguments of every push and FC step), or in
+    g with the two servers on the same workers, starts on them without a restart
+    (docs/architecture.md, "The loop and its policies")."""
+
+    conv_future: Any
+    conv_server: Any
+    fc_future: Any
+    fc_server: Any
+    shard_futures: dict[str, Any]
+    shard_actors: dict[str, Any]
+    conv_worker: str
+    fc_worker: str
+    holds: TrainState
+
+    def futures(self) -> list:
+        return [self.conv_future, self.fc_future, *self.shard_futures.values()]
+
+
+def same_state(a: TrainState, b: TrainState) -> bool:
+    """Whether two states hold the same weights, momentum, iteration count and FC dropout stream
+    (so servers holding `b` need no state set to continue from `a`)."""
+    if a.iterations_done != b.iterations_done or a.params.keys() != b.params.keys():
+        return False
+    if a.momentum.keys() != b.momentum.keys() or a.extra.get("fc_rng") != b.extra.get("fc_rng"):
+        return False
+    pairs = [(a.params[k], b.params[k]) for k in a.params] + [
+        (a.momentum[k], b.momentum[k]) for k in a.momentum
+    ]
+    return all(np.array_equal(x, y) for x, y in pairs)
+
+
 class Segment:
     """The servers and group loops of one placement, from `state` at conv version `version`.
 
     `engine` gives timeout, poll, snapshot_every and strategy; `iterations0` is the run's first
-    iteration number minus one (row iteration = iterations0 + version_written).
+    iteration number minus one (row iteration = iterations0 + version_written). `servers`: a
+    previous run's kept actors (`Servers`) to start on instead of new ones; their state is set
+    only when it is not `state` already.
     """
 
     def __init__(
@@ -79,6 +118,7 @@ class Segment:
         version: int,
         iterations0: int,
         server_states: tuple[dict[str, Any], dict[str, Any]] | None = None,
+        servers: Servers | None = None,
     ):
         self.engine, self.client, self.placement = engine, client, placement
         # the conv model and FC servers' exact get_state()s a hand-off moves (`hand_off`); None:
@@ -93,6 +133,9 @@ class Segment:
         self.loops: list = []
         self.conv_future = self.conv_server = self.fc_future = self.fc_server = None
         self.shard_futures: dict[str, Any] = {}  # worker → its ShardServer's actor future
+        self.shard_actors: dict[str, Any] = {}  # worker → its ShardServer actor
+        self.kept = servers
+        self.reused = False  # whether the segment started on kept servers
 
     # -- start -------------------------------------------------------------------------------------
     def start(
@@ -109,7 +152,10 @@ class Segment:
         the group loops. `source`: the streamed data's source scattered to the cluster (a Future),
         sent to the loops in place of each spec's own copy."""
         try:
-            self._servers(conv_net, fc_net, config)
+            if self.kept is not None:
+                self._adopt(set(conv_net.params))
+            else:
+                self._servers(conv_net, fc_net, config)
             shards = self._shard_servers(specs, template)
             self.loops = [
                 submit_pinned(
@@ -166,6 +212,37 @@ class Segment:
             fc_state = self._await(self.fc_server.get_state(), p.fc_worker)
             self._await(self.fc_server.set_state(fc_server_state(state, fc_state, conv_keys)), p.fc_worker)
 
+    def _adopt(self, conv_keys: set[str]) -> None:
+        """Start on the kept servers: a new run on the conv model server (pushes accepted, version
+        0), and both servers' states set from the snapshot only when they hold another state (a
+        window undone, a restored snapshot)."""
+        kept, p, state = self.kept, self.placement, self.snapshot.state
+        self.kept = None
+        self.conv_future, self.conv_server = kept.conv_future, kept.conv_server
+        self.fc_future, self.fc_server = kept.fc_future, kept.fc_server
+        self.shard_futures, self.shard_actors = dict(kept.shard_futures), dict(kept.shard_actors)
+        self.reused = True
+        self._await(self.conv_server.new_run(self.version), p.conv_server_worker)
+        if same_state(state, kept.holds):
+            return
+        self._await(
+            self.conv_server.set_state(conv_server_state(state, conv_keys, self.version)),
+            p.conv_server_worker,
+        )
+        fc_state = self._await(self.fc_server.get_state(), p.fc_worker)
+        self._await(self.fc_server.set_state(fc_server_state(state, fc_state, conv_keys)), p.fc_worker)
+
+    def keep(self, holds: TrainState) -> Servers:
+        """Hand this finished segment's actors to the next run (`Servers`); `release` then lets none go."""
+        kept = Servers(
+            self.conv_future, self.conv_server, self.fc_future, self.fc_server,
+            dict(self.shard_futures), dict(self.shard_actors),
+            self.placement.conv_server_worker, self.placement.fc_worker, holds,
+        )  # fmt: skip
+        self.conv_future = self.conv_server = self.fc_future = self.fc_server = None
+        self.shard_futures, self.shard_actors = {}, {}
+        return kept
+
     def _move_states(self, conv: dict[str, Any], fc: dict[str, Any]) -> None:
         """Set both new servers to the old ones' exact states, and record the digests of what was
         read at the hand-off and of what the new servers hold (equal: moved bit for bit)."""
@@ -185,9 +262,12 @@ class Segment:
         """group → the ShardServer actors of its workers but the lead (none with shard tasks)."""
         if not tasks.uses_shard_servers(self.engine):
             return {}
-        groups = [spec.workers for spec in specs]
-        self.shard_futures = tasks.submit_shard_servers(self.client, groups, self.placement.devices, template)
-        actors = {w: self._await(f, w) for w, f in self.shard_futures.items()}
+        have = self.shard_actors  # kept from an earlier run: a ShardServer serves any group's shards
+        groups = [[spec.workers[0], *(w for w in spec.workers[1:] if w not in have)] for spec in specs]
+        new = tasks.submit_shard_servers(self.client, groups, self.placement.devices, template)
+        self.shard_futures.update(new)
+        self.shard_actors.update({w: self._await(f, w) for w, f in new.items()})
+        actors = self.shard_actors
         return {s.group: tuple(actors[w] for w in s.workers[1:]) for s in specs if len(s.workers) > 1}
 
     def _await(self, future, worker: str):
@@ -360,7 +440,10 @@ class Segment:
         if futures:
             self.client.cancel(futures)
         self.conv_future = self.conv_server = self.fc_future = self.fc_server = None
-        self.shard_futures = {}
+        self.shard_futures, self.shard_actors = {}, {}
+        if self.kept is not None:  # a segment that failed before it adopted the kept servers
+            self.client.cancel([f for f in self.kept.futures() if f is not None])
+            self.kept = None
 
     def resume_point(
         self, failure: SegmentFailed

@@ -13,7 +13,7 @@ import pytest
 from dasknn.data.batching import iterate_batches
 from dasknn.engine.dask import DaskEngine, WorkerLostError, cluster_workers, local_client, tasks
 from dasknn.engine.servers import FCServer
-from dasknn.engine.trace import TRACE_COLUMNS, Budget, RunConfig
+from dasknn.engine.trace import TRACE_COLUMNS, Budget, RunConfig, TrainState
 from dasknn.nn import zoo
 from dasknn.nn.solver import SGD
 from dasknn.nn.train import evaluate, train_step
@@ -131,6 +131,38 @@ def test_continuing_from_a_state_equals_one_longer_run(digits):
     assert list(second.trace["iteration"]) == list(range(6, 11))
     for k in a.params:
         np.testing.assert_array_equal(a.params[k], b.params[k], err_msg=k)
+
+
+def test_runs_start_on_the_servers_the_last_run_left_and_train_as_if_restarted(client2, digits):
+    """η and µ change between runs, and g too, without new servers (the same actors throughout); a
+    run from another state than the one they hold (a window undone) sets theirs first: one group's
+    weights equal, bit for bit, those of an engine that starts new servers for every run."""
+    X, y = digits
+    ends, actors = {}, []
+    for keep in (True, False):
+        engine, net = DaskEngine(client2, keep_servers=keep), zoo.lenet(seed=0)
+        first = engine.run(net, X, y, CFG, Budget(iterations=4), start=TrainState.from_net(net))
+        kept = engine._kept
+        second = engine.run(
+            net, X, y, CFG.with_(lr=0.02, momentum=0.8), Budget(iterations=4), start=first.state
+        )
+        undone = engine.run(net, X, y, CFG.with_(lr=0.04), Budget(iterations=4), start=first.state)
+        ends[keep] = (second.state, undone.state)
+        if keep:
+            actors += [kept.servers.conv_future.key, engine._kept.servers.conv_future.key]
+            engine.run(net, X, y, CFG.with_(n_groups=2), Budget(iterations=4), start=undone.state)
+            actors.append(engine._kept.servers.fc_future.key == kept.servers.fc_future.key)
+            engine.close()
+            assert engine._kept is None
+        else:
+            assert engine._kept is None
+    assert actors[0] == actors[1] and actors[2], "a run restarted the servers"
+    assert list(ends[True][1].params) == list(ends[False][1].params)
+    for kept_end, fresh_end in zip(ends[True], ends[False], strict=True):
+        assert kept_end.iterations_done == fresh_end.iterations_done
+        for k in fresh_end.params:
+            np.testing.assert_array_equal(kept_end.params[k], fresh_end.params[k], err_msg=k)
+            np.testing.assert_array_equal(kept_end.momentum[k], fresh_end.momentum[k], err_msg=k)
 
 
 def test_losing_a_worker_raises_a_clear_error_within_bounded_time(digits):
