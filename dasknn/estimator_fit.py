@@ -2,8 +2,8 @@
 
 The estimator resolves its parameters once per fit into `FitSettings` (the tuner, max_wall_time,
 the simulated device's speed), and plans the fit's extent (`plan`: "auto" knobs or fixed ones, the
-iteration cap, which limit ends it). From these: the callbacks (the user's, early stopping, the
-progress bar), the `fitting.Loop`, and the loop's policy, the tuner for "auto" knobs or fixed knobs
+iteration cap, which limit ends it). From these: the engine, the callbacks (the user's, early
+stopping, the progress bar), the `fitting.Loop`, and its policy, the tuner for "auto" knobs or fixed knobs
 (docs/architecture.md, "The loop and its policies"). When the loop returns, `ended` restores early
 stopping's best state and says why the fit ended, and `tradeoff` records what its runs measured.
 """

@@ -165,8 +165,8 @@ def _net_for(spec: Any, input_shape, n_classes: int, seed: int, backend: str | N
 
 def check_net_on_data(net: Net, X, split: str | None, batch_size: int, rate: float, augment=None) -> None:
     """Before any cluster starts: `split` names a layer where the net can be split, and the first
-    batch (as the net sees it: `augment`'s test view) gives finite outputs in the
-    forward pass and a first update at learning rate `rate` (the smallest the fit may use) below
+    batch (as the net sees it: `augment`'s test view) gives finite outputs in the forward pass and
+    a first update at learning rate `rate` (the smallest the fit may use) below
     `checkpoint.WEIGHT_LIMIT`, the size the fit calls divergence."""
     if split not in (None, "auto"):
         try:
