@@ -82,7 +82,10 @@ def fitted(params: dict, X, y):
     if row is not None:
         X = X.copy()
         X[row] *= np.float32(3e37)
-    return DistributedCNN(**{**COMMON, **params}).fit(X, y)
+    unbounded = {}
+    if "max_wall_time" in DistributedCNN().get_params():  # a real-time bound: pins on load
+        unbounded["max_wall_time"] = None
+    return DistributedCNN(**{**COMMON, **unbounded, **params}).fit(X, y)
 
 
 def save(est, out: Path, name: str) -> None:
