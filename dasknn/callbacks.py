@@ -10,6 +10,9 @@ A callback is any object with some of these methods (`Callback` has them all, do
   (EarlyStopping keeps its best one);
 - `on_progress(est, info)`: while the optimizer searches (no evaluation then), with `time`,
   `epoch` and `phase`, so that progress shows between evaluations;
+- `on_cluster_change(est, change)`: after an engine run during which workers joined, left
+  (retired gracefully) or were lost, once per change, with `time` (the fit's clock), `action`
+  ("join", "leave", "lost"), `workers`, `n_workers` (the conv workers after it) and `run`;
 - `on_fit_end(est)`: after the last evaluation, also when the fit raised.
 
 Shipped: `EarlyStopping` (sklearn's `n_iter_no_change` / `tol`, restoring the best model),
@@ -39,6 +42,9 @@ class Callback:
 
     def on_progress(self, est, info: dict[str, Any]) -> None:
         """Between evaluations, while the optimizer searches."""
+
+    def on_cluster_change(self, est, change: dict[str, Any]) -> None:
+        """After a run in which workers joined, left or were lost: one call per change."""
 
     def on_fit_end(self, est) -> None:
         """After the fit's last evaluation (also when it raised)."""
@@ -147,13 +153,15 @@ class ProgressBar(Callback):
     On engine="simulated" it says so, and counts simulated seconds ("sim s").
 
     It moves at every evaluation and while the optimizer searches; its postfix shows the phase, the
-    training loss and the held-out accuracy (the training accuracy without validation data). Drawn
-    on `file` (default: stderr).
+    training loss and the held-out accuracy (the training accuracy without validation data), and
+    once the cluster has changed under the fit the workers there are now; each change (a worker
+    joined, left or was lost) is also written above the bar. Drawn on `file` (default: stderr).
     """
 
     def __init__(self, file=None) -> None:
         self.file = file
         self.bar = None
+        self.workers: int | None = None
 
     def on_fit_begin(self, est) -> None:
         from tqdm.auto import tqdm
@@ -164,7 +172,7 @@ class ProgressBar(Callback):
             self.key, total, unit = "time", float(est.time_budget), "sim s" if simulated else "s"
         else:
             self.key, total, unit = "epoch", float(est.max_epochs or 1.0), "epoch"
-        self.origin = None
+        self.origin, self.workers = None, None
         self.bar = tqdm(
             total=total,
             unit=unit,
@@ -199,8 +207,21 @@ class ProgressBar(Callback):
                 parts.append(f"val_acc={record['val_accuracy']:.2%}")
             else:
                 parts.append(f"acc={record['accuracy']:.2%}")
+            if self.workers is not None:
+                parts.append(f"workers={self.workers}")
             self.bar.set_postfix_str(", ".join(parts), refresh=True)
         return False
+
+    def on_cluster_change(self, est, change: dict[str, Any]) -> None:
+        if self.bar is None:
+            return
+        verb = {"join": "joined", "leave": "left", "lost": "lost"}.get(change["action"], change["action"])
+        self.workers = change["n_workers"] if change["n_workers"] >= 0 else self.workers
+        self.bar.write(
+            f"t={change['time']:.1f}: worker {change['workers']} {verb}; {change['n_workers']} workers",
+            file=self.file if self.file is not None else sys.stderr,
+        )
+        self.bar.set_postfix_str(f"workers={self.workers}, {verb} {change['workers']}", refresh=True)
 
     def on_fit_end(self, est) -> None:
         self.close()

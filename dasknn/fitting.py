@@ -37,7 +37,7 @@ import pandas as pd
 
 from dasknn.data.batching import n_batches
 from dasknn.engine import checkpoint
-from dasknn.engine.trace import Budget, RunConfig, TrainState, make_trace
+from dasknn.engine.trace import Budget, RunConfig, TrainState, make_trace, worker_changes
 from dasknn.logs import verbose_logging
 from dasknn.policy import CURRENT, START, NextRun, Outcome, Policy, RunLog, Stop
 from dasknn.tradeoff.statistical import final_loss
@@ -345,6 +345,27 @@ class Loop:
             notes.append(f"recovery: {why}")
         return "; ".join(notes)
 
+    def cluster_changes(self, trace: pd.DataFrame, seg: pd.DataFrame, run: int, config: RunConfig) -> str:
+        """Workers that joined, left or were lost during run `run` (`engine.trace.worker_changes`):
+        a "cluster" decision row each (time on the fit's clock, `workers`, `n_workers` after), a log
+        line, the callbacks' `on_cluster_change`; returns them as a history note."""
+        changes = worker_changes(trace)
+        if not changes:
+            return ""
+        start = self.log.elapsed - self.log.charged[run]  # where the run began on the fit's clock
+        shift = float(seg["t_start"].min() - trace["t_start"].min()) if len(trace) else start
+        notes = []
+        for c in changes:
+            c = dict(c, time=c["time"] + shift, run=run)
+            verb = {"join": "joined", "leave": "left (retired)", "lost": "lost"}[c["action"]]
+            why = f"{c['workers']} {verb}: {c['n_workers']} workers"
+            self.log.record("cluster", c["action"], config, why, time=c["time"], run=run,
+                            workers=c["workers"], n_workers=c["n_workers"])  # fmt: skip
+            logger.info("t=%.4g %s: %s", c["time"], self._unit(), why)
+            self.notify("on_cluster_change", c)
+            notes.append(f"{c['action']}: {why}")
+        return "; ".join(notes)
+
     def restore(self, ckpt: checkpoint.Checkpoint) -> dict[str, Any]:
         """History, decisions, trace and clock from a checkpoint; returns its policy session."""
         tables, session = ckpt.tables, dict(ckpt.meta.get("loop", {}))
@@ -453,6 +474,7 @@ class Loop:
         start = self.snapshot(step.start)
         trace, state, diverged, seconds = self._engine_run(step.config, step.budget, start, step.keep)
         seg, run = self.log.add_run(trace, seconds, step.phase)
+        changes = self.cluster_changes(trace, seg, run, step.config)
         score = None
         if step.score and not diverged:
             score = self._score(state, seg)
@@ -476,7 +498,7 @@ class Loop:
         self.snapshots.update({CURRENT: state, out.snapshot: state})
         if self.evaluates:
             fields = dict(step.note or {})
-            event = self.recoveries(seg, step.config)
+            event = "; ".join(filter(None, [self.recoveries(seg, step.config), changes]))
             if "event" in fields:
                 fields["event"] = event
             out.stop = self.record(state, self._trace_end(), scores, **fields)

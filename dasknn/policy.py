@@ -272,7 +272,8 @@ class RunLog:
         self.traces.append(seg)
         self.charged.append(seconds)
         # the engine's description (engine, time unit, strategy, …); not one run's own events
-        self.attrs.update({k: v for k, v in trace.attrs.items() if k not in ("diverged", "recoveries")})
+        own = ("diverged", "recoveries", "worker_events")
+        self.attrs.update({k: v for k, v in trace.attrs.items() if k not in own})
         self.elapsed += seconds
         self.iterations += len(trace)
         return seg, run_id

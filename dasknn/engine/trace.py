@@ -146,6 +146,33 @@ def make_trace(rows: list[dict[str, Any]], engine: str, **attrs: Any) -> pd.Data
     return df
 
 
+def worker_changes(trace: pd.DataFrame) -> list[dict[str, Any]]:
+    """The cluster's changes under a run, in time order, from what either engine records
+    (docs/architecture.md, "Elastic clusters"): one dict per change with `time` (the trace's clock),
+    `action` ("join", "leave": a graceful retirement, "lost": an abrupt loss), `workers` (their
+    addresses, or on the simulator how many) and `n_workers` (the conv workers after it; -1 unknown).
+
+    Read from `attrs["worker_events"]` (the Dask engine's joined/left lists, the simulator's counts)
+    and `attrs["recoveries"]` (the Dask engine's recoveries from lost workers)."""
+    out = []
+    for e in trace.attrs.get("worker_events") or []:
+        n = int(e.get("n_workers", -1))
+        if "n_workers_before" in e:  # the simulator: counts, no addresses
+            before = int(e["n_workers_before"])
+            action = "join" if n > before else "leave"
+            out.append({"time": float(e["time"]), "action": action, "workers": f"{abs(n - before)} workers",
+                        "n_workers": n})  # fmt: skip
+            continue
+        for action, key in (("join", "joined"), ("leave", "left")):
+            if e.get(key):
+                out.append({"time": float(e["time"]), "action": action, "workers": ", ".join(e[key]),
+                            "n_workers": n})  # fmt: skip
+    for r in trace.attrs.get("recoveries") or []:
+        out.append({"time": float(r["time"]), "action": "lost", "workers": str(r["worker"]),
+                    "n_workers": int(r.get("n_workers", -1))})  # fmt: skip
+    return sorted(out, key=lambda c: c["time"])
+
+
 class Engine(Protocol):
     """Anything that runs compute groups: DaskEngine, SimulatedEngine."""
 

@@ -254,6 +254,7 @@ class DaskEngine:
         self._kept: Kept | None = None
         self.keep_servers = bool(keep_servers)
         self.placement_: Placement | None = None
+        self.workers_seen_: set[str] | None = None  # the usable workers when the last run ended
 
     def conv_worker_count(self) -> int:
         """The conv devices N the placement would use now: the workers, less a dedicated FC one."""
@@ -380,10 +381,9 @@ class _GroupsRun:
         self.engine, self.client, self.config, self.budget = engine, client, config, budget
         self.data, self.X, self.y = data, data.X, data.y
         self.elastic_on = elastic.install(client)
-        gone = elastic.leaving(client) if self.elastic_on else set()
-        self.placement = plan(
-            elastic.usable_workers(cluster_workers(client), gone), config.n_groups, engine._throughput(client)
-        )
+        usable = elastic.usable_now(client, self.elastic_on)
+        self.placement = plan(usable, config.n_groups, engine._throughput(client))
+        before = engine.placement_.n_groups if engine.placement_ is not None else config.n_groups
         self.first_placement = str(self.placement.roles())
         self.net, self.kept = net, False
         self.reuse = take_kept(engine._kept, client, net, config, self.placement)
@@ -402,7 +402,8 @@ class _GroupsRun:
         self.bar = engine._progress(budget)
         self.rows: list[dict[str, Any]] = []
         self.recoveries: list[Recovery] = []
-        self.events: list[elastic.WorkerEvent] = []
+        self.events = elastic.between_runs(engine.workers_seen_, usable, self.placement, before)
+        self.started_on = set(usable)
         self.moved, self.t_change = None, self.t0  # the servers' states a hand-off moves to the next segment
         self.seg_state, self.version, self.seg, self.t_lost = self.state, 0, None, self.t0
         self.lost_all: dict[str, list[str]] = {}
@@ -498,6 +499,7 @@ class _GroupsRun:
                 n_groups_before=self.placement.n_groups,
                 n_groups_after=change.placement.n_groups,
                 placement=str(change.placement.roles()),
+                n_workers=change.n_workers,
             )
         )
         self.placement = change.placement
@@ -537,6 +539,7 @@ class _GroupsRun:
                 from_snapshot=redone is not None,
                 snapshot_version=self.version,
                 placement=str(self.placement.roles()),
+                n_workers=len(plan(alive, 1).conv_workers),
             )
         )
 
@@ -552,6 +555,9 @@ class _GroupsRun:
         net.set_params(end_state.params)
         end_state.batches_done = max([self.state.batches_done, *(r["batch"] + 1 for r in self.rows)])
         on_run_clock(self.rows, self.t0, self.config, self.X.shape[0])
+        seen = elastic.seen_by_run(self.started_on, self.events, self.lost_all)
+        usable = {a: w for a, w in elastic.usable_now(self.client, self.elastic_on).items() if a in seen}
+        self.engine.workers_seen_ = seen
         trace = make_trace(
             self.rows,
             "dask",
@@ -563,7 +569,7 @@ class _GroupsRun:
             split=self.fc_net.layers[0].name,
             recoveries=[r.as_dict() for r in self.recoveries],
             worker_events=[e.as_dict() for e in self.events],
-            n_workers=elastic.conv_worker_count(self.client, self.elastic_on),
+            n_workers=elastic.conv_count(usable),
             started=self.t0,
         )
         return RunResult(trace=trace, state=end_state)

@@ -174,12 +174,48 @@ def usable_workers(workers: Mapping[str, Mapping[str, Any]], gone: set[str]) -> 
     }
 
 
-def conv_worker_count(client, installed: bool = True) -> int:
-    """The conv workers N the cluster offers now (usable, less a dedicated FC worker): what the
-    policies size g by (`trace.attrs["n_workers"]`). `installed`: whether `ElasticPlugin` is (it
-    knows the workers being retired)."""
-    workers = usable_workers(cluster_workers(client), leaving(client) if installed else set())
+def usable_now(client, installed: bool = True) -> dict[str, Mapping[str, Any]]:
+    """The workers a placement may use now; `installed`: whether `ElasticPlugin` is (it knows the
+    workers being retired)."""
+    return usable_workers(cluster_workers(client), leaving(client) if installed else set())
+
+
+def conv_count(workers: Mapping[str, Mapping[str, Any]]) -> int:
+    """The conv workers N among `workers` (less a dedicated FC worker): what the policies size g by
+    (`trace.attrs["n_workers"]`)."""
     return len(plan(workers, 1).conv_workers) if workers else 0
+
+
+def seen_by_run(start: Iterable[str], events: list[WorkerEvent], lost: Iterable[str]) -> set[str]:
+    """The workers a run knew of when it ended: those at its start, with the joins and leaves it
+    handed over for and less the workers it lost. A worker that came after its last look is not
+    among them: the next run's start reports it (`between_runs`), and the count a policy reads
+    (`trace.attrs["n_workers"]`) agrees with the events it saw."""
+    seen = set(start)
+    for e in events:
+        seen = (seen | set(e.joined)) - set(e.left)
+    return seen - set(lost)
+
+
+def between_runs(
+    before: set[str] | None, workers: Mapping[str, Mapping[str, Any]], placement: Placement, n_groups: int
+) -> list[WorkerEvent]:
+    """The change since the engine's last run ended on the workers `before` (None: no such run), as
+    an event at the new run's start: workers that joined or left while no run was going on."""
+    if before is None or set(workers) == before:
+        return []
+    return [
+        WorkerEvent(
+            time=0.0,
+            joined=sorted(set(workers) - before),
+            left=sorted(before - set(workers)),
+            version=0,
+            n_groups_before=n_groups,
+            n_groups_after=placement.n_groups,
+            placement=str(placement.roles()),
+            n_workers=conv_count(workers),
+        )
+    ]
 
 
 def same_placement(a: Placement, b: Placement) -> bool:
@@ -189,10 +225,11 @@ def same_placement(a: Placement, b: Placement) -> bool:
 
 class ClusterChange(Exception):
     """The cluster changed under a segment: `placement` is the one to go on with; `joined` and
-    `leaving` name the workers that came and that are being retired."""
+    `leaving` name the workers that came and that are being retired; `n_workers`: the conv workers
+    N after the change (as `conv_worker_count`)."""
 
-    def __init__(self, placement: Placement, joined: list[str], leaving: list[str]) -> None:
-        self.placement, self.joined, self.leaving = placement, joined, leaving
+    def __init__(self, placement: Placement, joined: list[str], leaving: list[str], n_workers: int) -> None:
+        self.placement, self.joined, self.leaving, self.n_workers = placement, joined, leaving, n_workers
         super().__init__(f"workers joined {joined}, leaving {leaving}")
 
 
@@ -213,7 +250,8 @@ def cluster_change(client, placement: Placement, n_groups: int, throughput) -> N
         target = replan(workers, placement, throughput(client))
     if same_placement(target, placement) and not (used & gone):
         return
-    raise ClusterChange(target, sorted(set(workers) - used), sorted(used & gone))
+    n_conv = len(plan(workers, 1).conv_workers)
+    raise ClusterChange(target, sorted(set(workers) - used), sorted(used & gone), n_conv)
 
 
 def state_digest(state: Mapping[str, Any]) -> str:
@@ -244,7 +282,8 @@ class WorkerEvent:
     time: seconds since the run started when the driver saw it; joined / left: the workers; version:
     the conv model version the next segment continues from; seconds: from seeing the change to the
     groups running again; conv_state / fc_state: digests of the servers' state read at the hand-off
-    and of the new servers' state once set (equal: moved bit for bit)."""
+    and of the new servers' state once set (equal: moved bit for bit); n_workers: the conv workers
+    N after the change."""
 
     time: float
     joined: list[str]
@@ -253,6 +292,7 @@ class WorkerEvent:
     n_groups_before: int
     n_groups_after: int
     placement: str
+    n_workers: int = -1
     seconds: float = float("nan")
     conv_state: tuple[str, str] = ("", "")
     fc_state: tuple[str, str] = ("", "")

@@ -150,7 +150,8 @@ class Recovery:
 
     time: seconds since the run started when the loss was noticed; worker: the lost address(es);
     roles: what they did; iterations_redone: updates written after the snapshot and lost (a lower
-    bound: those the driver had seen); seconds: from noticing the loss to the groups running again.
+    bound: those the driver had seen); seconds: from noticing the loss to the groups running again;
+    n_workers: the conv workers N left (a dedicated FC worker not counted).
     """
 
     time: float
@@ -163,6 +164,7 @@ class Recovery:
     snapshot_version: int
     seconds: float = float("nan")
     placement: str = ""
+    n_workers: int = -1
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

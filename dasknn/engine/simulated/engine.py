@@ -198,6 +198,8 @@ class SimulatedEngine:
         rows: list[dict] = []
         events: list[dict] = []
         spent, done, sim = 0.0, 0, None
+        t = _clock(state)  # a change at the very start of this run counts in it
+        n_before = self.workers_at(math.nextafter(t, -math.inf)) if t > 0 else None
         with blas_threads(1):
             while True:
                 clock = _clock(state)
@@ -207,17 +209,18 @@ class SimulatedEngine:
                 change = self._next_change(clock)
                 seconds = left if change is None else min(x for x in (left, change - clock) if x is not None)
                 iterations = None if budget.iterations is None else budget.iterations - done
-                if sim is not None and (sim.k, sim.config.n_groups) != (n // g, g):
+                if n_before is not None and n != n_before:
                     events.append(
                         {
                             "time": clock,
                             "n_workers": n,
+                            "n_workers_before": n_before,
                             "n_groups": g,
                             "group_size": n // g,
                             "iterations_done": state.iterations_done,
                         }
                     )
-                sim = self._simulation(net, X, y, config.with_(n_groups=g), n // g, state)
+                sim, n_before = self._simulation(net, X, y, config.with_(n_groups=g), n // g, state), n
                 piece = sim.advance(Budget(seconds=seconds, iterations=iterations))
                 rows.extend(dict(r, n_workers=n) for r in piece)
                 state = sim.train_state()

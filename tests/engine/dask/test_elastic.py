@@ -343,6 +343,9 @@ def test_the_auto_tuner_decides_g_again_after_a_worker_joins():
     assert d.iloc[0]["action"] == "start" and d.iloc[0]["n_groups"] == 1
     (row,) = d[d["action"] == "regroup"].itertuples()
     assert row.n_workers == 2 and row.chosen and "1 -> 2 workers" in row.reason
+    # the join itself is a "cluster" row (inside a run, or at the start of the next one)
+    (join,) = d[(d["phase"] == "cluster") & (d["action"] == "join")].itertuples()
+    assert join.workers == joiner.worker and join.n_workers == 2 and join.run == row.run
     # decided at the end of the first run that ended with two workers: no later than the first
     # run that trained on the new one; every run after it has the new g and uses the new worker
     on_new = trace["workers"].str.contains(joiner.worker, regex=False)

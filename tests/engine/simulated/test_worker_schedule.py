@@ -27,8 +27,8 @@ def test_eight_then_thirty_two_workers_regroup_at_ten_seconds(tiny_data):  # noq
     before, after = trace[trace["t_start"] < 10], trace[trace["t_start"] >= 10]
     assert set(before["n_workers"]) == {8} and set(after["n_workers"]) == {32}
     (event,) = trace.attrs["worker_events"]
-    assert event == {"time": 10.0, "n_workers": 32, "n_groups": 8, "group_size": 4,
-                     "iterations_done": len(before)}  # fmt: skip
+    assert event == {"time": 10.0, "n_workers": 32, "n_workers_before": 8, "n_groups": 8,
+                     "group_size": 4, "iterations_done": len(before)}  # fmt: skip
     # deterministic times: 8 groups of 1 worker push every 0.8 s + the FC step, groups of 4 every
     # 0.2 s + the FC step; the versions go on without a gap across the change
     assert len(before) == 8 * 12 and len(after) > 3 * len(before)
@@ -44,6 +44,17 @@ def test_fewer_workers_than_groups_mean_fewer_groups(tiny_data):  # noqa: F811
     (event,) = result.trace.attrs["worker_events"]
     assert (event["n_workers"], event["n_groups"], event["group_size"]) == (2, 2, 1)
     assert set(result.trace[result.trace["t_start"] >= 5]["group"]) == {0, 1}
+
+
+def test_a_change_at_the_boundary_of_two_runs_is_an_event_of_the_second(tiny_data):  # noqa: F811
+    X, y = tiny_data
+    engine = SimulatedEngine(t_conv=t_conv, t_fc=T_FC, verbose=0, worker_schedule=((0, 2), (3, 4)))
+    config = RunConfig(n_groups=2, batch_size=16)
+    first = engine.run(tiny_net(), X, y, config, Budget(seconds=3))
+    second = engine.run(tiny_net(), X, y, config, Budget(seconds=2), start=first.state)
+    assert first.trace.attrs["worker_events"] == []
+    (event,) = second.trace.attrs["worker_events"]
+    assert (event["time"], event["n_workers_before"], event["n_workers"]) == (3.0, 2, 4)
 
 
 def test_a_schedule_goes_on_across_runs(tiny_data):  # noqa: F811
