@@ -432,14 +432,15 @@ def _fraction(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"{err} (or 0: none)") from None
 
 
-def _rates(text: str) -> tuple[float, ...]:
-    """An argparse type: comma-separated learning rates, each finite and > 0."""
-    rate = _positive(float)
+def _lr_grid(text: str) -> tuple[float, ...]:
+    """An argparse type: comma-separated learning rates, by GridPolicy's rule for `lr_grid`."""
+    from dasknn.optimizer.grid import OPTIONS
+
+    rule = next(o.rule for o in OPTIONS if o.name == "lr_grid")
     try:
-        rates = tuple(rate(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
-    return rates
+        return rule.convert(rule.check("lr_grid", rule.parse(text)))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _existing_file(text: str) -> str:
@@ -538,7 +539,7 @@ def _add_train(t: argparse.ArgumentParser) -> None:
     _add_dataset_flags(t)
     t.add_argument(
         "--lr-grid",
-        type=_rates,
+        type=_lr_grid,
         default=None,
         help="--tuner grid: the cold-start rates, highest first, e.g. 0.1,0.03,0.01 (default: 0.1 ... 1e-5)",
     )

@@ -17,7 +17,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dasknn.nn.net import Net
-from dasknn.rules import LEARNING_RATE, MOMENTUM, Boolean, Choice, Custom, Number, Rule
+from dasknn.rules import (
+    ACCURACY,
+    LEARNING_RATE,
+    MOMENTUM,
+    N_GROUPS,
+    VERBOSE,
+    Boolean,
+    Choice,
+    Custom,
+    Number,
+    Rule,
+)
 
 ENGINES = ("dask", "simulated")
 TUNERS = ("auto", "grid", "online")
@@ -161,7 +172,7 @@ PARAMS: tuple[Param, ...] = (
           "A zoo name (\"lenet\", \"cifar10_quick\", \"cifar10_full\", \"caffenet\", \"mlp\", \"resnet20\"), "
           "a `Net` (copied, its weights are the start), or a Caffe `.prototxt` path."),
     Param("batch_size", 64, Number(1, integer=True), "Samples per iteration, summed over a group's workers."),
-    Param("n_groups", "auto", Number(1, integer=True, also=("auto",)),
+    Param("n_groups", "auto", replace(N_GROUPS, also=("auto",)),
           "Compute groups (Omnivore's g); \"auto\" lets the optimizer choose."),
     Param("learning_rate", "auto", replace(LEARNING_RATE, also=("auto",)),
           "Learning rate η; \"auto\" lets the optimizer choose.", aliases=("--lr",)),
@@ -184,7 +195,7 @@ PARAMS: tuple[Param, ...] = (
           "(`dasknn.stopping.wall_bound`); otherwise None (no bound: the Dask engine's time_budget is "
           "already wall-clock seconds). `max_wall_time_` is the value used. On the command line, none "
           "is None.", resume=False),
-    Param("target_accuracy", None, Number(0, 1, low_open=True, also=(None,)),
+    Param("target_accuracy", None, replace(ACCURACY, also=(None,)),
           "Stop once the held-out accuracy (`val_accuracy`, on the validation data) reaches it; "
           "without validation data, once the training accuracy (on `eval_size` training samples) does. "
           "A resumed fit may give a new one.",
@@ -246,7 +257,7 @@ PARAMS: tuple[Param, ...] = (
           flag=False, resume=False),
     Param("random_state", 0, Number(0, 2**32, high_open=True, integer=True, text="in [0, 2**32)"),
           "Seed of the weights, the data's order and parts, dropout and augmentation.", aliases=("--seed",)),
-    Param("verbose", 0, Number(0, integer=True),
+    Param("verbose", 0, VERBOSE,
           "0: warnings only; 1: a progress bar (`dasknn.callbacks.ProgressBar`, on stderr) and INFO "
           "messages (the dashboard link of a cluster the fit starts, rollbacks); 2: also a line per "
           "evaluation and the optimizer's decisions (DEBUG) and the engine's progress bars; 3: also the "

@@ -18,7 +18,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Boolean", "Choice", "Custom", "Number", "Rule", "LEARNING_RATE", "MOMENTUM"]
+__all__ = [
+    "Boolean",
+    "Choice",
+    "Custom",
+    "Grid",
+    "Number",
+    "Option",
+    "Rule",
+    "ACCURACY",
+    "LEARNING_RATE",
+    "MOMENTUM",
+    "N_GROUPS",
+    "VERBOSE",
+    "checked_options",
+]
 
 
 def _is_bool(value: Any) -> bool:
@@ -52,6 +66,10 @@ class Rule(ABC):
     def parse(self, text: str) -> Any:
         """The value a command-line word stands for (checked afterwards, as a Python value is)."""
         return text
+
+    def convert(self, value: Any) -> Any:
+        """An accepted `value` as its user stores it (a Number as int or float; default: itself)."""
+        return value
 
 
 @dataclass(frozen=True)
@@ -107,6 +125,39 @@ class Number(Rule):
         except ValueError:
             return text
 
+    def convert(self, value: Any) -> Any:
+        if _is_one_of(value, self.also):
+            return value
+        return int(value) if self.integer else float(value)
+
+
+@dataclass(frozen=True)
+class Grid(Rule):
+    """A list of numbers to search over, each accepted by `item`; non-empty unless `empty` (then
+    None and an empty list also mean none). Stored as a tuple of floats."""
+
+    item: Number
+    empty: bool = False
+
+    @property
+    def what(self) -> str:
+        none = "None or " if self.empty else ""
+        return f"{none}a {'' if self.empty else 'non-empty '}list, each item {self.item.what}"
+
+    def ok(self, value: Any) -> bool:
+        if self.empty and value is None:
+            return True
+        if not isinstance(value, (list, tuple, np.ndarray)) or getattr(value, "ndim", 1) != 1:
+            return False
+        return (self.empty or len(value) > 0) and all(self.item.ok(v) for v in value)
+
+    def convert(self, value: Any) -> Any:
+        return () if value is None else tuple(float(v) for v in value)
+
+    def parse(self, text: str) -> Any:
+        """Comma-separated items, each parsed by `item` ("0.1,0.01")."""
+        return tuple(self.item.parse(t.strip()) for t in text.split(","))
+
 
 @dataclass(frozen=True)
 class Choice(Rule):
@@ -156,7 +207,29 @@ class Custom(Rule):
         return text if self.parse_text is None else self.parse_text(text)
 
 
+@dataclass(frozen=True)
+class Option:
+    """One keyword option of a component (a tuner's): its name, default and rule; a table of them
+    is the component's one description of what it accepts (`checked_options`)."""
+
+    name: str
+    default: Any
+    rule: Rule
+
+
+def checked_options(table: tuple[Option, ...], values: dict[str, Any]) -> dict[str, Any]:
+    """The value of each option of `table` in `values` (e.g. an `__init__`'s `locals()`), checked
+    by its rule (ValueError "<name> must be <what>, got <value>") and converted (`Rule.convert`)."""
+    return {o.name: o.rule.convert(o.rule.check(o.name, values[o.name])) for o in table}
+
+
 LEARNING_RATE = Number(0, low_open=True)
 """η: a finite number > 0."""
 MOMENTUM = Number(0, 1, high_open=True)
 """µ: a number in [0, 1) (Omnivore's explicit momentum)."""
+N_GROUPS = Number(1, integer=True)
+"""g: an integer >= 1 (compute groups, Omnivore §III-B)."""
+ACCURACY = Number(0, 1, low_open=True)
+"""An accuracy to reach: a number in (0, 1]."""
+VERBOSE = Number(0, integer=True)
+"""How much a fit tells: an integer >= 0."""

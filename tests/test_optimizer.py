@@ -253,14 +253,20 @@ def test_a_winner_is_clear_only_when_5_percent_below_every_other_over_the_window
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"lr_grid": ()}, "lr_grid must not be empty"),
-        ({"momentum_grid": []}, "momentum_grid must not be empty"),
-        ({"momentum_grid": (0.0, 1.0)}, "momentum_grid values must be in [0, 1)"),
-        ({"lr_grid": (0.1, -1.0)}, "lr_grid values must be > 0"),
-        ({"probe_iterations": 0}, "probe_iterations must be an integer >= 1"),
-        ({"stop_check_iterations": 0}, "stop_check_iterations must be an integer >= 1"),
-        ({"clear_winner": 1.5}, "clear_winner values must be in [0, 1)"),
-        ({"epoch_factor": -1}, "epoch_factor must be a finite number > 0"),
+        ({"lr_grid": ()}, "lr_grid must be a non-empty list, each item a finite number > 0, got ()"),
+        (
+            {"momentum_grid": []},
+            "momentum_grid must be a non-empty list, each item a number in [0, 1), got []",
+        ),
+        (
+            {"momentum_grid": (0.0, 1.0)},
+            "momentum_grid must be a non-empty list, each item a number in [0, 1)",
+        ),
+        ({"lr_grid": (0.1, -1.0)}, "lr_grid must be a non-empty list, each item a finite number > 0"),
+        ({"probe_iterations": 0}, "probe_iterations must be None or an integer >= 1, got 0"),
+        ({"stop_check_iterations": 0}, "stop_check_iterations must be None or an integer >= 1, got 0"),
+        ({"clear_winner": 1.5}, "clear_winner must be a number in [0, 1), got 1.5"),
+        ({"epoch_factor": -1}, "epoch_factor must be a finite number > 0, got -1"),
         ({"n_workers": 4, "he_model": PLANTED}, "disagrees with he_model.n_workers=8"),
         ({"learning_rates": (0.1,)}, "unknown option(s) ['learning_rates']"),
     ],

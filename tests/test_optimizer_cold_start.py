@@ -154,7 +154,10 @@ def test_the_estimator_scores_probes_on_its_selection_part_and_passes_optimizer_
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"lr_grid": (0.1, -1.0)}, "lr_grid values must be > 0"),
+        (
+            {"lr_grid": (0.1, -1.0)},
+            r"tuner_options: lr_grid must be a non-empty list, each item a finite number > 0",
+        ),
         ({"probe_iterations": 0}, "probe_iterations"),
         ({"no_such_option": 1}, r"unknown option\(s\) \['no_such_option'\]"),
         ({"momentum": 0.5}, r"tuner_options may not set \['momentum'\]"),

@@ -39,24 +39,65 @@ import pandas as pd
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.optimizer import decide, measure
 from dasknn.optimizer.momentum import trace_momentum
+from dasknn.optimizer.options import (
+    COUNT,
+    FRACTION,
+    GAIN,
+    HE_MODEL,
+    PINNED_GROUPS,
+    PINNED_LR,
+    PINNED_MOMENTUM,
+    SOME_COUNT,
+    TARGET_ACCURACY,
+    VERBOSE,
+)
 from dasknn.optimizer.plateau import Plateau
 from dasknn.optimizer.prior import Prior, PriorCache, default_cache_path, groups_prior, solver_prior
 from dasknn.optimizer.ramp import LrRamp, progress_and_error, window_level
-from dasknn.optimizer.search import check, check_values, group_candidates, int_option
+from dasknn.optimizer.search import check, group_candidates
 from dasknn.optimizer.trials import TRIAL_FRACTION, neighbours, trial_seconds
 from dasknn.policy import CURRENT, START, NextRun, Outcome, Stop
+from dasknn.rules import Custom, Number, Option, checked_options
 from dasknn.tradeoff.hardware import HEModel
 
 __all__ = ["AutoPolicy"]
 
 
-def _unit(value: float) -> bool:
-    return 0 <= value < 1
+def _optional_str(value: Any) -> bool:
+    return value is None or isinstance(value, str)
 
 
-def _number(value, name: str, ok, what: str):
-    """None, or `value` checked by `ok` (a ValueError naming it and `what` it must be)."""
-    return None if value is None else check_values([value], name, ok, what)[0]
+def _optional_dict(value: Any) -> bool:
+    return value is None or isinstance(value, dict)
+
+
+def _cache_path(value: Any) -> bool:
+    return value is None or value is False or isinstance(value, (str, Path))
+
+
+OPTIONS = (
+    Option("solver", None, Custom("None or a dict of settings", accepts=_optional_dict)),
+    Option("net_name", None, Custom("None or a zoo name", accepts=_optional_str)),
+    Option("prior_cache", None, Custom("None, False or a path", accepts=_cache_path)),
+    Option("cache_key", None, Custom("None or a key string", accepts=_optional_str)),
+    Option("window", None, Number(2, integer=True, also=(None,))),
+    Option("run_iterations", None, Number(2, integer=True, also=(None,))),
+    Option("trial_fraction", TRIAL_FRACTION, FRACTION),
+    Option("plateau_fraction", 0.1, Number(0, 1, low_open=True, high_open=True)),
+    Option("max_drops", 2, COUNT),
+    Option("plateau_span", None, SOME_COUNT),
+    Option("momentum_gain", 0.1, GAIN),
+    Option("momentum_tolerance", 0.05, FRACTION),
+    Option("n_workers", None, SOME_COUNT),
+    Option("max_groups", None, SOME_COUNT),
+    Option("he_model", None, HE_MODEL),
+    Option("n_groups", None, PINNED_GROUPS),
+    Option("learning_rate", None, PINNED_LR),
+    Option("momentum", None, PINNED_MOMENTUM),
+    Option("target_accuracy", None, TARGET_ACCURACY),
+    Option("verbose", 0, VERBOSE),
+)
+"""AutoPolicy's options (`__init__`'s keywords, in order): name, default, rule."""
 
 
 class AutoPolicy:
@@ -103,37 +144,9 @@ class AutoPolicy:
         **unknown: Any,
     ) -> None:
         check(not unknown, f"unknown option(s) {sorted(unknown)} for the auto optimizer")
-        check(
-            solver is None or isinstance(solver, dict), f"solver must be a dict of settings; got {solver!r}"
-        )
-        check(
-            prior_cache is None or prior_cache is False or isinstance(prior_cache, (str, Path)),
-            f"prior_cache must be None, False or a path; got {prior_cache!r}",
-        )
-        check(
-            he_model is None or isinstance(he_model, HEModel),
-            f"he_model must be an HEModel; got {he_model!r}",
-        )
-        self.engine, self.solver, self.net_name = engine, solver, net_name
-        self.prior_cache, self.cache_key = prior_cache, cache_key
-        self.window = int_option(window, "window", minimum=2)
-        self.run_iterations = int_option(run_iterations, "run_iterations", minimum=2)
-        self.trial_fraction = _number(trial_fraction, "trial_fraction", _unit, "in [0, 1)")
-        self.plateau_fraction = _number(
-            plateau_fraction, "plateau_fraction", lambda v: 0 < v < 1, "in (0, 1)"
-        )
-        self.max_drops = int_option(max_drops, "max_drops")
-        self.plateau_span = int_option(plateau_span, "plateau_span")
-        self.momentum_gain = _number(momentum_gain, "momentum_gain", lambda v: 0 < v <= 1, "in (0, 1]")
-        self.momentum_tolerance = _number(momentum_tolerance, "momentum_tolerance", _unit, "in [0, 1)")
-        self.n_workers = int_option(n_workers, "n_workers")
-        self.max_groups = int_option(max_groups, "max_groups")
-        self.he_model = he_model
-        self.n_groups = int_option(n_groups, "n_groups")
-        self.learning_rate = _number(learning_rate, "learning_rate", lambda v: v > 0, "> 0")
-        self.momentum = _number(momentum, "momentum", _unit, "in [0, 1)")
-        self.target_accuracy = target_accuracy
-        self.verbose = int_option(verbose, "verbose", minimum=0)
+        self.engine = engine
+        for name, value in checked_options(OPTIONS, locals()).items():
+            setattr(self, name, value)
 
     # -- the policy (dasknn.policy.Policy) -------------------------------------------------------
     def begin(self, fit, resume: dict[str, Any] | None) -> None:

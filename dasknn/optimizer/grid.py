@@ -31,23 +31,55 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from dasknn.engine.trace import RunConfig, TrainState
-from dasknn.optimizer.search import (
-    Judge,
-    check,
-    check_optimize_args,
-    check_values,
-    float_option,
-    int_option,
+from dasknn.optimizer.options import (
+    COUNT,
+    FRACTION,
+    HE_MODEL,
+    PINNED_GROUPS,
+    PINNED_LR,
+    PINNED_MOMENTUM,
+    POSITIVE,
+    PROBE_SCORE,
+    SOME_COUNT,
+    SOME_POSITIVE,
+    VERBOSE,
 )
+from dasknn.optimizer.search import Judge, check, check_optimize_args
 from dasknn.optimizer.session import OptimizerResult, StopCallback, _Session
 from dasknn.policy import CURRENT, NextRun, Outcome, Stop
+from dasknn.rules import LEARNING_RATE, MOMENTUM, Boolean, Custom, Grid, Number, Option, checked_options
 from dasknn.tradeoff.hardware import HEModel
 
 __all__ = ["GridPolicy"]
 
 
-def _unit(value: float) -> bool:
-    return 0 <= value < 1
+OPTIONS = (
+    Option("n_workers", None, SOME_COUNT),
+    Option("lr_grid", (0.1, 0.01, 0.001, 1e-4, 1e-5), Grid(LEARNING_RATE)),
+    Option("momentum_grid", (0.0, 0.3, 0.6, 0.9), Grid(MOMENTUM)),
+    Option("cold_start_momentum", 0.9, MOMENTUM),
+    Option("small_momenta", (0.1, 0.2), Grid(MOMENTUM, empty=True)),
+    Option("probe_iterations", None, SOME_COUNT),
+    Option("probe_seconds", None, SOME_POSITIVE),
+    Option("clear_winner", 0.05, FRACTION),
+    Option("winner_window", 50, COUNT),
+    Option("max_extensions", 1, Number(0, integer=True)),
+    Option("epoch_factor", 10, POSITIVE),
+    Option("cold_start_fraction", 0.15, Number(0, 1, low_open=True)),
+    Option("stop_checks", 4, COUNT),
+    Option("stop_check_iterations", None, SOME_COUNT),
+    Option("max_groups", None, SOME_COUNT),
+    Option("he_model", None, HE_MODEL),
+    Option("probe_losses", None, Custom("None or a callable", accepts=lambda v: v is None or callable(v))),
+    Option("probe_score", None, PROBE_SCORE),
+    Option("cold_start_groups", True, Boolean()),
+    Option("momentum_early_stop", True, Boolean()),
+    Option("n_groups", None, PINNED_GROUPS),
+    Option("learning_rate", None, PINNED_LR),
+    Option("momentum", None, PINNED_MOMENTUM),
+    Option("verbose", 0, VERBOSE),
+)
+"""GridPolicy's options (`__init__`'s keywords, in order): name, default (the paper's value), rule."""
 
 
 class GridPolicy:
@@ -107,68 +139,20 @@ class GridPolicy:
         check(not unknown, f"unknown option(s) {sorted(unknown)} for GridPolicy")
         check(callable(getattr(engine, "run", None)), f"engine must have a run(...) method; got {engine!r}")
         self.engine = engine
-        self.n_workers = int_option(n_workers, "n_workers")
-        self.lr_grid = check_values(lr_grid, "lr_grid", lambda v: v > 0, "> 0")
-        self.momentum_grid = check_values(momentum_grid, "momentum_grid", _unit, "in [0, 1)")
-        self.cold_start_momentum = check_values(
-            [cold_start_momentum], "cold_start_momentum", _unit, "in [0, 1)"
-        )[0]
-        self.small_momenta = (
-            check_values(small_momenta, "small_momenta", _unit, "in [0, 1)") if small_momenta else ()
-        )
-        self.probe_iterations = int_option(probe_iterations, "probe_iterations")
-        self.probe_seconds = float_option(probe_seconds, "probe_seconds")
-        self.clear_winner = check_values([clear_winner], "clear_winner", _unit, "in [0, 1)")[0]
-        self.winner_window = int_option(winner_window, "winner_window")
-        self.max_extensions = int_option(max_extensions, "max_extensions", minimum=0)
-        self.epoch_factor = float_option(epoch_factor, "epoch_factor")
-        self.cold_start_fraction = check_values(
-            [cold_start_fraction], "cold_start_fraction", lambda v: 0 < v <= 1, "in (0, 1]"
-        )[0]
-        self.stop_checks = int_option(stop_checks, "stop_checks")
-        self.stop_check_iterations = int_option(stop_check_iterations, "stop_check_iterations")
-        self.max_groups = int_option(max_groups, "max_groups")
-        check(
-            he_model is None or isinstance(he_model, HEModel),
-            f"he_model must be an HEModel; got {he_model!r}",
-        )
+        for name, value in checked_options(OPTIONS, locals()).items():
+            setattr(self, name, value)
         if he_model is not None and self.n_workers is not None:
             check(
                 he_model.n_workers == self.n_workers,
                 f"n_workers={self.n_workers} disagrees with he_model.n_workers={he_model.n_workers}",
             )
-        self.he_model = he_model
-        check(
-            probe_losses is None or callable(probe_losses),
-            f"probe_losses must be callable; got {probe_losses!r}",
-        )
-        self.probe_losses = probe_losses
-        check(
-            probe_score is None or callable(probe_score),
-            f"probe_score must be callable (a TrainState -> loss); got {probe_score!r}",
-        )
-        self.probe_score = probe_score
-        check(
-            isinstance(cold_start_groups, bool),
-            f"cold_start_groups must be True or False; got {cold_start_groups!r}",
-        )
-        self.cold_start_groups = cold_start_groups
-        check(
-            isinstance(momentum_early_stop, bool),
-            f"momentum_early_stop must be True or False; got {momentum_early_stop!r}",
-        )
-        self.momentum_early_stop = momentum_early_stop
-        self.verbose = int_option(verbose, "verbose", minimum=0)
         self.max_epochs: int | None = None  # train epochs, when `optimize` is given max_epochs
         # pinned knobs: the user fixed them, the optimizer tunes only the others
-        self.n_groups = int_option(n_groups, "n_groups")
-        self.learning_rate = None
-        if learning_rate is not None:
-            self.learning_rate = check_values([learning_rate], "learning_rate", lambda v: v > 0, "> 0")[0]
+        if self.learning_rate is not None:
             self.lr_grid = (self.learning_rate,)
-        if momentum is not None:
-            self.cold_start_momentum = check_values([momentum], "momentum", _unit, "in [0, 1)")[0]
-            self.momentum_grid, self.small_momenta = (self.cold_start_momentum,), ()
+        if self.momentum is not None:
+            self.cold_start_momentum = self.momentum
+            self.momentum_grid, self.small_momenta = (self.momentum,), ()
 
     def probe_length(self, n_groups: int) -> tuple[int | None, float | None]:
         """(iterations, seconds) of one probe at g groups: the arguments, else max(20, 5·g) iterations."""

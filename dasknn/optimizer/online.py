@@ -44,27 +44,57 @@ import pandas as pd
 from dasknn.data.batching import n_batches
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.optimizer import decide, measure
+from dasknn.optimizer.options import (
+    FRACTION,
+    GAIN,
+    HE_MODEL,
+    PINNED_GROUPS,
+    PINNED_LR,
+    PINNED_MOMENTUM,
+    PROBE_SCORE,
+    SOME_COUNT,
+    TARGET_ACCURACY,
+    VERBOSE,
+)
 from dasknn.optimizer.search import (
     Runs,
     Snapshots,
     check,
     check_optimize_args,
-    check_values,
-    float_option,
     group_candidates,
     initial_groups,
-    int_option,
 )
 from dasknn.optimizer.session import OptimizerResult, StopCallback
 from dasknn.policy import CURRENT, NextRun, Outcome, Stop
+from dasknn.rules import LEARNING_RATE, MOMENTUM, Number, Option, checked_options
 from dasknn.tradeoff.hardware import HEModel
 from dasknn.tradeoff.statistical import final_loss
 
 __all__ = ["OnlinePolicy"]
 
 
-def _unit(value: float) -> bool:
-    return 0 <= value < 1
+OPTIONS = (
+    Option("n_workers", None, SOME_COUNT),
+    Option("max_groups", None, SOME_COUNT),
+    Option("he_model", None, HE_MODEL),
+    Option("initial_lr", 0.01, LEARNING_RATE),
+    Option("target_momentum", 0.9, MOMENTUM),
+    Option("momentum_gain", 0.5, GAIN),
+    Option("momentum_tolerance", 0.03, FRACTION),
+    Option("exploration_fraction", 0.1, FRACTION),
+    Option("run_iterations", None, SOME_COUNT),
+    Option("trial_iterations", None, SOME_COUNT),
+    Option("lr_factor", 3.0, Number(1, low_open=True)),
+    Option("margin", 0.1, Number(0)),
+    Option("divergence_limit", 2.0, Number(1, low_open=True)),
+    Option("probe_score", None, PROBE_SCORE),
+    Option("target_accuracy", None, TARGET_ACCURACY),
+    Option("n_groups", None, PINNED_GROUPS),
+    Option("learning_rate", None, PINNED_LR),
+    Option("momentum", None, PINNED_MOMENTUM),
+    Option("verbose", 0, VERBOSE),
+)
+"""OnlinePolicy's options (`__init__`'s keywords, in order): name, default, rule."""
 
 
 @dataclass
@@ -139,52 +169,8 @@ class OnlinePolicy:
         check(not unknown, f"unknown option(s) {sorted(unknown)} for OnlinePolicy")
         check(callable(getattr(engine, "run", None)), f"engine must have a run(...) method; got {engine!r}")
         self.engine = engine
-        self.n_workers = int_option(n_workers, "n_workers")
-        self.max_groups = int_option(max_groups, "max_groups")
-        check(
-            he_model is None or isinstance(he_model, HEModel),
-            f"he_model must be an HEModel; got {he_model!r}",
-        )
-        self.he_model = he_model
-        self.initial_lr = float_option(initial_lr, "initial_lr")
-        self.target_momentum = check_values([target_momentum], "target_momentum", _unit, "in [0, 1)")[0]
-        self.momentum_gain = check_values(
-            [momentum_gain], "momentum_gain", lambda v: 0 < v <= 1, "in (0, 1]"
-        )[0]
-        self.momentum_tolerance = check_values(
-            [momentum_tolerance], "momentum_tolerance", _unit, "in [0, 1)"
-        )[0]
-        self.exploration_fraction = check_values(
-            [exploration_fraction], "exploration_fraction", lambda v: 0 <= v < 1, "in [0, 1)"
-        )[0]
-        self.run_iterations = int_option(run_iterations, "run_iterations")
-        self.trial_iterations = int_option(trial_iterations, "trial_iterations")
-        self.lr_factor = check_values([lr_factor], "lr_factor", lambda v: v > 1, "> 1")[0]
-        self.margin = check_values([margin], "margin", lambda v: v >= 0, ">= 0")[0]
-        self.divergence_limit = check_values([divergence_limit], "divergence_limit", lambda v: v > 1, "> 1")[
-            0
-        ]
-        check(
-            probe_score is None or callable(probe_score),
-            f"probe_score must be callable (a TrainState -> loss); got {probe_score!r}",
-        )
-        self.probe_score = probe_score
-        check(
-            target_accuracy is None
-            or (isinstance(target_accuracy, (int, float)) and 0 < target_accuracy <= 1),
-            f"target_accuracy must be None or in (0, 1]; got {target_accuracy!r}",
-        )
-        self.target_accuracy = target_accuracy
-        self.n_groups = int_option(n_groups, "n_groups")
-        self.learning_rate = (
-            None
-            if learning_rate is None
-            else check_values([learning_rate], "learning_rate", lambda v: v > 0, "> 0")[0]
-        )
-        self.momentum = (
-            None if momentum is None else check_values([momentum], "momentum", _unit, "in [0, 1)")[0]
-        )
-        self.verbose = int_option(verbose, "verbose", minimum=0)
+        for name, value in checked_options(OPTIONS, locals()).items():
+            setattr(self, name, value)
 
     # -- the policy (dasknn.policy.Policy) -------------------------------------------------------
     def begin(self, fit, resume: dict[str, Any] | None) -> None:
