@@ -280,9 +280,9 @@ def test_bad_optimizer_options_raise_value_errors_naming_them(options, message):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"time_budget": -5}, "time_budget must be a finite number > 0"),
-        ({"max_epochs": 0}, "max_epochs must be an integer >= 1"),
-        ({"max_iterations": 0}, "max_iterations must be an integer >= 1"),
+        ({"time_budget": -5}, "time_budget must be None or a finite number > 0, got -5"),
+        ({"max_epochs": 0}, "max_epochs must be None or an integer >= 1, got 0"),
+        ({"max_iterations": 0}, "max_iterations must be None or an integer >= 1, got 0"),
         ({}, "give time_budget, max_epochs or max_iterations"),
         ({"max_epochs": 1, "should_stop": True}, "should_stop must be callable"),
         ({"max_epochs": 1, "tolerance": 1e-3}, "unknown option(s) ['tolerance']"),

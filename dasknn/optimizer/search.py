@@ -23,7 +23,9 @@ import numpy as np
 import pandas as pd
 
 from dasknn.engine.trace import Budget, RunConfig, TrainState
+from dasknn.optimizer.options import SOME_COUNT, SOME_POSITIVE
 from dasknn.policy import CURRENT, DECISION_COLUMNS, NextRun, Outcome, RunLog
+from dasknn.rules import Option, checked_options
 from dasknn.tradeoff.hardware import HEModel, phase_costs, time_per_iteration
 from dasknn.tradeoff.statistical import final_loss
 
@@ -37,13 +39,10 @@ __all__ = [
     "Snapshots",
     "check",
     "check_optimize_args",
-    "check_values",
     "clear_winner",
-    "float_option",
     "group_candidates",
     "he_model_from_probe",
     "initial_groups",
-    "int_option",
     "mark_winner",
     "momentum_lr_grid",
     "record_probe",
@@ -53,56 +52,28 @@ __all__ = [
 
 # -- option checks ---------------------------------------------------------------------------------
 def check(ok: bool, message: str) -> None:
-    """Raise ValueError(message) unless ok: the one gate for the optimizer's options."""
+    """Raise ValueError(message) unless ok: the tuners' checks beyond their tables' rules (unknown
+    names, an engine without `run`, options that must agree)."""
     if not ok:
         raise ValueError(message)
 
 
-def check_values(
-    values: Sequence[float], name: str, ok: Callable[[float], bool], rule: str
-) -> tuple[float, ...]:
-    """A non-empty grid of finite values that each satisfy `ok` (described by `rule`), as floats."""
-    values = tuple(float(v) for v in values)
-    check(len(values) > 0, f"{name} must not be empty")
-    bad = [v for v in values if not (math.isfinite(v) and ok(v))]
-    check(not bad, f"{name} values must be {rule}; got {bad}")
-    return values
+OPTIMIZE_LIMITS = (
+    Option("time_budget", None, SOME_POSITIVE),
+    Option("max_epochs", None, SOME_COUNT),
+    Option("max_iterations", None, SOME_COUNT),
+)
+"""The budgets of a tuner's `optimize` (in the engine's clock; train epochs; updates, probes included)."""
 
 
-def int_option(value: Any, name: str, minimum: int = 1) -> int | None:
-    """None, or an integer >= minimum."""
-    if value is None:
-        return None
-    check(
-        isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
-        f"{name} must be an integer >= {minimum} or None; got {value!r}",
-    )
-    return int(value)
-
-
-def float_option(value: Any, name: str) -> float | None:
-    """None, or a finite number > 0."""
-    if value is None:
-        return None
-    check(
-        isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
-        f"{name} must be a finite number > 0 or None; got {value!r}",
-    )
-    return float(value)
-
-
-# -- probes ----------------------------------------------------------------------------------------
 def check_optimize_args(
     unknown: dict[str, Any], time_budget, max_epochs, max_iterations, should_stop, start
 ) -> dict[str, Any]:
     """The checks every optimizer's `optimize` makes of its arguments; returns the budgets
     {"time_budget", "max_epochs", "max_iterations"} checked (at least one given)."""
     check(not unknown, f"unknown option(s) {sorted(unknown)} for optimize")
-    limits = {
-        "time_budget": float_option(time_budget, "time_budget"),
-        "max_epochs": int_option(max_epochs, "max_epochs"),
-        "max_iterations": int_option(max_iterations, "max_iterations"),
-    }
+    given = {"time_budget": time_budget, "max_epochs": max_epochs, "max_iterations": max_iterations}
+    limits = checked_options(OPTIMIZE_LIMITS, given)
     check(
         any(v is not None for v in limits.values()),
         "give time_budget, max_epochs or max_iterations: should_stop alone may never stop",
@@ -112,6 +83,7 @@ def check_optimize_args(
     return limits
 
 
+# -- probes ----------------------------------------------------------------------------------------
 def state_hash(state: TrainState) -> str:
     """A short digest of a state's weights and momentum buffers: equal digests, equal starts."""
     h = hashlib.sha1()
