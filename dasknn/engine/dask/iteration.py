@@ -375,7 +375,8 @@ def transport_for(spec: GroupSpec, template, conv_server, shard_servers, client,
 
 def group_loop(spec: GroupSpec, template, conv_server, fc_server, shard_servers=None, source=None) -> int:
     """Run one compute group of the merged map until its iterations are done, its deadline passes,
-    or the conv model server says stop; returns the number of iterations it pushed.
+    the conv model server says stop, or a loss is not finite (then it stops the server, so that no
+    group spends the rest of a diverged run); returns the number of iterations it pushed.
 
     The Trace rows (times absolute, seconds since the epoch) go to the conv model server's log with
     each push. `shard_servers`: the ShardServer actors of `spec.workers[1:]` (None: shard tasks).
@@ -418,9 +419,13 @@ def group_loop(spec: GroupSpec, template, conv_server, fc_server, shard_servers=
             b = spec.first_batch + spec.group + spec.n_groups * i
             x, y = reader.get(b)
             row = {"t_start": time.time(), "group": spec.group, "batch": b, "n_images": int(len(y))}
-            if run_iteration(spec, model, transport, x, y, row, fc_server) is None:
+            pushed = run_iteration(spec, model, transport, x, y, row, fc_server)
+            if pushed is None:
                 break
             i += 1
+            if not np.isfinite(pushed.get("loss", 0.0)):  # diverged: the fit rolls the run back, so
+                _call(conv_server, "stop", timeout=spec.timeout)  # every group ends it here
+                break
     finally:
         reader.close()
         if stream is not None:

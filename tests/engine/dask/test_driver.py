@@ -165,6 +165,22 @@ def test_runs_start_on_the_servers_the_last_run_left_and_train_as_if_restarted(c
             np.testing.assert_array_equal(kept_end.momentum[k], fresh_end.momentum[k], err_msg=k)
 
 
+def test_a_diverging_run_ends_at_its_first_non_finite_loss_and_the_next_starts_clean(client2, digits):
+    """Every group stops once a loss is not finite (the loop rolls such a run back: its remaining
+    iterations would be waste); the kept servers then take the next run's start state."""
+    X, y = digits
+    engine, net = DaskEngine(client2), zoo.lenet(seed=0)
+    start = TrainState.from_net(net)
+    config = CFG.with_(n_groups=2, lr=1e4)
+    diverged = engine.run(net, X, y, config, Budget(iterations=200), start=start)
+    losses = diverged.trace["loss"].to_numpy()
+    assert not np.isfinite(losses).all() and len(losses) < 40, losses
+    assert len(losses) - np.argmax(~np.isfinite(losses)) <= 2  # at most the other group's last push
+    again = engine.run(net, X, y, CFG.with_(n_groups=2), Budget(iterations=8), start=start)
+    assert np.isfinite(again.trace["loss"]).all() and len(again.trace) == 8
+    engine.close()
+
+
 def test_losing_a_worker_raises_a_clear_error_within_bounded_time(digits):
     X, y = digits
     with local_client(n_workers=2, threads_per_worker=1) as client:
