@@ -76,7 +76,10 @@ class Evaluator:
     trained on (drawn once), so the two curves show generalisation side by side."""
 
     def __init__(self, net, X_eval, y_eval, X_val=None, y_val=None) -> None:
+        from dasknn.nn.train import scoring_batch_size
+
         self.net, self.X, self.y = net.copy(), np.asarray(X_eval), np.asarray(y_eval)
+        self.batch_size = scoring_batch_size(self.net)
         self.X_val = None if X_val is None else np.asarray(X_val)
         self.y_val = None if y_val is None else np.asarray(y_val)
 
@@ -88,10 +91,12 @@ class Evaluator:
         from dasknn.nn.train import evaluate
 
         self.net.set_params(state.params)
-        loss, acc = evaluate(self.net, self.X, self.y)
+        loss, acc = evaluate(self.net, self.X, self.y, self.batch_size)
         scores = {"loss": loss, "accuracy": acc}
         if self.X_val is not None:
-            scores["val_loss"], scores["val_accuracy"] = evaluate(self.net, self.X_val, self.y_val)
+            scores["val_loss"], scores["val_accuracy"] = evaluate(
+                self.net, self.X_val, self.y_val, self.batch_size
+            )
         return scores
 
 

@@ -6,6 +6,7 @@ engine's weights after n iterations equal `train_step` applied n times to the sa
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -92,6 +93,19 @@ def train_arrays(
         if callback is not None:
             callback(row)
     return history
+
+
+EVAL_BATCH_BYTES = 128 * 2**20
+"""The blobs' bytes of one scoring batch (`scoring_batch_size`): a small net scores more images per
+forward, where each forward's fixed cost (layer calls, kernel set-up, threads) is spread thinner."""
+
+
+def scoring_batch_size(net: Net, floor: int = 256, ceiling: int = 4096) -> int:
+    """Images per forward when scoring: as many as fit `EVAL_BATCH_BYTES` of the net's blobs (all
+    of them, as float32), within [floor, ceiling]. LeNet's 20,194 values an image give 1,661: on 2
+    cores (load 6) a 3,000-image score took 0.68 s at 1,024 images a forward against 1.39 s at 256."""
+    per_image = 4 * sum(math.prod(shape) for shape in net.blob_shapes.values())
+    return int(min(ceiling, max(floor, EVAL_BATCH_BYTES // max(1, per_image))))
 
 
 def evaluate(net: Net, X, y, batch_size: int = 256) -> tuple[float, float]:

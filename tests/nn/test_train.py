@@ -8,7 +8,7 @@ from sklearn.datasets import load_digits
 
 from dasknn.nn import zoo
 from dasknn.nn.solver import SGD
-from dasknn.nn.train import evaluate, shuffled_batches, train_arrays
+from dasknn.nn.train import EVAL_BATCH_BYTES, evaluate, scoring_batch_size, shuffled_batches, train_arrays
 
 
 def digits_28():
@@ -62,3 +62,15 @@ def test_divergence_is_reported_not_silently_trained_on():
     with pytest.raises(FloatingPointError, match="lower the learning rate"):
         with np.errstate(all="ignore"):
             train_arrays(net, solver, X, y, batch_size=64, iterations=100, seed=0)
+
+
+def test_a_small_net_is_scored_in_large_batches_with_the_same_scores():
+    """Scoring batches hold EVAL_BATCH_BYTES of blobs: LeNet's 1,661 images, a big net's floor of
+    256; the batch only groups the work, so loss and accuracy are the ones of 256-image batches."""
+    lenet = zoo.lenet(seed=0)
+    assert scoring_batch_size(lenet) == EVAL_BATCH_BYTES // (4 * 20194) == 1661
+    assert scoring_batch_size(zoo.caffenet(num_classes=10)) == 256
+    X, y = (a[:700] for a in digits_28())
+    loss, acc = evaluate(lenet, X, y, scoring_batch_size(lenet))
+    ref_loss, ref_acc = evaluate(lenet, X, y, 256)
+    assert acc == ref_acc and loss == pytest.approx(ref_loss, rel=1e-5)
