@@ -29,8 +29,16 @@ from dasknn.data.batching import check_window
 from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.dask import elastic, tasks
 from dasknn.engine.dask.kept import Kept, knobs_of, release_kept, take_kept
+from dasknn.engine.dask.nanny import TunedNanny
 from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
-from dasknn.engine.dask.recovery import ClusterError, Recovery, is_worker_loss, lost_error, resume_batches
+from dasknn.engine.dask.recovery import (
+    ClusterError,
+    Recovery,
+    WorkerLostError,
+    is_worker_loss,
+    lost_error,
+    resume_batches,
+)
 from dasknn.engine.dask.replicas import run_replicas
 from dasknn.engine.dask.restart import run_restarting
 from dasknn.engine.dask.runs import Data, begin_run, cluster_workers, engine_client, persist_data, stream_data
@@ -61,8 +69,8 @@ def local_client(
     `security`: a `distributed.security.Security` (TLS credentials; the cluster then listens on
     tls:// and the client connects with them), True for `Security.temporary()` (a throwaway
     self-signed certificate, for a cluster on this machine), or None/False for plain tcp://.
+    Workers that `cluster.scale` or `cluster.adapt` add later get the same settings (`nanny.TunedNanny`).
     """
-    import dask
     from distributed import Client, LocalCluster
     from distributed.security import Security
 
@@ -76,33 +84,19 @@ def local_client(
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n_workers = n_workers or max(1, min(cores, 4))
     blas = str(max(1, cores // n_workers))
-    environ = {
-        f"distributed.nanny.pre-spawn-environ.{k}": blas
-        for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-    }
+    worker_env = {k: blas for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     if tune_malloc:
-        environ["distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_"] = str(32 * 2**20)
-        environ["distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"] = str(64 * 2**20)
+        worker_env["MALLOC_MMAP_THRESHOLD_"] = str(32 * 2**20)
+        worker_env["MALLOC_TRIM_THRESHOLD_"] = str(64 * 2**20)
     kwargs = {"dashboard_address": None, **cluster_kwargs}
     if security is not None:
         kwargs["security"] = security
         kwargs.setdefault("protocol", "tls://")
-    # the nanny lets the driver's os.environ win over its config (and writes its values back into
-    # os.environ), so the variables are set there too while the workers start, then restored
-    worker_env = {key.rsplit(".", 1)[1]: value for key, value in environ.items()}
-    saved = {k: os.environ.get(k) for k in worker_env}
-    os.environ.update(worker_env)
-    try:
-        with dask.config.set(environ):
-            cluster = LocalCluster(
-                n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes, **kwargs
-            )
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    if processes:  # the first workers and those the cluster adds later (`nanny.TunedNanny`)
+        kwargs = {"worker_class": TunedNanny, "pre_spawn_environ": worker_env, **kwargs}
+    cluster = LocalCluster(
+        n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes, **kwargs
+    )
     client = Client(cluster, security=security) if security is not None else Client(cluster)
     try:
         yield client
@@ -140,6 +134,12 @@ class DaskEngine:
     snapshots both servers. When a worker of the placement dies, the run continues on the surviving
     workers (`recovery`): up to `max_recoveries` times, then (or with no worker left) it raises
     WorkerLostError; `max_recoveries=0` raises at the first loss.
+
+    `worker_wait` (seconds): when the cluster has no worker at a run's start, or every worker of a
+    run is retired gracefully (the servers' state then waits in the driver), wait this long for one
+    to join, with a task pending so that an adaptive cluster starts one (`elastic.await_workers`),
+    rather than raise WorkerLostError. None (default): `timeout` when the client's cluster adapts
+    down to zero workers (`cluster.adapt(minimum=0)`), else 0 (no wait).
 
     `strategy` (`engine.strategy.Strategy`): on this engine, `aggregation` ('tree' with `branching`, or
     'ps': summed on the conv model server's worker, FireCaffe §6) and `split` (None, 'auto' for
@@ -199,6 +199,7 @@ class DaskEngine:
         prefetch: int = 2,
         shard_reads: str = "lead",
         keep_servers: bool = True,
+        worker_wait: float | None = None,
     ) -> None:
         strategy = strategy if strategy is not None else Strategy()
         if window is not None:
@@ -240,6 +241,9 @@ class DaskEngine:
             self.throughput_ = {str(w): float(v) for w, v in throughput.items()}
         if int(snapshot_every) < 1:
             raise ValueError(f"snapshot_every must be >= 1 update, got {snapshot_every}")
+        if worker_wait is not None and not (isinstance(worker_wait, int | float) and worker_wait >= 0):
+            raise ValueError(f"worker_wait must be None or a number of seconds >= 0, got {worker_wait!r}")
+        self.worker_wait = worker_wait
         if int(max_recoveries) < 0:
             raise ValueError(f"max_recoveries must be >= 0, got {max_recoveries}")
         self.strategy = strategy
@@ -270,9 +274,11 @@ class DaskEngine:
         When every worker is gone, whatever dask call noticed it first (a scatter's "No valid
         workers found", a placement over an empty cluster), the run raises WorkerLostError.
         """
-        done = 0 if start is None else start.iterations_done
-        if self.placement_ is not None and not cluster_workers(engine_client(self)):
-            raise lost_error({}, 0, 0, self.max_recoveries, {}, self.placement_, done)
+        done, client = (0 if start is None else start.iterations_done), engine_client(self)
+        if not cluster_workers(client):
+            waited = elastic.await_workers(client, self._worker_wait(client), self.poll, installed=False)
+            if not waited and self.placement_ is not None:
+                raise lost_error({}, 0, 0, self.max_recoveries, {}, self.placement_, done)
         try:
             return self._run(net, X, y, config, budget, start)
         except ClusterError:
@@ -329,6 +335,12 @@ class DaskEngine:
             return run_restarting(self, run_unmerged, net, X, y, config, budget, start, keep_groups=False)
         run = _GroupsRun(self, net, X, y, config, budget, start)
         return run.result(net, run.train())
+
+    def _worker_wait(self, client) -> float:
+        """Seconds a run waits for a worker when it has none (`worker_wait`, class docstring)."""
+        if self.worker_wait is not None:
+            return float(self.worker_wait)
+        return self.timeout if elastic.adapts_to_zero(client) else 0.0
 
     def _throughput(self, client) -> dict[str, float] | None:
         """GFLOP/s of each worker's device (calibrated or given); unnamed workers count as the median."""
@@ -435,7 +447,8 @@ class _GroupsRun:
             self.template = self.seg = None
 
     def _cluster_change(self) -> None:
-        elastic.cluster_change(self.client, self.placement, self.config.n_groups, self.engine._throughput)
+        engine, park = self.engine, self.engine._worker_wait(self.client) > 0
+        elastic.cluster_change(self.client, self.placement, self.config.n_groups, engine._throughput, park)
 
     def _segment(self, left: int | None) -> TrainState | None:
         """One segment on the current placement: its end state, or None when the run goes on in
@@ -490,6 +503,8 @@ class _GroupsRun:
         self.rows.extend(dict(r, recovered=bool(self.recoveries)) for r in seg.rows)
         self.seg_state.batches_done = resume_batches(self.seg_state, seg.rows)
         seg.release()
+        if change.placement is None:  # every worker is being retired: the states wait here
+            change = self._await_workers(change)
         self.events.append(
             elastic.WorkerEvent(
                 time=self.t_change - self.t0,
@@ -503,6 +518,25 @@ class _GroupsRun:
             )
         )
         self.placement = change.placement
+
+    def _await_workers(self, change: elastic.ClusterChange) -> elastic.ClusterChange:
+        """Let the retiring workers go, wait for one to join (`elastic.await_workers`), and return
+        the change to its placement; WorkerLostError when none joins in time."""
+        engine, client = self.engine, self.client
+        if self.elastic_on:
+            elastic.use(client, self.run_id, [])  # nothing of the run is on them any more
+        seconds = engine._worker_wait(client)
+        workers = elastic.await_workers(client, seconds, engine.poll, self.elastic_on)
+        if not workers:
+            gone = ", ".join(change.leaving)
+            raise WorkerLostError(f"every worker was retired ({gone}) and none joined within {seconds:.0f} s")
+        if self.data.source is None:
+            await_data(engine, client, self.X, self.y)  # the persisted chunks, recomputed there
+        elif self.data.shipped.status != "finished":
+            self.data = engine._reship(client)
+        self.template = client.scatter(self.conv_net.copy(), broadcast=True, hash=False)
+        placement = plan(workers, self.config.n_groups, engine._throughput(client))
+        return elastic.ClusterChange(placement, sorted(workers), change.leaving, elastic.conv_count(workers))
 
     def _recover(self, seg: Segment, failure: SegmentFailed) -> None:
         """After a lost worker: go on from `seg`'s last snapshot on the workers left, or raise

@@ -24,6 +24,7 @@ import asyncio
 import hashlib
 import logging
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -218,30 +219,77 @@ def between_runs(
     ]
 
 
+def adapts_to_zero(client) -> bool:
+    """Whether the client's cluster object scales itself and may go down to no worker (a running
+    `cluster.adapt(minimum=0, ...)`): a fit then waits for workers rather than failing."""
+    adaptive = getattr(getattr(client, "cluster", None), "_adaptive", None)
+    return adaptive is not None and adaptive.state in ("starting", "running") and adaptive.minimum == 0
+
+
+def _wanted() -> None:
+    """The task a fit waiting for workers submits: pending with no worker, it is the work that makes
+    an adaptive cluster start one (`Scheduler.adaptive_target` counts unrunnable tasks)."""
+
+
+def await_workers(
+    client, seconds: float, poll: float, installed: bool = True
+) -> dict[str, Mapping[str, Any]]:
+    """The usable workers, once there is one: waits up to `seconds` (polling every `poll` s) while
+    the cluster has none, with a task pending so that an adaptive cluster starts one; {} when none
+    came (the caller raises). Logged when the wait begins and ends."""
+    workers = usable_now(client, installed)
+    if workers or not seconds > 0:
+        return workers
+    logger.warning(
+        "the cluster has no workers: the fit waits up to %.0f s for one to join (cluster.adapt(minimum=0) "
+        "starts one for the task it leaves pending)",
+        seconds,
+    )
+    t0 = time.monotonic()
+    demand = client.submit(_wanted, pure=False, key=f"dasknn-wants-a-worker-{uuid.uuid4().hex}")
+    try:
+        while time.monotonic() < t0 + seconds:
+            time.sleep(poll)
+            workers = usable_now(client, installed)
+            if workers:
+                logger.warning("%s joined after %.1f s: the fit goes on", ", ".join(sorted(workers)),
+                               time.monotonic() - t0)  # fmt: skip
+                return workers
+    finally:
+        demand.cancel()
+    return {}
+
+
 def same_placement(a: Placement, b: Placement) -> bool:
     """Whether two placements put every role (servers, groups and their workers) in the same place."""
     return (a.fc_worker, a.conv_server_worker, a.groups) == (b.fc_worker, b.conv_server_worker, b.groups)
 
 
 class ClusterChange(Exception):
-    """The cluster changed under a segment: `placement` is the one to go on with; `joined` and
-    `leaving` name the workers that came and that are being retired; `n_workers`: the conv workers
-    N after the change (as `conv_worker_count`)."""
+    """The cluster changed under a segment: `placement` is the one to go on with (None: every worker
+    is being retired, none is left to go on with); `joined` and `leaving` name the workers that came
+    and that are being retired; `n_workers`: the conv workers N after the change (`conv_count`)."""
 
-    def __init__(self, placement: Placement, joined: list[str], leaving: list[str], n_workers: int) -> None:
+    def __init__(
+        self, placement: Placement | None, joined: list[str], leaving: list[str], n_workers: int
+    ) -> None:
         self.placement, self.joined, self.leaving, self.n_workers = placement, joined, leaving, n_workers
         super().__init__(f"workers joined {joined}, leaving {leaving}")
 
 
-def cluster_change(client, placement: Placement, n_groups: int, throughput) -> None:
+def cluster_change(client, placement: Placement, n_groups: int, throughput, park: bool = False) -> None:
     """Raise ClusterChange when a worker of `placement` is being retired, or when the placement a run
     would get now (`n_groups` groups on the usable workers) differs from it (a worker joined).
 
-    `throughput`: a function of the client giving the engine's worker GFLOP/s (or None)."""
+    `throughput`: a function of the client giving the engine's worker GFLOP/s (or None). `park`:
+    when every worker is being retired, raise a ClusterChange with no placement (the servers' state
+    then waits in the driver for a worker to join) rather than leave the fit to the recovery path."""
     gone = leaving(client)
     present = cluster_workers(client)
     workers = usable_workers(present, gone)
     used = set(placement.roles())
+    if park and not workers and used & gone and used <= set(present):
+        raise ClusterChange(None, [], sorted(used & gone), 0)
     if not workers or not used <= set(present):
         return  # nothing to move to, or an abrupt loss: the recovery path (`recovery`) takes it
     target = plan(workers, n_groups, throughput(client))

@@ -353,3 +353,64 @@ def test_the_auto_tuner_decides_g_again_after_a_worker_joins():
     after = trace[trace["run"] > row.run]
     assert len(after) and set(after["group"]) == set(range(row.n_groups))
     assert all(on_new[after.index].groupby(after["run"]).any())
+
+
+def _until(condition, what: str, seconds: float = 60.0) -> None:
+    """Poll `condition` until it holds (a bound for a broken run, not a timing: it returns as soon
+    as the cluster has done what the test waits for)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen within {seconds:.0f} s"
+        time.sleep(0.05)
+
+
+def test_a_run_on_an_adaptive_cluster_at_zero_workers_waits_for_one(digits):
+    """cluster.adapt(minimum=0): a run that finds no worker waits with a task pending, the
+    Adaptive starts a worker for it, and the run trains there instead of raising WorkerLostError."""
+    X, y = digits
+    with local_client(n_workers=1) as client:
+        cluster = client.cluster
+        cluster.scale(0)
+        _until(lambda: not cluster_workers(client), "the scale-down to zero workers")
+        # scales up at once for pending work; never down within the test (1,000 idle checks)
+        cluster.adapt(minimum=0, maximum=1, interval="100ms", wait_count=1000)
+        engine = DaskEngine(client, timeout=30, poll=0.2)
+        assert engine._worker_wait(client) == 30.0
+        result = engine.run(zoo.lenet(seed=0), X, y, CFG.with_(n_groups=1), Budget(iterations=20))
+        cluster._adaptive.stop()
+    trace = result.trace
+    assert sorted(trace["version_written"]) == list(range(1, 21)) and trace.attrs["recoveries"] == []
+    assert trace["workers"].nunique() == 1 and trace.attrs["n_workers"] == 1
+
+
+def test_when_every_worker_is_retired_the_state_waits_for_a_new_one(digits):
+    """cluster.scale(0) mid-run (what an adapt(minimum=0) scale-down does): the servers' exact state
+    waits in the driver, dask retires the worker, and when a worker joins the run goes on from that
+    state: the versions continue, nothing is redone, no recovery."""
+    X, y = digits
+    with local_client(n_workers=1) as client:
+        cluster = client.cluster
+        engine = DaskEngine(client, timeout=30, poll=0.2, worker_wait=60)
+        first = {}
+
+        def scale_to_zero_and_back() -> None:
+            _until(lambda: engine.placement_ is not None and _updates(client) >= LEAVE_AT, "training")
+            (first["worker"],) = cluster_workers(client)
+            cluster.scale(0)
+            _until(lambda: not cluster_workers(client), "the retirement of the last worker")
+            cluster.scale(1)
+
+        thread = threading.Thread(target=scale_to_zero_and_back, daemon=True)
+        thread.start()
+        result = engine.run(zoo.lenet(seed=0), X, y, CFG.with_(n_groups=1), Budget(iterations=ITERATIONS))
+        thread.join(timeout=60)
+        (now,) = cluster_workers(client)
+    trace = result.trace
+    (event,) = trace.attrs["worker_events"]
+    assert event["left"] == [first["worker"]] and event["joined"] == [now] != [first["worker"]]
+    assert event["version"] >= LEAVE_AT and event["conv_state"][0] == event["conv_state"][1] != ""
+    assert event["fc_state"][0] == event["fc_state"][1] != ""
+    assert sorted(trace["version_written"]) == list(range(1, ITERATIONS + 1))
+    assert trace.attrs["recoveries"] == [] and not trace["recovered"].any()
+    after = trace[trace["version_written"] > event["version"]]
+    assert len(after) and (after["workers"] == now).all()
