@@ -94,10 +94,10 @@ class Retirer(threading.Thread):
             self.error = err
 
 
-def _leave(role: str, how: str, digits) -> None:
+def _leave(role: str, how: str, digits, data: str = "persist"):
     X, y = digits
     with local_client(n_workers=4) as client:
-        engine = DaskEngine(client, timeout=30, poll=0.2)
+        engine = DaskEngine(client, timeout=30, poll=0.2, data=data)
         retirer = Retirer(client, engine, role, how)
         retirer.start()
         result = engine.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=ITERATIONS))
@@ -124,6 +124,7 @@ def _leave(role: str, how: str, digits) -> None:
     after = trace[trace["version_written"] > event["version"]]
     assert len(after) > 0 and not after["workers"].str.contains(victim, regex=False).any()
     assert np.isfinite(trace["loss"]).all()
+    return result, event
 
 
 @pytest.mark.parametrize(
@@ -136,6 +137,58 @@ def _leave(role: str, how: str, digits) -> None:
 )
 def test_a_worker_retired_gracefully_hands_over_and_leaves(role, how, digits):
     _leave(role, how, digits)
+
+
+@pytest.mark.slow  # covers behaviour the elastic driver already had
+def test_a_streamed_fit_keeps_its_readers_position_when_a_group_lead_leaves(digits):
+    """data='stream': the new segment's readers go on from the batch after the last one trained,
+    not from the run's first batch; no batch is trained twice."""
+    result, event = _leave("group lead", "client.retire_workers", digits, data="stream")
+    trace = result.trace
+    before = trace[trace["version_written"] <= event["version"]]
+    after = trace[trace["version_written"] > event["version"]]
+    assert trace["batch"].is_unique
+    assert after["batch"].min() > before["batch"].max()
+    # at most the batches in flight when the FC server stopped are skipped (one per group)
+    assert after["batch"].min() - before["batch"].max() <= CFG.n_groups
+    assert result.state.batches_done == trace["batch"].max() + 1
+
+
+@pytest.mark.slow  # covers behaviour the elastic driver already had
+def test_a_worker_with_the_fc_resource_that_joins_takes_the_fc_server():
+    """A worker started with resources {"FC": 1} joins a running fit: the FC server moves to it with
+    its state bit for bit (Omnivore's dedicated FC machine) and it computes no conv shard."""
+    import copy
+
+    X, y = load("digits", size=28, batch_size=64)
+    with local_client(n_workers=2) as client:
+        cluster = client.cluster
+        engine = DaskEngine(client, timeout=30, poll=0.2)
+        fc = {}
+
+        def add_fc_worker() -> None:
+            _until(lambda: engine.placement_ is not None and _updates(client) >= JOIN_AT, "training")
+            before = set(cluster_workers(client))
+            spec = copy.deepcopy(cluster.new_spec)
+            spec["options"]["resources"] = {"FC": 1}
+            cluster.worker_spec["fc-machine"] = spec
+            cluster.scale(len(cluster.worker_spec))  # starts the spec'd worker
+            _until(lambda: set(cluster_workers(client)) - before, "the FC worker's start")
+            (fc["worker"],) = set(cluster_workers(client)) - before
+
+        thread = threading.Thread(target=add_fc_worker, daemon=True)
+        thread.start()
+        config, budget = CFG.with_(n_groups=1), Budget(iterations=JOIN_ITERATIONS)
+        result = engine.run(zoo.lenet(seed=0), X, y, config, budget)
+        thread.join(timeout=60)
+    trace, worker = result.trace, fc["worker"]
+    (event,) = trace.attrs["worker_events"]
+    assert event["joined"] == [worker] and event["fc_state"][0] == event["fc_state"][1] != ""
+    assert event["conv_state"][0] == event["conv_state"][1] != ""
+    assert f"'{worker}': ['FC server']" in event["placement"]
+    assert not trace["workers"].str.contains(worker, regex=False).any()  # no conv work there
+    assert sorted(trace["version_written"]) == list(range(1, JOIN_ITERATIONS + 1))
+    assert trace.attrs["n_workers"] == 2 and event["n_workers"] == 2  # the FC machine is no conv worker
 
 
 @pytest.mark.slow
