@@ -1,7 +1,8 @@
 """Pin the training loop's behaviour on the simulated engine: history, decisions and final weights.
 
 Each case is a fit of the digits MLP on the SimulatedEngine (deterministic: no wall clock enters its
-runs), one per policy (Omnivore's Algorithm 1 "grid", the "online" optimizer, fixed knobs), each
+runs), one per policy (Omnivore's Algorithm 1 "grid", the "online" optimizer, fixed knobs, and the
+default "auto" tuner with its prior cache off), each
 also on a fit that diverges and rolls back, a grid fit whose time budget ends mid-search, and
 resumes from the first checkpoint of a fit. `write DIR` stores every case (weights as .npz, the
 records as JSON); `compare A B` says whether two such directories are identical (weights exactly,
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -24,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 from sklearn.datasets import load_digits
+
+os.environ["DASKNN_PRIOR_CACHE"] = "off"  # a pin must not depend on the "auto" tuner's cache of earlier fits
 
 COMMON = {
     "net": "mlp",
@@ -40,9 +44,10 @@ FIXED = {"n_groups": 2, "learning_rate": 0.1, "momentum": 0.9}
 CASES: dict[str, dict] = {
     "fixed": {**FIXED, "max_epochs": 3},
     "fixed_diverges": {**FIXED, "learning_rate": 50.0, "max_epochs": 3},
-    "grid": {"max_epochs": 8},
-    "grid_diverges": {"max_epochs": 8, "poison_row": 1500},
-    "grid_budget_mid_search": {"time_budget": 0.05},
+    "grid": {"optimizer": "grid", "max_epochs": 8},
+    "grid_diverges": {"optimizer": "grid", "max_epochs": 8, "poison_row": 1500},
+    "grid_budget_mid_search": {"optimizer": "grid", "time_budget": 0.05},
+    "auto": {"max_epochs": 8},
     "online": {"optimizer": "online", "max_epochs": 6},
     "online_diverges": {"optimizer": "online", "max_epochs": 6, "optimizer_options": {"initial_lr": 1000.0}},
     "online_diverges_always": {"optimizer": "online", "max_epochs": 6, "poison_row": 700},
