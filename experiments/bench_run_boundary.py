@@ -17,7 +17,8 @@ batch 64, mnist-sample's 4,000 training samples, a LocalCluster of 2 workers (`l
   the first iterations' warm-up and tear-down; the part outside its iterations is wall − the
   Trace's span;
 - an evaluation: `Evaluator` on the estimator's defaults (2,000 training samples and the 1,000
-  held out), in this process, as the loop runs it.
+  held out), in this process, as the loop runs it: 256 images a forward (before) in the
+  "restart" rows, `nn.train.scoring_batch_size` (now) in the "keep" rows.
 
     python -m experiments.bench_run_boundary [--reps 7] [--short 32] [--long 160]
 
@@ -44,6 +45,7 @@ from dasknn.engine.dask.driver import local_client  # noqa: E402
 from dasknn.engine.trace import Budget, RunConfig, TrainState  # noqa: E402
 from dasknn.fitting import Evaluator  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
+from dasknn.nn.train import scoring_batch_size  # noqa: E402
 from dasknn.optimizer.measure import seconds_per_iteration  # noqa: E402
 from experiments.common import machine_line, results_dir, timestamp, write_tables  # noqa: E402
 
@@ -70,7 +72,7 @@ def summarize(table: pd.DataFrame, short: int, long: int) -> pd.DataFrame:
     """Per engine mode, medians: the boundary of a run at a new η and µ, of a g change, the part
     of it outside the iterations, the time per iteration and a short run's wall; the evaluation."""
     out = []
-    for mode, rows in table[table["kind"] != "evaluation"].groupby("mode", sort=False):
+    for mode, rows in table.groupby("mode", sort=False):
         med = rows.groupby("kind")[["wall", "boundary", "outside"]].median()
         b = (med.loc["long", "wall"] - med.loc["short", "wall"]) / (long - short)
         measured = [
@@ -81,10 +83,9 @@ def summarize(table: pd.DataFrame, short: int, long: int) -> pd.DataFrame:
             (f"run boundary, new η and µ ({long} iterations, g = 2)", med.loc["long", "boundary"]),
             (f"wall of a {short}-iteration run, g = 2", med.loc["short", "wall"]),
             (f"time per iteration, g = 2 (wall({long}) − wall({short}) over {long - short})", b),
+            ("evaluation (2,000 training + 1,000 held-out samples)", med.loc["evaluation", "wall"]),
         ]
         out += [{"mode": mode, "what": what, "seconds": value} for what, value in measured]
-    out.append({"mode": "", "what": "evaluation (2,000 training + 1,000 held-out samples)",
-                "seconds": float(table.loc[table["kind"] == "evaluation", "wall"].median())})  # fmt: skip
     return pd.DataFrame(out)
 
 
@@ -119,9 +120,13 @@ def main(argv=None) -> None:
                     )
                     rows.append({"mode": mode, "rep": rep, "kind": kind, "n_groups": g, "iterations": done,
                                  "wall": wall, "boundary": boundary, "outside": outside})  # fmt: skip
-            t0 = time.perf_counter()
-            evaluator(states["keep"])
-            rows.append({"mode": "", "rep": rep, "kind": "evaluation", "wall": time.perf_counter() - t0})
+            for mode, batch in (("restart", 256), ("keep", scoring_batch_size(net))):  # before, after
+                evaluator.batch_size = batch
+                t0 = time.perf_counter()
+                evaluator(states["keep"])
+                rows.append(
+                    {"mode": mode, "rep": rep, "kind": "evaluation", "wall": time.perf_counter() - t0}
+                )
             print(f"repetition {rep + 1} of {args.reps} done", flush=True)
         for engine in modes.values():
             engine.close()
