@@ -106,7 +106,9 @@ class ElasticPlugin(SchedulerPlugin):
             return await s.retire_workers(workers=workers, names=names, **options, **kwargs)
         addresses = self._addresses(workers, names, kwargs)
         used = set().union(*self.in_use.values()) if self.in_use else set()
-        busy = [a for a in addresses if a in used]
+        # in use by a run, or holding the servers a run left for the next one (`kept`): the next
+        # run (which plans without a leaving worker) or the fit's end lets them go
+        busy = [a for a in addresses if a in used or (a in s.workers and _holds_servers(s.workers[a]))]
         if not busy:
             if names is None and workers is None:
                 return await s.retire_workers(workers=addresses, **options)

@@ -262,6 +262,11 @@ class Segment:
         """group → the ShardServer actors of its workers but the lead (none with shard tasks)."""
         if not tasks.uses_shard_servers(self.engine):
             return {}
+        unused = [w for w in self.shard_actors if w not in self.placement.conv_workers]
+        if unused:  # kept on a worker this placement leaves out (one being retired): let it go
+            self.client.cancel([self.shard_futures.pop(w) for w in unused])
+            for w in unused:
+                del self.shard_actors[w]
         have = self.shard_actors  # kept from an earlier run: a ShardServer serves any group's shards
         groups = [[spec.workers[0], *(w for w in spec.workers[1:] if w not in have)] for spec in specs]
         new = tasks.submit_shard_servers(self.client, groups, self.placement.devices, template)

@@ -17,7 +17,7 @@ import pytest
 from distributed.deploy.adaptive import Adaptive
 
 from dasknn.data import load
-from dasknn.engine.dask import DaskEngine, cluster_workers, local_client
+from dasknn.engine.dask import DaskEngine, cluster_workers, elastic, local_client
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn import zoo
 from tests.engine.dask.test_faults import _conv_versions, training_accuracy
@@ -467,3 +467,33 @@ def test_when_every_worker_is_retired_the_state_waits_for_a_new_one(digits):
     assert trace.attrs["recoveries"] == [] and not trace["recovered"].any()
     after = trace[trace["version_written"] > event["version"]]
     assert len(after) and (after["workers"] == now).all()
+
+
+def test_a_worker_retired_between_two_runs_leaves_when_the_next_run_starts_without_it(digits):
+    """Between runs the engine keeps its servers (a shard server here) on the workers: a retirement
+    then waits (dask alone would refuse a worker holding an actor) until the next run, which plans
+    without the leaving worker and lets its kept shard server go; the run reports the leave."""
+    X, y = digits
+    with local_client(n_workers=3) as client:
+        engine = DaskEngine(client, timeout=30, poll=0.2)
+        net = zoo.lenet(seed=0)
+        config = CFG.with_(n_groups=1)
+        first = engine.run(net, X, y, config, Budget(iterations=10))
+        victim = engine.placement_.groups[0][-1]  # holds a kept ShardServer
+        retired = {}
+
+        def retire() -> None:
+            retired["workers"] = client.retire_workers([victim])
+
+        thread = threading.Thread(target=retire, daemon=True)
+        thread.start()
+        _until(lambda: victim in elastic.leaving(client), "the announced retirement")
+        second = engine.run(net, X, y, config, Budget(iterations=10), start=first.state)
+        thread.join(timeout=30)
+        left = set(cluster_workers(client))
+        engine.close()
+    assert victim in retired.get("workers", {}) and victim not in left  # dask did not refuse it
+    (event,) = second.trace.attrs["worker_events"]
+    assert event["left"] == [victim] and event["time"] == 0.0 and event["n_workers"] == 2
+    assert not second.trace["workers"].str.contains(victim, regex=False).any()
+    assert second.trace["version_written"].tolist() == list(range(1, 11))
