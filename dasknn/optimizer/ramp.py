@@ -14,6 +14,18 @@ p ∝ L^γ (`loss_exponent`). It is a function of where training is (the loss), 
 iterations it took to get there, so it holds across rates. A doubled window is judged against the
 previous window's progress carried to the new window's loss level, p_prev · (L_now/L_prev)^γ
 (`expected_ratio`): it must beat what the old η would have done at the same point.
+
+The transient: the first window at a new η is not the rate's steady progress. With momentum µ the
+velocity takes ~1/(1 − µ) iterations to build up at the new η, and with asynchronous groups the
+model server keeps receiving updates computed at the old η and on stale weights (Omnivore §IV-B,
+implicit momentum) for a while: on the main job on Dask (µ = 0.9, g = 2) that first window made
+about half the expected progress, or its loss rose, at rates (0.02, 0.04) that win as fixed
+settings. So a doubled window that falls short, or whose loss rose by less than the old η's
+window would have lowered it, is kept (its iterations are training: the transient costs at most
+what undoing the window would) and the rate gets a second look: the next window at the same η,
+judged against the same expectation (the old η's last window carried to the new loss level). A
+second window that also falls short, a larger rise, or a non-finite loss ends the ramp; then that
+window is undone and the previous η kept.
 """
 
 from __future__ import annotations
@@ -102,7 +114,8 @@ class LrRamp:
     `lr`: the starting η (the prior's); `window`: w, iterations per window; `factor`: 2 (doubling);
     `max_steps`: doublings at most; `margin`: how much the doubled window must beat the expectation;
     `z`: standard errors of a window's slope within which it does not count as worse, or as a rise
-    (a rise or a worse window must stand out of the batch losses' noise).
+    (a rise or a worse window must stand out of the batch losses' noise). A doubled rate is judged
+    on its second window when its first falls short (the module docstring: the transient).
     JSON-able (`to_dict` / `from_dict`), so a fit checkpointed mid-ramp resumes exactly.
     """
 
@@ -120,6 +133,7 @@ class LrRamp:
     last_progress: float = math.nan
     last_level: float = math.nan
     steps: int = 0
+    second_look: bool = False  # the window being run is the second at this η (the first fell short)
     done: bool = False
     final_progress: float = math.nan  # progress of the last kept window: the plateau rule's baseline
 
@@ -142,8 +156,11 @@ class LrRamp:
         evaluation samples before and after it, far less noisy than the batch losses."""
         if self.done:
             raise RuntimeError("the ramp is over: no more windows to judge")
-        if not math.isfinite(p) or p < -self.z * se:
-            return self._undo(p, "the loss rose" if math.isfinite(p) else "a loss was not finite")
+        if not math.isfinite(p):
+            return self._undo(p, "a loss was not finite")
+        rose = p < -self.z * se  # beyond the window's noise
+        if len(self.calibration) < 2 and rose:
+            return self._undo(p, "the loss rose")
         if len(self.calibration) < 2:  # two windows at the start η measure how progress decays
             self._keep(p, level, n)
             self.calibration.append([p, level])
@@ -153,14 +170,26 @@ class LrRamp:
             self.gamma = loss_exponent(p0, p1, l0, l1)
             return self._double(f"calibration at η: progress goes as loss^{self.gamma:.2f}")
         expected = self.last_progress * expected_ratio(self.gamma, self.last_level, level)
-        if p + self.z * se > expected * (1 + self.margin):  # not worse beyond the window's noise
+        if not rose and p + self.z * se > expected * (1 + self.margin):  # not worse beyond the noise
+            self.second_look = False
             self._keep(p, level, n)
             if self.steps >= self.max_steps:
                 return self._finish(f"{self.max_steps} doublings: the ramp ends at η = {self.lr:g}")
             return self._double(f"progress {p:.3g}/it beat the previous η's expected {expected:.3g}/it")
-        return self._undo(
-            p, f"progress {p:.3g}±{se:.2g}/it below the previous η's expected {expected:.3g}/it"
-        )
+        if rose:
+            short = f"the loss rose ({p:.3g}±{se:.2g}/it)"
+        else:
+            short = f"progress {p:.3g}±{se:.2g}/it below the previous η's expected {expected:.3g}/it"
+        if rose and -p > expected:  # more than the old η's window would have lowered it: no transient
+            self.second_look = False
+            return self._undo(p, f"{short}, more than the previous η's expected fall {expected:.3g}/it")
+        if not self.second_look:  # the rate's first window: its transient, kept; the next one judges
+            self.second_look = True
+            self.windows += 1
+            self.iterations += n
+            return RampStep(self.lr, False, False, f"{short}: kept, a second look at η = {self.lr:g}")
+        self.second_look = False
+        return self._undo(p, f"{short} again")
 
     def _keep(self, p: float, level: float, n: int) -> None:
         self.windows += 1
