@@ -217,11 +217,14 @@ def wait_for_loops(
     budget: Budget,
     t0: float,
     progress: Callable[[], int] | None = None,
+    check: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Wait for the loop tasks, polling every `engine.poll` s; returns all their Trace rows.
 
     Raises the first loop's error (WorkerLostError when a worker of the run is gone), or a
-    TimeoutError when the run is `engine.timeout` seconds past a seconds budget.
+    TimeoutError when the run is `engine.timeout` seconds past a seconds budget. `check`, called at
+    every poll while the loops run, may raise to end the wait with the loops still running (a
+    cluster change, `elastic.cluster_change`).
     """
     from distributed import wait
 
@@ -249,6 +252,8 @@ def wait_for_loops(
                 if bar is not None:
                     bar.update(done - shown)
                 shown = done
+            if check is not None:
+                check()
             if budget.seconds is not None and time.time() - t0 > budget.seconds + engine.timeout:
                 raise TimeoutError(f"the run is {engine.timeout:.0f} s past its budget; a loop is stuck")
         rows: list[dict[str, Any]] = []

@@ -17,11 +17,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dasknn.engine.dask import iteration, tasks
+from dasknn.engine.dask import elastic, iteration, tasks
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
 from dasknn.engine.dask.batches import BatchReader
 from dasknn.engine.dask.placement import Placement, plan
-from dasknn.engine.dask.runs import begin_run, cluster_workers, engine_client, persist_data, wait_for_loops
+from dasknn.engine.dask.runs import begin_run, engine_client, persist_data, wait_for_loops
 from dasknn.engine.servers import ConvModelServer
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
@@ -67,8 +67,8 @@ def unmerged_loop(
     return rows
 
 
-def _model_server(client, engine, params, net: Net, state: TrainState, config: RunConfig, worker: str):
-    """A ConvModelServer actor on `worker` holding `params` with their momentum from `state`."""
+def _model_server(client, engine, params, net: Net, config: RunConfig, worker: str):
+    """A ConvModelServer actor on `worker` for `params` (their state set by the caller)."""
     fut = submit_actor(
         client,
         ConvModelServer,
@@ -79,12 +79,13 @@ def _model_server(client, engine, params, net: Net, state: TrainState, config: R
         net.statistics,
         worker=worker,
     )
-    server = fut.result(timeout=engine.timeout)
+    return fut, fut.result(timeout=engine.timeout)
+
+
+def _start_state(params: dict, state: TrainState) -> dict[str, Any]:
+    """A model server's state for `params` with their momentum from `state`, at version 0."""
     history = {k: v for k, v in state.momentum.items() if k in params}
-    server.set_state(
-        {"params": params, "solver": {"iter": state.iterations_done, "history": history}, "version": 0}
-    ).result(timeout=engine.timeout)
-    return fut, server
+    return {"params": params, "solver": {"iter": state.iterations_done, "history": history}, "version": 0}
 
 
 def _roles(placement: Placement) -> dict[str, list[str]]:
@@ -101,80 +102,209 @@ def run_unmerged(
     """DaskEngine.run for physical_map='unmerged': g groups computing FC themselves, FC model stale.
 
     Omnivore appendix C. Sets the final weights on `net`; the Trace rows gain `fc_staleness`.
+    Elastic as the merged map (docs/architecture.md, "Elastic clusters"): a worker that joins or is
+    retired gracefully ends the segment (`_UnmergedRun.hand_off`) and the next one goes on from the
+    two model servers' exact states on the new placement.
     """
-    client = engine_client(engine)
-    data = persist_data(engine, client, X, y, config)
-    placement = plan(cluster_workers(client), config.n_groups, getattr(engine, "throughput_", None))
-    engine.placement_ = placement
-    begun = begin_run(engine, client, net, config, start)
-    state, conv_net, fc_net, run_id = begun.state, begun.conv_net, begun.fc_net, begun.run_id
-    conv_keys, fc_keys = set(conv_net.params), set(fc_net.params)
-    where = placement.conv_server_worker
-    conv_params = {k: v for k, v in state.params.items() if k in conv_keys}
-    fc_params = {k: v for k, v in state.params.items() if k in fc_keys}
-    conv_future, conv_server = _model_server(client, engine, conv_params, conv_net, state, config, where)
-    fc_future, fc_model = _model_server(client, engine, fc_params, fc_net, state, config, where)
-    work = net.copy()
-    work.set_params(state.params)
-    template = client.scatter(work, broadcast=True, hash=False)
-    shard_futures = {}
-    if tasks.uses_shard_servers(engine):
-        shard_futures = tasks.submit_shard_servers(client, placement.groups, placement.devices, template)
-    shards = {w: f.result(timeout=engine.timeout) for w, f in shard_futures.items()}
-    t0 = time.time()
-    deadline = None if budget.seconds is None else t0 + budget.seconds
-    specs = tasks.group_specs(
-        engine, placement, data, config, budget.iterations, state.batches_done, deadline, run_id, template.key
-    )
-    loops = [
-        submit_pinned(
-            client, unmerged_loop, spec, template, conv_server, fc_model,
-            tuple(shards[w] for w in spec.workers[1:]) if shards else None, worker=spec.workers[0],
-        )
-        for spec in specs
-    ]  # fmt: skip
-    try:
-        rows = wait_for_loops(
-            engine,
-            client,
-            loops,
-            _roles(placement),
-            budget,
-            t0,
-            progress=lambda: conv_server.progress().result(timeout=engine.timeout)[0],
-        )
-        conv = conv_server.get_state().result(timeout=engine.timeout)
-        fc = fc_model.get_state().result(timeout=engine.timeout)
-    except BaseException:
-        conv_server.stop()
-        raise
-    finally:
-        client.cancel([*loops, *shard_futures.values()])
-        client.run(tasks.forget_run, run_id, on_error="ignore")
-    end_state = TrainState(
-        params={**conv["params"], **fc["params"]},
-        momentum={**conv["solver"]["history"], **fc["solver"]["history"]},
-        batches_done=max([state.batches_done, *(r["batch"] + 1 for r in rows)]),
-        iterations_done=state.iterations_done + len(rows),
-        extra=dict(state.extra),
-    )
-    net.set_params(end_state.params)
-    on_run_clock(rows, t0, config, data.X.shape[0])
-    for row in rows:
-        row["iteration"] = state.iterations_done + row["version_written"]
-    return RunResult(trace=_trace(engine, rows, config, placement, fc_net), state=end_state)
+    run = _UnmergedRun(engine, net, X, y, config, budget, start)
+    return run.result(net, run.train())
 
 
-def _trace(engine, rows: list[dict[str, Any]], config: RunConfig, placement: Placement, fc_net: Net):
-    """The unmerged run's Trace, its attrs naming the layout."""
-    return make_trace(
-        rows,
-        "dask",
-        n_groups=config.n_groups,
-        placement=str(_roles(placement)),
-        batch_size=config.batch_size,
-        strategy=engine.strategy.name,
-        aggregation=engine.strategy.aggregation,
-        split=fc_net.layers[0].name,
-        physical_map="unmerged",
-    )
+class _UnmergedRun:
+    """One run of the unmerged map, segment after segment: a segment is the two model servers, the
+    groups' shard servers and loops of one placement; a cluster change (`elastic.cluster_change`)
+    hands the servers' exact states to the next segment's servers on the new placement."""
+
+    def __init__(
+        self, engine, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None
+    ) -> None:
+        client = self.client = engine_client(engine)
+        self.engine, self.config, self.budget = engine, config, budget
+        self.data = persist_data(engine, client, X, y, config)
+        self.elastic_on = elastic.install(client)
+        usable = elastic.usable_now(client, self.elastic_on)
+        self.placement = plan(usable, config.n_groups, engine._throughput(client))
+        self.first_placement = str(_roles(self.placement))
+        begun = begin_run(engine, client, net, config, start)
+        self.state, self.conv_net, self.fc_net = begun.state, begun.conv_net, begun.fc_net
+        self.run_id = begun.run_id
+        conv_keys = set(self.conv_net.params)
+        params = self.state.params
+        self.server_states = (  # the conv and FC model servers' states the next segment starts from
+            _start_state({k: v for k, v in params.items() if k in conv_keys}, self.state),
+            _start_state({k: v for k, v in params.items() if k not in conv_keys}, self.state),
+        )
+        work = net.copy()
+        work.set_params(params)
+        self.template = client.scatter(work, broadcast=True, hash=False)
+        self.t0 = time.time()
+        self.deadline = None if budget.seconds is None else self.t0 + budget.seconds
+        self.rows: list[dict[str, Any]] = []
+        self.events: list[elastic.WorkerEvent] = []
+        self.version, self.first_batch, self.t_change = 0, self.state.batches_done, self.t0
+        self.futures: list = []
+        self.servers: tuple = ()
+        self.moved = False  # whether `server_states` were read at a hand-off
+        self.loops: list = []
+
+    def train(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Run segments until the budget is spent; the two model servers' end states."""
+        try:
+            while True:
+                end = self._segment()
+                if end is not None:
+                    return end
+        except BaseException:
+            if self.servers:
+                try:
+                    self.servers[0].stop()
+                except Exception:  # its worker is gone: the loops end on their own errors
+                    pass
+            raise
+        finally:
+            self._release()
+            self.client.run(tasks.forget_run, self.run_id, on_error="ignore")
+            if self.elastic_on:
+                elastic.forget(self.client, self.run_id)
+
+    def _segment(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """One segment on the current placement: the servers' end states, or None after a hand-off."""
+        engine, client, p = self.engine, self.client, self.placement
+        engine.placement_ = p
+        left = None if self.budget.iterations is None else self.budget.iterations - self.version
+        if (left is not None and left <= 0) or (self.deadline is not None and time.time() >= self.deadline):
+            return self.server_states
+        digests = self._start_servers()
+        conv_server, fc_model = self.servers
+        shard_futures = {}
+        if tasks.uses_shard_servers(engine):
+            shard_futures = tasks.submit_shard_servers(client, p.groups, p.devices, self.template)
+        self.futures.extend(shard_futures.values())
+        shards = {w: f.result(timeout=engine.timeout) for w, f in shard_futures.items()}
+        config = self.config.with_(n_groups=p.n_groups)
+        specs = tasks.group_specs(
+            engine, p, self.data, config, left, self.first_batch, self.deadline, self.run_id,
+            self.template.key,
+        )  # fmt: skip
+        self.loops = [
+            submit_pinned(
+                client, unmerged_loop, spec, self.template, conv_server, fc_model,
+                tuple(shards[w] for w in spec.workers[1:]) if shards else None, worker=spec.workers[0],
+            )
+            for spec in specs
+        ]  # fmt: skip
+        if self.elastic_on:
+            elastic.use(client, self.run_id, p.roles())
+        if digests is not None:
+            self.events[-1].seconds = time.time() - self.t_change
+            self.events[-1].conv_state, self.events[-1].fc_state = digests
+        try:
+            rows = wait_for_loops(
+                engine, client, self.loops, _roles(p), self.budget, self.t0,
+                progress=lambda: conv_server.progress().result(timeout=engine.timeout)[0],
+                check=self._cluster_change if self.elastic_on else None,
+            )  # fmt: skip
+        except elastic.ClusterChange as change:  # a worker joined or is being retired
+            self.hand_off(change)
+            return None
+        self._keep(rows)
+        return self._read_states()
+
+    def _start_servers(self) -> tuple[tuple[str, str], tuple[str, str]] | None:
+        """The conv and FC model servers on the placement's conv server worker, set to the states
+        the segment starts from; after a hand-off, the digests of the states read and set."""
+        engine, client, where = self.engine, self.client, self.placement.conv_server_worker
+        conv_state, fc_state = self.server_states
+        made = [
+            _model_server(client, engine, s["params"], net, self.config, where)
+            for s, net in ((conv_state, self.conv_net), (fc_state, self.fc_net))
+        ]
+        self.futures = [f for f, _ in made]
+        self.servers = tuple(server for _, server in made)
+        for server, s in zip(self.servers, self.server_states, strict=True):
+            server.set_state(s).result(timeout=engine.timeout)
+        if not self.moved:
+            return None  # the run's start, not a hand-off
+        self.moved = False
+        now = [server.get_state().result(timeout=engine.timeout) for server in self.servers]
+        pairs = zip(self.server_states, now, strict=True)
+        return tuple((elastic.state_digest(s), elastic.state_digest(n)) for s, n in pairs)
+
+    def _cluster_change(self) -> None:
+        elastic.cluster_change(self.client, self.placement, self.config.n_groups, self.engine._throughput)
+
+    def hand_off(self, change: elastic.ClusterChange) -> None:
+        """End the segment with no update lost and move the model servers' exact states to the
+        placement `change` plans: the conv model server stops first, so a group whose conv push
+        was applied also pushes its FC gradient, and every other group stops at its conv push;
+        once the loops have returned, both servers' states are read."""
+        self.t_change = time.time()
+        engine, client = self.engine, self.client
+        self.servers[0].stop().result(timeout=engine.timeout)
+        rows = wait_for_loops(engine, client, self.loops, _roles(self.placement), self.budget, self.t0)
+        self._keep(rows)
+        self.server_states, self.moved = self._read_states(), True
+        self._release()
+        self.events.append(
+            elastic.WorkerEvent(
+                time=self.t_change - self.t0,
+                joined=change.joined,
+                left=change.leaving,
+                version=self.version,
+                n_groups_before=self.placement.n_groups,
+                n_groups_after=change.placement.n_groups,
+                placement=str(_roles(change.placement)),
+                n_workers=change.n_workers,
+            )
+        )
+        self.placement = change.placement
+
+    def _keep(self, rows: list[dict[str, Any]]) -> None:
+        """The segment's rows joined to the run's (with the workers of their group); the next
+        segment's first batch and version."""
+        for row in rows:
+            row["workers"] = ",".join(self.placement.groups[row["group"]])
+        self.rows.extend(rows)
+        self.first_batch = max([self.first_batch, *(r["batch"] + 1 for r in rows)])
+        self.version = max([self.version, *(r["version_written"] for r in rows)])
+
+    def _read_states(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return tuple(s.get_state().result(timeout=self.engine.timeout) for s in self.servers)
+
+    def _release(self) -> None:
+        """Let the segment's loops and actors go."""
+        if self.loops or self.futures:
+            self.client.cancel([*self.loops, *self.futures])
+        self.loops, self.futures, self.servers = [], [], ()
+
+    def result(self, net: Net, end: tuple[dict[str, Any], dict[str, Any]]) -> RunResult:
+        """Set the run's final weights on `net`; the RunResult with the run's Trace."""
+        conv, fc = end
+        state, rows = self.state, self.rows
+        end_state = TrainState(
+            params={**conv["params"], **fc["params"]},
+            momentum={**conv["solver"]["history"], **fc["solver"]["history"]},
+            batches_done=max([state.batches_done, *(r["batch"] + 1 for r in rows)]),
+            iterations_done=state.iterations_done + len(rows),
+            extra=dict(state.extra),
+        )
+        net.set_params(end_state.params)
+        on_run_clock(rows, self.t0, self.config, self.data.X.shape[0])
+        for row in rows:
+            row["iteration"] = state.iterations_done + row["version_written"]
+        usable = elastic.usable_now(self.client, self.elastic_on)
+        trace = make_trace(
+            rows,
+            "dask",
+            n_groups=self.config.n_groups,
+            placement=self.first_placement,
+            batch_size=self.config.batch_size,
+            strategy=self.engine.strategy.name,
+            aggregation=self.engine.strategy.aggregation,
+            split=self.fc_net.layers[0].name,
+            physical_map="unmerged",
+            worker_events=[e.as_dict() for e in self.events],
+            n_workers=elastic.conv_count(usable),
+            started=self.t0,
+        )
+        return RunResult(trace=trace, state=end_state)

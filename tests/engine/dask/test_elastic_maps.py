@@ -1,0 +1,173 @@
+"""Elastic runs of the unmerged map and of the replica strategies (SMA, model averaging) on a real
+LocalCluster: a worker retired gracefully mid-run hands its actors' exact state over and leaves, a
+worker that joins is put to work (docs/architecture.md, "Elastic clusters").
+
+Every wait is tied to the run's progress (the model servers' versions, the average model's
+rounds, read on the workers), never to a guessed delay.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from dasknn.engine.dask import DaskEngine, cluster_workers, local_client
+from dasknn.engine.strategy import Strategy
+from dasknn.engine.trace import Budget, RunConfig
+from dasknn.nn import zoo
+from tests.engine.dask.test_elastic import _retire
+from tests.engine.dask.test_faults_restart import _updates
+
+CFG = RunConfig(n_groups=2, lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=64, seed=0)
+ITERATIONS = 120
+LEAVE_AT = 10  # updates before the retirement is asked for
+JOIN_AT = 5  # updates before the new worker is started
+UNMERGED = Strategy(physical_map="unmerged")
+
+UNMERGED_ROLES = {
+    # on 4 workers with 2 groups of 2 the first worker (by address) holds both model servers and
+    # leads group 0, the second holds group 0's ShardServer, the third leads group 1
+    "servers": lambda p: p.conv_server_worker,
+    "shard server": lambda p: p.groups[0][1],
+    "group lead": lambda p: p.groups[1][0],
+}
+
+
+def _progress(client) -> int:
+    versions = client.run(_updates, on_error="ignore")
+    return max((v for vs in versions.values() if isinstance(vs, list) for v in vs), default=0)
+
+
+def _until(condition, what: str, seconds: float = 120.0) -> None:
+    """Poll `condition` until it holds (a bound for a broken run, not a timing)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen within {seconds:.0f} s"
+        time.sleep(0.05)
+
+
+class Change(threading.Thread):
+    """Once the run has made `at` updates, does `act(client, engine)` (a retirement or a join) and
+    records what `act` returns and when it was done; errors are reported by the test."""
+
+    def __init__(self, client, engine, at: int, act) -> None:
+        super().__init__(daemon=True)
+        self.client, self.engine, self.at, self.act = client, engine, at, act
+        self.out = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            engine, client = self.engine, self.client
+            _until(lambda: engine.placement_ is not None and _progress(client) >= self.at, "training")
+            self.out = self.act(self.client, self.engine)
+        except BaseException as err:  # reported by the test
+            self.error = err
+
+
+def _retirement(role_of, how: str):
+    """An act that retires the worker `role_of(placement)` names, `how`; returns (victim, seconds
+    from asking to its absence from the scheduler)."""
+
+    def act(client, engine):
+        victim = role_of(engine.placement_)
+        asked = time.monotonic()
+        _retire(how, client, victim)
+        _until(lambda: victim not in cluster_workers(client), f"the retirement of {victim}", 60)
+        return victim, time.monotonic() - asked
+
+    return act
+
+
+def _join(client, engine):
+    """An act that scales the cluster up by one worker; returns (its address, when it joined)."""
+    before = set(cluster_workers(client))
+    client.cluster.scale(len(before) + 1)
+    _until(lambda: set(cluster_workers(client)) - before, "the new worker's start", 60)
+    (worker,) = set(cluster_workers(client)) - before
+    return worker, time.time()
+
+
+def _unmerged_leave(role: str, how: str, digits):
+    X, y = digits
+    with local_client(n_workers=4) as client:
+        engine = DaskEngine(client, timeout=30, poll=0.2, strategy=UNMERGED)
+        change = Change(client, engine, LEAVE_AT, _retirement(UNMERGED_ROLES[role], how))
+        change.start()
+        result = engine.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=ITERATIONS))
+        change.join(timeout=90)
+        if how == "adapt":
+            client.cluster._adaptive.stop()
+        left = set(cluster_workers(client))
+    assert change.error is None, change.error
+    victim, seconds = change.out
+    assert seconds < 30, f"the worker took {seconds:.1f} s to leave"
+    assert victim not in left and len(left) == 3
+    trace = result.trace
+    (event,) = trace.attrs["worker_events"]
+    assert event["left"] == [victim] and event["joined"] == [] and event["version"] >= LEAVE_AT
+    assert victim not in event["placement"]
+    # both model servers' states moved bit for bit (weights, momentum, version)
+    assert event["conv_state"][0] == event["conv_state"][1] != ""
+    assert event["fc_state"][0] == event["fc_state"][1] != ""
+    # the version sequence continues, every update pushed is one row, none lost or doubled
+    assert sorted(trace["version_written"]) == list(range(1, ITERATIONS + 1))
+    assert sorted(trace["iteration"]) == list(range(1, ITERATIONS + 1))
+    assert result.state.iterations_done == ITERATIONS and trace["batch"].is_unique
+    assert trace.attrs["recoveries"] == [] and not trace["recovered"].any()
+    after = trace[trace["version_written"] > event["version"]]
+    assert len(after) > 0 and not after["workers"].str.contains(victim, regex=False).any()
+    assert np.isfinite(trace["loss"]).all()
+    return result, event
+
+
+@pytest.mark.parametrize(
+    ("role", "how"), [("servers", "client.retire_workers"), ("shard server", "cluster.scale")]
+)
+def test_the_unmerged_map_hands_over_when_a_worker_is_retired_gracefully(role, how, digits):
+    _unmerged_leave(role, how, digits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("role", "how"),
+    [
+        ("servers", "cluster.scale"),
+        ("servers", "adapt"),
+        ("group lead", "client.retire_workers"),
+        ("group lead", "adapt"),
+        ("shard server", "client.retire_workers"),
+        ("shard server", "adapt"),
+    ],
+)
+def test_the_unmerged_map_hands_over_for_every_role_and_trigger(role, how, digits):
+    _unmerged_leave(role, how, digits)
+
+
+def test_a_worker_that_joins_an_unmerged_run_becomes_a_shard_of_its_group(digits):
+    """n_groups=1 pinned on one worker: the worker that joins is planned as the group's second
+    shard and trains within 10 s of its join, from the model servers' exact states."""
+    X, y = digits
+    iterations = 150
+    with local_client(n_workers=1) as client:
+        engine = DaskEngine(client, timeout=30, poll=0.2, strategy=UNMERGED)
+        change = Change(client, engine, JOIN_AT, _join)
+        change.start()
+        result = engine.run(zoo.lenet(seed=0), X, y, CFG.with_(n_groups=1), Budget(iterations=iterations))
+        change.join(timeout=60)
+    assert change.error is None, change.error
+    worker, joined = change.out
+    trace = result.trace
+    (event,) = trace.attrs["worker_events"]
+    assert event["joined"] == [worker] and event["left"] == []
+    assert event["n_groups_before"] == event["n_groups_after"] == 1
+    assert event["conv_state"][0] == event["conv_state"][1] != ""
+    assert event["fc_state"][0] == event["fc_state"][1] != ""
+    on_new = trace[trace["workers"].str.contains(worker, regex=False)]
+    assert len(on_new) > 0 and trace.attrs["started"] + on_new["t_start"].min() - joined < 10
+    assert (on_new["workers"].str.count(",") == 1).all()  # one group of two workers
+    assert sorted(trace["version_written"]) == list(range(1, iterations + 1))
+    assert trace.attrs["recoveries"] == [] and trace.attrs["n_workers"] == 2
