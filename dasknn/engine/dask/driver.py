@@ -136,8 +136,8 @@ class DaskEngine:
     WorkerLostError; `max_recoveries=0` raises at the first loss.
 
     `worker_wait` (seconds): when the cluster has no worker at a run's start, or every worker of a
-    run is retired gracefully (the servers' state then waits in the driver), wait this long for one
-    to join, with a task pending so that an adaptive cluster starts one (`elastic.await_workers`),
+    run is retired gracefully (the servers' state then waits in the driver) or lost (the recovery
+    from the last snapshot then waits), wait this long for one to join, with a task pending so that an adaptive cluster starts one (`elastic.await_workers`),
     rather than raise WorkerLostError. None (default): `timeout` when the client's cluster adapts
     down to zero workers (`cluster.adapt(minimum=0)`), else 0 (no wait).
 
@@ -545,6 +545,8 @@ class _GroupsRun:
         self.t_lost = time.time()
         self.lost_all.update(failure.lost)
         seg.stop()
+        if not cluster_workers(client):  # every worker lost: wait for one when the cluster may start one
+            elastic.await_workers(client, engine._worker_wait(client), engine.poll, self.elastic_on)
         streamed = self.data.source is not None  # nothing persisted to recompute
         data_back = bool(cluster_workers(client)) if streamed else await_data(engine, client, self.X, self.y)
         if len(self.recoveries) >= engine.max_recoveries or not data_back:

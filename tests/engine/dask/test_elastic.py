@@ -497,3 +497,32 @@ def test_a_worker_retired_between_two_runs_leaves_when_the_next_run_starts_witho
     assert event["left"] == [victim] and event["time"] == 0.0 and event["n_workers"] == 2
     assert not second.trace["workers"].str.contains(victim, regex=False).any()
     assert second.trace["version_written"].tolist() == list(range(1, 11))
+
+
+def test_when_every_worker_is_lost_abruptly_the_run_waits_and_recovers_on_a_new_one(digits):
+    """With worker_wait, an abrupt loss of the only worker is not the end: the run waits for a
+    worker (the test starts one once the loss is seen) and recovers there from the last snapshot."""
+    from tests.engine.dask.test_faults import Killer
+
+    X, y = digits
+    with local_client(n_workers=1) as client:
+        cluster = client.cluster
+        engine = DaskEngine(client, timeout=30, poll=0.2, worker_wait=60, snapshot_every=5)
+        killer = Killer(client, engine, lambda p: [p.fc_worker], at=LEAVE_AT, machine=True)
+        killer.start()
+
+        def start_another() -> None:
+            _until(lambda: killer.killed_at is not None and not cluster_workers(client), "the loss")
+            cluster.scale(len(cluster.worker_spec) + 1)
+
+        thread = threading.Thread(target=start_another, daemon=True)
+        thread.start()
+        result = engine.run(zoo.lenet(seed=0), X, y, CFG.with_(n_groups=1), Budget(iterations=40))
+        thread.join(timeout=60)
+        (now,) = cluster_workers(client)
+    trace = result.trace
+    (recovery,) = trace.attrs["recoveries"]
+    assert recovery["worker"] == killer.victims[0] and recovery["from_snapshot"]
+    assert recovery["n_workers"] == 1
+    assert sorted(trace["version_written"]) == list(range(1, 41)) and result.state.iterations_done == 40
+    assert (trace.loc[trace["recovered"], "workers"] == now).all() and trace["recovered"].any()
