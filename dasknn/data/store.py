@@ -23,15 +23,16 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask.array as da
 import numpy as np
-import zarr
 from dask.base import tokenize
-from zarr.core.sync import sync
 
 from .chunks import sample_chunks
+
+if TYPE_CHECKING:
+    import zarr
 
 __all__ = [
     "STORE_FORMAT",
@@ -86,6 +87,8 @@ def open_store(path: str | Path) -> zarr.Group:
     """The zarr group of a finished store at a local path or an fsspec URL (`file://`, and the
     object stores fsspec reaches with their packages: `s3://` with s3fs, `gs://` with gcsfs);
     FileNotFoundError if absent, ValueError if not a finished store."""
+    import zarr  # imported on use: a fit that reads no store (and its workers) never loads zarr
+
     if not is_url(path):
         path = Path(path)
         if not path.is_dir():
@@ -148,6 +151,8 @@ class CheckedArray:
         touched = range(start // self.rows_per_chunk, -(-stop // self.rows_per_chunk))
         store, prefix = self.array.store_path.store, self.array.store_path.path
         group_prefix = prefix[: -len(self.name)]
+        from zarr.core.sync import sync
+
         present = sync(_all_exist(store, [group_prefix + self._key(c) for c in touched]))
         for c, ok in zip(touched, present, strict=True):
             if not ok:
@@ -179,6 +184,8 @@ def _missing(where: str, key: str, c: int, n: int, name: str) -> str:
 
 def _listing(group: zarr.Group) -> dict[str, int]:
     """Every file of the store under `group`: its key (relative to the group) and size in bytes."""
+    from zarr.core.sync import sync
+
     store, prefix = group.store_path.store, group.store_path.path
     start = len(prefix) + 1 if prefix else 0
 
@@ -241,6 +248,8 @@ def write_store(
     FileExistsError unless `overwrite`, in which case it is replaced only once the new one is
     complete. On any error the temporary folder is removed.
     """
+    import zarr
+
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
