@@ -38,7 +38,22 @@ _WHERE = {
     "check_X_y": "validation",
 }
 
-__all__ = sorted(_WHERE)
+__all__ = [
+    "DATASETS",
+    "DatasetSpec",
+    "FormatError",
+    "Transform",
+    "check_X",
+    "check_X_y",
+    "compute_batch",
+    "convert",
+    "data_home",
+    "epoch_indices",
+    "iterate_batches",
+    "load",
+    "n_batches",
+    "store_path",
+]
 
 
 def __getattr__(name: str) -> Any:
