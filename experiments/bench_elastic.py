@@ -23,8 +23,9 @@ fixed 1 worker 2166 ms/iteration, fixed 2 workers 588 ms; elastic phases 2324 ms
 2026 ms (2 workers), 1993 ms (1 worker again), hand-offs 4.7 s (join) and 1.9 s (leave). The
 2-worker phase was 3.4x the fixed 2-worker run's, far from the 1.2x goal; at that load the fixed
 2-worker run's 3.7x speed-up over one worker on 2 cores is itself not credible (more processes get
-more of an overloaded machine), and the worker `cluster.scale` adds does not get `local_client`'s
-malloc and BLAS settings. Measure again on a quiet machine before drawing a conclusion.
+more of an overloaded machine), and the worker `cluster.scale` added then did not get
+`local_client`'s malloc and BLAS settings (it does now: `engine.dask.nanny.TunedNanny`; not measured
+since). Measure again on a quiet machine before drawing a conclusion.
 
     python -m experiments.bench_elastic [--iterations 150] [--reps 3]
 """
