@@ -8,7 +8,8 @@ evaluation at or above), in simulated seconds, for "auto" (prior cache off) and 
 configurations given (default: the Caffe LeNet solver's g = 1, η = 0.01, µ = 0.9 and g ∈ {1, 2} ×
 η ∈ {0.01, 0.03, 0.1} at µ = 0.9); a miss counts as the budget.
 
-    python -m experiments.bench_auto_sim [--target 0.96] [--budget 30] [--window 32] [--only auto]
+    python -m experiments.bench_auto_sim [--target 0.96] [--budget 30] [--window 32]
+        [--run-iterations 63] [--only auto]
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ def main(argv=None) -> None:
     parser.add_argument("--target", type=float, default=0.96)
     parser.add_argument("--budget", type=float, default=30.0, help="simulated seconds per fit")
     parser.add_argument("--window", type=int, default=None, help="auto's ramp window (default its own)")
+    parser.add_argument(
+        "--run-iterations",
+        type=int,
+        default=None,
+        help="auto's training runs after the ramp (default its own)",
+    )
     parser.add_argument("--only", default=None, help="comma-separated: auto, g1_0.01, ...")
     args = parser.parse_args(argv)
     X, y = load("mnist-sample")
@@ -72,7 +79,11 @@ def main(argv=None) -> None:
     order = np.random.default_rng(0).permutation(len(X))
     parts = (X[order[1000:]], y[order[1000:]], X[order[:1000]], y[order[:1000]])
     model = HEModel.estimate(zoo.lenet(), 64, 2, device_gflops=SIMULATED_GFLOPS, bandwidth_bytes_per_s=1.25e9)
-    contenders = {"auto": lambda: AutoPolicy(prior_cache=False, net_name="lenet", window=args.window)}
+    contenders = {
+        "auto": lambda: AutoPolicy(
+            prior_cache=False, net_name="lenet", window=args.window, run_iterations=args.run_iterations
+        )
+    }
     for g, lr in FIXED:
         config = RunConfig(g, lr, 0.9, 5e-4, 64, 0)
         contenders[f"g{g}_{lr:g}"] = lambda config=config: FixedKnobs(config, args.budget, None)

@@ -21,11 +21,11 @@ model server keeps receiving updates computed at the old η and on stale weights
 implicit momentum) for a while: on the main job on Dask (µ = 0.9, g = 2) that first window made
 about half the expected progress, or its loss rose, at rates (0.02, 0.04) that win as fixed
 settings. So a doubled window that falls short, or whose loss rose by less than the old η's
-window would have lowered it, is kept (its iterations are training: the transient costs at most
-what undoing the window would) and the rate gets a second look: the next window at the same η,
-judged against the same expectation (the old η's last window carried to the new loss level). A
-second window that also falls short, a larger rise, or a non-finite loss ends the ramp; then that
-window is undone and the previous η kept.
+window would have lowered it (within the window's noise), is kept (its iterations are training:
+the transient costs at most what undoing the window would) and the rate gets a second look: the
+next window at the same η, judged against the same expectation (the old η's last window carried
+to the new loss level). A second window that also falls short, a larger rise, or a non-finite
+loss ends the ramp; then that window is undone and the previous η kept.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class LrRamp:
             short = f"the loss rose ({p:.3g}±{se:.2g}/it)"
         else:
             short = f"progress {p:.3g}±{se:.2g}/it below the previous η's expected {expected:.3g}/it"
-        if rose and -p > expected:  # more than the old η's window would have lowered it: no transient
+        if -p - self.z * se > expected:  # rose more than the old η would have lowered it: no transient
             self.second_look = False
             return self._undo(p, f"{short}, more than the previous η's expected fall {expected:.3g}/it")
         if not self.second_look:  # the rate's first window: its transient, kept; the next one judges
