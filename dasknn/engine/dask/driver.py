@@ -39,7 +39,7 @@ from dasknn.engine.dask.recovery import (
     lost_error,
     resume_batches,
 )
-from dasknn.engine.dask.replicas import run_replicas
+from dasknn.engine.dask.replica_run import run_replicas
 from dasknn.engine.dask.restart import run_restarting
 from dasknn.engine.dask.runs import Data, begin_run, cluster_workers, engine_client, persist_data, stream_data
 from dasknn.engine.dask.segment import Segment, SegmentFailed, await_data

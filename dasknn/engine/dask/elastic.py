@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -279,13 +279,17 @@ class ClusterChange(Exception):
         super().__init__(f"workers joined {joined}, leaving {leaving}")
 
 
-def cluster_change(client, placement: Placement, n_groups: int, throughput, park: bool = False) -> None:
+def cluster_change(
+    client, placement: Placement, n_groups: int, throughput, park: bool = False, planner=None
+) -> None:
     """Raise ClusterChange when a worker of `placement` is being retired, or when the placement a run
     would get now (`n_groups` groups on the usable workers) differs from it (a worker joined).
 
     `throughput`: a function of the client giving the engine's worker GFLOP/s (or None). `park`:
     when every worker is being retired, raise a ClusterChange with no placement (the servers' state
-    then waits in the driver for a worker to join) rather than leave the fit to the recovery path."""
+    then waits in the driver for a worker to join) rather than leave the fit to the recovery path.
+    `planner`: the placement a run would get now as a function of the usable workers, for runs
+    not planned by `plan` (the replica strategies' learners, `replica_run.replan_learners`)."""
     gone = leaving(client)
     present = cluster_workers(client)
     workers = usable_workers(present, gone)
@@ -294,10 +298,13 @@ def cluster_change(client, placement: Placement, n_groups: int, throughput, park
         raise ClusterChange(None, [], sorted(used & gone), 0)
     if not workers or not used <= set(present):
         return  # nothing to move to, or an abrupt loss: the recovery path (`recovery`) takes it
-    target = plan(workers, n_groups, throughput(client))
-    if target.oversubscribed and not placement.oversubscribed:
-        # a lost machine meant fewer groups (`placement.replan`); groups come back with machines
-        target = replan(workers, placement, throughput(client))
+    if planner is not None:
+        target = planner(workers)
+    else:
+        target = plan(workers, n_groups, throughput(client))
+        if target.oversubscribed and not placement.oversubscribed:
+            # a lost machine meant fewer groups (`placement.replan`); groups come back with machines
+            target = replan(workers, placement, throughput(client))
     if same_placement(target, placement) and not (used & gone):
         return
     n_conv = len(plan(workers, 1).conv_workers)
@@ -333,7 +340,8 @@ class WorkerEvent:
     the conv model version the next segment continues from; seconds: from seeing the change to the
     groups running again; conv_state / fc_state: digests of the servers' state read at the hand-off
     and of the new servers' state once set (equal: moved bit for bit); n_workers: the conv workers
-    N after the change."""
+    N after the change; states: the same digests for the replica strategies' average model and
+    learners (name → (read, set))."""
 
     time: float
     joined: list[str]
@@ -346,6 +354,7 @@ class WorkerEvent:
     seconds: float = float("nan")
     conv_state: tuple[str, str] = ("", "")
     fc_state: tuple[str, str] = ("", "")
+    states: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,32 +11,26 @@ model z lives in an `AverageModel` actor. SMA (Crossbow §3.2, Alg. 1) synchroni
 Model averaging (SparkNet) runs SGD with momentum on every replica and sets z = mean_j w_j, w_j ← z
 every τ iterations. The maths, batch order (learner j of round r takes batch
 `batches_done + r·k + j`), Trace rows and end state are those of the simulator's
-`ReplicaSimulation`, so both engines train the same weights; here the clock is measured.
+`ReplicaSimulation`, so both engines train the same weights; here the clock is measured. The
+driver's side, the run of the actor and the loops, is `replica_run`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from dasknn.backend import array_module, device_scope, get_xp, to_device
-from dasknn.engine.dask import tasks
-from dasknn.engine.dask.actors import submit_actor, submit_pinned
 from dasknn.engine.dask.batches import BatchReader
-from dasknn.engine.dask.placement import Placement, worker_devices
-from dasknn.engine.dask.runs import cluster_workers, engine_client, persist_data, wait_for_loops
-from dasknn.engine.strategy import Strategy
-from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
+from dasknn.engine.dask.elastic import state_digest
 from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
 
-__all__ = ["AverageModel", "LearnerSpec", "learner_loop", "learner_workers", "run_replicas"]
+__all__ = ["AverageModel", "LearnerSpec", "learner_loop", "learner_workers"]
 
 LEARN_RNG_STREAM = 4  # a batch's dropout stream, as ReplicaSimulation draws it
 
@@ -48,7 +42,9 @@ class AverageModel:
     learners can wait in it at once): it stores learner j's replica for round r and, when all k have
     arrived, computes the new z (SMA's update, or the mean for model averaging); every caller gets
     {"z", "stop"}. `stop` is the same for all k callers of a round: the budget is spent (last round,
-    deadline) or the driver called `stop()`.
+    deadline) or the driver called `stop()`. At a hand-off (`stop(hand_off=True)`, docs/architecture.md
+    "Elastic clusters") the learners hand their replicas in (`hand_in`), and `snapshot` / `restore`
+    move the actor's exact state to the next segment's (`replica_run`).
     """
 
     def __init__(
@@ -69,13 +65,51 @@ class AverageModel:
         self.rounds, self.deadline, self.timeout = rounds, deadline, float(timeout)
         self.history: dict[str, np.ndarray] = {}
         self.synced_rounds = 0
-        self.stopped = False
+        self.stopped = self.handing_off = False
         self.error: str | None = None
         self._slots: dict[int, dict[str, Any]] = {}
+        self.handed_in: dict[int, tuple[dict[str, Any], str]] = {}  # learner → (replica, its digest)
+        self.loaded: dict[int, str] = {}  # learner → digest of the replica it started from
 
-    def stop(self) -> None:
-        """Make the next synchronisation the last one (the driver's signal)."""
+    def stop(self, hand_off: bool = False) -> None:
+        """Make the next synchronisation the last one (the driver's signal); with `hand_off` the
+        learners then hand their replicas in (`hand_in`) for the run's next segment."""
         self.stopped = True
+        self.handing_off = self.handing_off or bool(hand_off)
+
+    def hand_in(self, j: int, replica: dict[str, Any], digest: str) -> None:
+        """Learner j's replica (weights and solver state) at a hand-off, with its digest taken on
+        the learner's worker."""
+        self.handed_in[int(j)] = (replica, digest)
+
+    def replicas(self) -> dict[int, tuple[dict[str, Any], str]]:
+        """The replicas handed in: learner → (replica, digest)."""
+        return dict(self.handed_in)
+
+    def started_from(self, j: int, digest: str) -> None:
+        """Learner j started from a replica handed over, whose digest on its new worker is `digest`."""
+        self.loaded[int(j)] = digest
+
+    def loaded_digests(self) -> dict[int, str]:
+        """learner → the digest of the replica it started from (`started_from`)."""
+        return dict(self.loaded)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The exact state a hand-off moves: z, z_prev, the learners' mean momentum (model
+        averaging) and the rounds synchronised so far."""
+        return {
+            "z": {k: v.copy() for k, v in self.z.items()},
+            "z_prev": {k: v.copy() for k, v in self.z_prev.items()},
+            "history": {k: np.array(v, copy=True) for k, v in self.history.items()},
+            "synced_rounds": self.synced_rounds,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Hold a `snapshot()` taken from another AverageModel."""
+        self.z = {k: np.array(v, copy=True) for k, v in state["z"].items()}
+        self.z_prev = {k: np.array(v, copy=True) for k, v in state["z_prev"].items()}
+        self.history = {k: np.array(v, copy=True) for k, v in state["history"].items()}
+        self.synced_rounds = int(state["synced_rounds"])
 
     async def abort(self, reason: str) -> None:
         """Release every learner waiting at the barrier with an error (a learner failed)."""
@@ -97,7 +131,8 @@ class AverageModel:
             self._combine(slot["parts"])
             done = self.rounds is not None and r + 1 >= self.rounds
             late = self.deadline is not None and time.time() >= self.deadline
-            slot["result"] = {"z": self.z, "stop": bool(done or late or self.stopped)}
+            stop = bool(done or late or self.stopped)
+            slot["result"] = {"z": self.z, "stop": stop, "hand_off": stop and self.handing_off}
             self.synced_rounds += 1
             slot["event"].set()
         else:
@@ -170,6 +205,8 @@ class LearnerSpec:
     momentum: float
     weight_decay: float
     timeout: float
+    first_round: int = 0
+    replica: dict[str, Any] | None = None  # the weights and solver state to start from (None: z)
 
 
 def learner_loop(spec: LearnerSpec, template: Net, average) -> list[dict[str, Any]]:
@@ -191,12 +228,17 @@ def _learn(spec: LearnerSpec, template: Net, average, client) -> list[dict[str, 
     xp = get_xp(spec.device)
     net = template.copy().to(xp)
     solver = SGD.for_net(net, weight_decay=spec.weight_decay)
+    if spec.replica is not None:  # handed over from the learner's previous worker, bit for bit
+        net.set_params(spec.replica["params"])
+        solver.load_state_dict(spec.replica["solver"], like=net.params)
+        digest = state_digest(_replica(net, solver))
+        average.started_from(spec.learner, digest).result(timeout=spec.timeout)
     averaging = spec.name == "model_averaging"
     step_momentum = spec.momentum if averaging else 0.0
     rows: list[dict[str, Any]] = []
-    r = 0
+    r = spec.first_round  # rounds count on from the run's previous segments
     while True:
-        b = spec.first_batch + r * spec.n_learners + spec.learner
+        b = spec.first_batch + (r - spec.first_round) * spec.n_learners + spec.learner
         x, y = reader.get(b)
         t_start = time.time()
         rng = np.random.default_rng([spec.seed, LEARN_RNG_STREAM, b])
@@ -226,7 +268,15 @@ def _learn(spec: LearnerSpec, template: Net, average, client) -> list[dict[str, 
         )
         r += 1
         if result["stop"]:
+            if result.get("hand_off"):
+                replica = _replica(net, solver)
+                average.hand_in(spec.learner, replica, state_digest(replica)).result(timeout=spec.timeout)
             return rows
+
+
+def _replica(net: Net, solver: SGD) -> dict[str, Any]:
+    """A learner's replica as host arrays: its weights and its solver's state."""
+    return {"params": net.get_params(), "solver": solver.state_dict()}
 
 
 def _correct(net: Net, z: dict[str, np.ndarray], alpha: float) -> None:
@@ -245,190 +295,3 @@ def learner_workers(workers: dict[str, dict[str, Any]], n_learners: int) -> list
         raise RuntimeError("the cluster has no workers; start some with `dask worker <scheduler-address>`")
     addrs = sorted(workers)
     return [addrs[j % len(addrs)] for j in range(int(n_learners))]
-
-
-def _rounds(budget: Budget, k: int) -> int | None:
-    return None if budget.iterations is None else -(-int(budget.iterations) // k)
-
-
-def run_replicas(
-    engine,
-    net: Net,
-    X,
-    y,
-    config: RunConfig,
-    budget: Budget,
-    start: TrainState | None = None,
-    strategy: Strategy | None = None,
-) -> RunResult:
-    """DaskEngine.run for 'sma' and 'model_averaging': k = n_groups learners, z in an actor.
-
-    Crossbow §3.2 / SparkNet. An iterations budget runs ⌈iterations / k⌉ rounds (every learner
-    takes a batch per round); a seconds budget ends at the first synchronisation after the deadline
-    (for model averaging the replicas always end averaged). Sets z as the final weights on `net`.
-    """
-    strategy = strategy if strategy is not None else engine.strategy
-    if not strategy.synchronous:
-        raise ValueError(f"run_replicas runs 'sma' or 'model_averaging', got {strategy.name!r}")
-    k = int(config.n_groups)
-    client = engine_client(engine)
-    data = persist_data(engine, client, X, y, config)
-    workers = cluster_workers(client)
-    where = learner_workers(workers, k)
-    home = sorted(workers)[0]
-    engine.placement_ = _learners_placement(workers, where, home)
-    client.run(tasks.prepare_worker, engine.blas_threads)
-    state = start.copy() if start is not None else TrainState.from_net(net)
-    alpha = strategy.alpha if strategy.alpha is not None else 1.0 / k
-    t0 = time.time()
-    deadline = None if budget.seconds is None else t0 + budget.seconds
-    average, z = _start_average(
-        engine, client, state, k, strategy, config.momentum, alpha, budget, deadline, home
-    )
-    work = net.copy()
-    work.set_params(z)
-    template = client.scatter(work, broadcast=True, hash=False)
-    roles: dict[str, list[str]] = {home: ["average model z"]}
-    for j, w in enumerate(where):
-        roles.setdefault(w, []).append(f"learner {j}")
-    specs = _learner_specs(engine, where, data, config, budget, strategy, alpha, state.batches_done)
-    loops = [
-        submit_pinned(client, learner_loop, spec, template, average, worker=spec.worker) for spec in specs
-    ]
-    try:
-        rows = wait_for_loops(
-            engine,
-            client,
-            loops,
-            roles,
-            budget,
-            t0,
-            progress=lambda: k * average.progress().result(timeout=engine.timeout),
-        )
-        end = average.get_state().result(timeout=engine.timeout)
-    except BaseException as err:
-        try:
-            average.abort(f"{type(err).__name__}: {err}").result(timeout=engine.timeout)
-        finally:
-            raise err
-    finally:
-        client.cancel(loops)
-    rows.sort(key=lambda row: (row["version_read"], row["group"]))
-    end_state = TrainState(
-        params=end["params"],
-        momentum=end["momentum"],
-        batches_done=state.batches_done + len(rows),
-        iterations_done=state.iterations_done + len(rows),
-        extra=dict(state.extra),
-    )
-    net.set_params(end_state.params)
-    on_run_clock(rows, t0, config, data.X.shape[0])
-    for i, row in enumerate(rows):
-        row["iteration"] = state.iterations_done + i + 1
-    return RunResult(trace=_replicas_trace(rows, roles, where, config, strategy, alpha), state=end_state)
-
-
-def _start_average(
-    engine,
-    client,
-    state: TrainState,
-    k: int,
-    strategy: Strategy,
-    momentum: float,
-    alpha: float,
-    budget: Budget,
-    deadline: float | None,
-    home: str,
-):
-    """The AverageModel actor on worker `home`, its z the weights of `state` and z_prev those less
-    `state`'s momentum (Caffe's buffer, z − z_prev); returns the actor and z."""
-    z = {key: np.asarray(v) for key, v in state.params.items()}
-    z_prev = {key: z[key] - state.momentum[key] if key in state.momentum else z[key] for key in z}
-    avg_future = submit_actor(
-        client,
-        AverageModel,
-        z,
-        z_prev,
-        k,
-        strategy.name,
-        alpha,
-        momentum,
-        _rounds(budget, k),
-        deadline,
-        engine.timeout,
-        worker=home,
-    )
-    return avg_future.result(timeout=engine.timeout), z
-
-
-def _learners_placement(workers: dict[str, dict[str, Any]], where: list[str], home: str) -> Placement:
-    """The run's placement: learner j alone in group j on worker `where[j]`, z on `home`."""
-    return Placement(
-        fc_worker=home,
-        conv_server_worker=home,
-        groups=[[w] for w in where],
-        shares={w: 1.0 for w in where},
-        devices=worker_devices(workers),
-        oversubscribed=len(where) > len(workers),
-    )
-
-
-def _learner_specs(
-    engine,
-    where: list[str],
-    data,
-    config: RunConfig,
-    budget: Budget,
-    strategy: Strategy,
-    alpha: float,
-    first_batch: int,
-) -> list[LearnerSpec]:
-    """What each of the k = len(where) learners' loops needs, learner j on worker `where[j]`."""
-    k, run_id = len(where), uuid.uuid4().hex
-    return [
-        LearnerSpec(
-            run_id=run_id,
-            learner=j,
-            n_learners=k,
-            worker=w,
-            device=engine.placement_.devices[w],
-            x_keys=data.x_keys,
-            y_keys=data.y_keys,
-            chunks=data.chunks,
-            batch_size=config.batch_size,
-            seed=config.seed,
-            first_batch=first_batch,
-            rounds=_rounds(budget, k),
-            name=strategy.name,
-            alpha=alpha,
-            tau=int(strategy.tau),
-            lr=config.lr,
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-            timeout=engine.timeout,
-        )
-        for j, w in enumerate(where)
-    ]
-
-
-def _replicas_trace(
-    rows: list[dict[str, Any]],
-    roles: dict,
-    where: list[str],
-    config: RunConfig,
-    strategy: Strategy,
-    alpha: float,
-):
-    """The run's Trace: its rows, with the learners' placement and SMA's (or averaging's) knobs."""
-    return make_trace(
-        rows,
-        "dask",
-        n_groups=len(where),
-        placement=str(roles),
-        batch_size=config.batch_size,
-        strategy=strategy.name,
-        learners_per_worker=max(where.count(w) for w in set(where)),
-        alpha=alpha,
-        tau=int(strategy.tau),
-        diverged=not all(math.isfinite(row["loss"]) for row in rows),
-    )

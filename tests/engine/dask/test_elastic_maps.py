@@ -121,7 +121,7 @@ def _unmerged_leave(role: str, how: str, digits):
     after = trace[trace["version_written"] > event["version"]]
     assert len(after) > 0 and not after["workers"].str.contains(victim, regex=False).any()
     assert np.isfinite(trace["loss"]).all()
-    return result, event
+    return result, event, seconds
 
 
 @pytest.mark.parametrize(
@@ -151,7 +151,7 @@ def test_a_worker_that_joins_an_unmerged_run_becomes_a_shard_of_its_group(digits
     """n_groups=1 pinned on one worker: the worker that joins is planned as the group's second
     shard and trains within 10 s of its join, from the model servers' exact states."""
     X, y = digits
-    iterations = 150
+    iterations = 80
     with local_client(n_workers=1) as client:
         engine = DaskEngine(client, timeout=30, poll=0.2, strategy=UNMERGED)
         change = Change(client, engine, JOIN_AT, _join)
@@ -170,4 +170,109 @@ def test_a_worker_that_joins_an_unmerged_run_becomes_a_shard_of_its_group(digits
     assert len(on_new) > 0 and trace.attrs["started"] + on_new["t_start"].min() - joined < 10
     assert (on_new["workers"].str.count(",") == 1).all()  # one group of two workers
     assert sorted(trace["version_written"]) == list(range(1, iterations + 1))
+    assert trace.attrs["recoveries"] == [] and trace.attrs["n_workers"] == 2
+
+
+SMA = Strategy(name="sma")
+SMA_CFG = CFG.with_(lr=0.05)
+SMA_ROLES = {
+    # on 3 workers with k = 2 learners the first worker (by address) holds the average model z and
+    # learner 0, the second learner 1; the third is idle
+    "average model": lambda p: p.conv_server_worker,
+    "learner": lambda p: p.groups[1][0],
+}
+
+
+def _rounds_continue(trace) -> None:
+    """Every learner's rounds follow on, none skipped or repeated, and the batches are 0, 1, ..."""
+    for _, rows in trace.groupby("group"):
+        rounds = sorted(rows["version_read"])
+        assert rounds == list(range(rounds[0], rounds[0] + len(rounds)))
+        assert (rows["version_written"] == rows["version_read"] + 1).all()
+    assert sorted(trace["batch"]) == list(range(len(trace)))
+
+
+def _sma_leave(role: str, how: str, digits, strategy: Strategy = SMA):
+    X, y = digits
+    with local_client(n_workers=3) as client:
+        engine = DaskEngine(client, timeout=30, poll=0.2, strategy=strategy)
+        change = Change(client, engine, LEAVE_AT, _retirement(SMA_ROLES[role], how))
+        change.start()
+        result = engine.run(zoo.lenet(seed=0), X, y, SMA_CFG, Budget(iterations=ITERATIONS))
+        change.join(timeout=90)
+        if how == "adapt":
+            client.cluster._adaptive.stop()
+        left = set(cluster_workers(client))
+    assert change.error is None, change.error
+    victim, seconds = change.out
+    assert seconds < 30, f"the worker took {seconds:.1f} s to leave"
+    assert victim not in left and len(left) == 2
+    trace = result.trace
+    (event,) = trace.attrs["worker_events"]
+    assert event["left"] == [victim] and event["joined"] == [] and event["n_groups_after"] == 2
+    assert victim not in event["placement"] and event["version"] >= LEAVE_AT // 2
+    # z (with z_prev and the rounds) and each learner's replica moved bit for bit
+    states = event["states"]
+    assert set(states) == {"average model", "learner 0", "learner 1"}
+    assert all(read == moved != "" for read, moved in states.values())
+    assert len(trace) == ITERATIONS and result.state.iterations_done == ITERATIONS
+    _rounds_continue(trace)
+    assert trace.attrs["recoveries"] == [] and not trace["recovered"].any()
+    after = trace[trace["version_read"] >= event["version"]]
+    assert len(after) > 0 and not (after["workers"] == victim).any()
+    assert np.isfinite(trace["loss"]).all()
+    return result, event, seconds
+
+
+@pytest.mark.parametrize(
+    ("role", "how"), [("average model", "client.retire_workers"), ("learner", "cluster.scale")]
+)
+def test_sma_hands_its_average_model_and_learners_over_when_a_worker_is_retired(role, how, digits):
+    _sma_leave(role, how, digits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("role", "how"),
+    [
+        ("average model", "cluster.scale"),
+        ("average model", "adapt"),
+        ("learner", "client.retire_workers"),
+        ("learner", "adapt"),
+    ],
+)
+def test_sma_hands_over_for_every_role_and_trigger(role, how, digits):
+    _sma_leave(role, how, digits)
+
+
+@pytest.mark.slow
+def test_model_averaging_hands_over_when_the_average_models_worker_is_retired(digits):
+    _sma_leave("average model", "client.retire_workers", digits, Strategy(name="model_averaging", tau=2))
+
+
+def test_a_worker_that_joins_an_sma_run_gets_a_new_learner_from_the_average_model(digits):
+    """k = 1 learner on one worker: the worker that joins gets learner 1, started from z, within
+    10 s of its join; learner 0 goes on from its own replica; the rounds continue."""
+    X, y = digits
+    iterations = 80
+    with local_client(n_workers=1) as client:
+        engine = DaskEngine(client, timeout=30, poll=0.2, strategy=SMA)
+        change = Change(client, engine, JOIN_AT, _join)
+        change.start()
+        config = SMA_CFG.with_(n_groups=1)
+        result = engine.run(zoo.lenet(seed=0), X, y, config, Budget(iterations=iterations))
+        change.join(timeout=60)
+    assert change.error is None, change.error
+    worker, joined = change.out
+    trace = result.trace
+    (event,) = trace.attrs["worker_events"]
+    assert event["joined"] == [worker] and event["left"] == []
+    assert event["n_groups_before"] == 1 and event["n_groups_after"] == 2
+    assert set(event["states"]) == {"average model", "learner 0"}
+    assert all(read == moved != "" for read, moved in event["states"].values())
+    new = trace[trace["group"] == 1]
+    assert (new["workers"] == worker).all() and new["version_read"].min() == event["version"]
+    assert trace.attrs["started"] + new["t_start"].min() - joined < 10
+    assert iterations <= len(trace) <= iterations + 1  # the last round of two learners may pass it
+    _rounds_continue(trace)
     assert trace.attrs["recoveries"] == [] and trace.attrs["n_workers"] == 2
