@@ -191,3 +191,18 @@ def test_a_rise_larger_than_the_old_rates_fall_is_undone_at_once():
     assert len(steps) == 3 and steps[-1].restore and steps[-1].done
     assert "second look" not in steps[-1].reason and "rose" in steps[-1].reason
     assert ramp.lr == pytest.approx(0.01) and [lr for lr, _ in kept] == [0.01, 0.01]
+
+
+def test_a_ramp_stopped_during_a_second_look_resumes_with_it():
+    """The second look is in the ramp's dict (a checkpoint's session): rebuilt between the two
+    windows, the ramp judges the next window as the uninterrupted one does; a dict written before
+    the second look existed loads as not in one."""
+    ramp = LrRamp(lr=0.01, window=20)
+    run_ramp(ramp, transient=lambda old, new: old / 2, max_windows=3)  # 2 calibrations, 0.02's first
+    assert ramp.second_look and ramp.to_dict()["second_look"] is True
+    again = LrRamp.from_dict(ramp.to_dict())
+    losses = [0.3 * math.exp(-0.001 * i) for i in range(20)]  # a second window that falls short
+    assert again.observe(losses) == ramp.observe(losses)
+    assert again.done and again.lr == pytest.approx(0.01) and again.to_dict() == ramp.to_dict()
+    old = {k: v for k, v in ramp.to_dict().items() if k != "second_look"}
+    assert LrRamp.from_dict(old).second_look is False
