@@ -1,0 +1,270 @@
+"""Benchmark: the "auto" tuner against sync and plain async on a simulated 32-worker cluster.
+
+Omnivore's Fig. 7 setting in miniature: 32 simulated CPU workers (c4.4xlarge-like nodes at 742
+GFLOP/s × 50%, 1 Gbit/s; the clock is LeNet's HE model at the run's batch size, as in
+experiments/whatif_cpu_l.py: HE(1) ≈ 15× HE(32), the FC server saturated from g = 8). The maths is
+real SGD on a small CNN (8 3×3 filters, max pooling, 32 hidden units) on mnist-sample at batch 16,
+so that thousands of iterations cost a few ms each of real time; the clock is the model's, so the
+numbers are the same at any load. Each group of k workers computes as one device timed t_conv(k)
+(the shards' gradients sum to the batch gradient; `GroupDevices`). The fits are
+`DistributedCNN(engine="simulated", n_workers=32, max_wall_time=None)`, target **95% held-out
+accuracy** (the estimator's stratified 20% split, seeded by random_state; first evaluation at or
+above); a miss counts as the fit's end time and is marked.
+
+Contenders (µ = 0.9, Caffe's, for both fixed ones):
+- sync: g = 1 over the 32 workers; plain async: g = 32 (one worker a group);
+  each at the best η of `LRS`, chosen in a **separate selection pass** (random_state
+  `SELECT_SEED`, never measured) so that the minimum of noisy results does not flatter them;
+- "auto" (`tuner="auto"`, its prior cache off: `DASKNN_PRIOR_CACHE=off` and
+  `tuner_options={"prior_cache": False}`), which also sets its 512-sample selection part aside.
+
+Measured over `--seeds` random_states (default 0, 1, 2; `--quick`: 0), interleaved: medians of
+simulated seconds and iterations to the target, ratios of medians and per seed. The decisions log
+of each "auto" fit is written next to the table.
+
+    python -m experiments.bench_auto_sim32 [--quick] [--seeds 0 1 2] [--budget 60]
+
+Writes experiments/results/bench_auto_sim32/{selection.csv, runs.csv, table.md,
+decisions_auto_SEED.csv}.
+
+Found (2026-11-26, 3 seeds, busy 2-core machine; the clock does not depend on it): "auto" 1.69 s
+median to 95%, plain async g = 32 at its selected η = 0.01 1.79 s (1.06×; per seed 1.98, 0.85,
+1.06), sync at η = 0.03 54 s (32×). The ≥ 1.2× target against plain async is missed, and plain
+async needed 1,500-2,500 iterations (median 1,750), short of the ≥ 2,000 asked. Why, from the
+decisions logs: the HE model makes g = 8 (the prior) as fast per iteration as g = 32 (0.93 vs
+0.92 ms), so only fewer iterations can win; "auto"'s ramp undid its first doubling (η 0.02) on
+every seed and trained at η = 0.01, plain async's own η; at that η the staleness of g = 32 cost
+few iterations (auto 1,173-1,653). Fixed knobs are evaluated once an epoch (250 iterations) and
+"auto" once a window (64), which favours "auto" by up to an epoch. experiments/README.md,
+"bench_auto_sim32", has the table.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dasknn.data import load
+from dasknn.engine.simulated import SimulatedEngine
+from dasknn.estimator import DistributedCNN
+from dasknn.nn import zoo
+from dasknn.nn.layers import Convolution, InnerProduct, Pooling, ReLU
+from dasknn.nn.net import Net
+from dasknn.tradeoff.hardware import HEModel
+from experiments.common import RESULTS_ROOT, machine_line, markdown_table, parser
+from experiments.whatif_cpu_l import C4_GFLOPS, EFFICIENCY
+
+RESULTS = RESULTS_ROOT / "bench_auto_sim32"
+N_WORKERS = 32
+BATCH = 16
+TARGET = 0.95
+MOMENTUM = 0.9
+LRS = (0.003, 0.01, 0.03, 0.1)
+"""The η grid of sync and plain async (µ = 0.9)."""
+SELECT_SEED = 1000
+"""The random_state of the selection pass (its runs choose η, they are never measured)."""
+MAX_EPOCHS = 30
+"""Each fit's epoch cap: bounds the real time of a fit that misses (async iterations are cheap
+on the simulated clock)."""
+
+
+class GroupDevices:
+    """The simulated cluster with each group of k = N / g workers computing as one device.
+
+    `SimulatedEngine` with n_workers = g (one device a group) and the mean conv time t_conv(N / g)
+    of `model` (Omnivore §IV-B): the clock of N workers, the maths of one batch per group (k shards'
+    gradients sum to it), k times cheaper in real time. Traces record the N conv workers."""
+
+    def __init__(self, model: HEModel, cv: float = 0.06) -> None:
+        self.timing, self.cv, self.n_workers = model, cv, model.n_workers
+        self.engines: dict[int, SimulatedEngine] = {}
+        self.wall_deadline = None
+
+    def conv_worker_count(self) -> int:
+        return self.n_workers
+
+    def run(self, net, X, y, config, budget, start=None):
+        g = int(config.n_groups)
+        if g not in self.engines:
+            t_conv = self.timing.t_conv(self.timing.group_size(g))
+            self.engines[g] = SimulatedEngine(
+                t_conv=t_conv, t_fc=self.timing.t_fc, n_workers=g, variability="gamma", cv=self.cv, verbose=0
+            )
+        result = self.engines[g].run(net, X, y, config, budget, start=start)
+        result.trace.attrs["n_workers"] = self.n_workers
+        return result
+
+
+class BenchCNN(DistributedCNN):
+    """DistributedCNN on the engine the benchmark built (`bench_engine`)."""
+
+    def _engine(self, stack, net):
+        return self.bench_engine, None
+
+
+def small_cnn(seed: int = 0) -> Net:
+    """The maths: 8 3×3 filters, 2×2 max pooling, 32 hidden units, 10 classes (28×28 inputs)."""
+    layers = [
+        Convolution("conv1", 8, 3),
+        ReLU("relu1"),
+        Pooling("pool1", "max", 2, stride=2),
+        InnerProduct("ip1", 32),
+        ReLU("relu2"),
+        InnerProduct("ip2", 10),
+    ]
+    return Net(layers, (1, 28, 28), name="small", seed=seed)
+
+
+def time_to_target(history: list[dict], target: float) -> tuple[float, int, bool]:
+    """(seconds, iterations, reached): the first evaluation at or above `target`, else the last."""
+    hist = pd.DataFrame(history)
+    hit = hist[hist["val_accuracy"] >= target]
+    row = hit.iloc[0] if len(hit) else hist.iloc[-1]
+    return float(row["time"]), int(row["iteration"]), bool(len(hit))
+
+
+def fit_one(est: DistributedCNN, X, y, target: float, **about) -> tuple[dict, pd.DataFrame | None]:
+    """Fit `est` on (X, y): its time to `target` (simulated s), wall time and end configuration."""
+    t0 = time.perf_counter()
+    est.fit(X, y)
+    wall = time.perf_counter() - t0
+    seconds, iterations, reached = time_to_target(est.history_, target)
+    config = est.config_
+    row = {
+        **about,
+        "seconds": seconds,
+        "iterations": iterations,
+        "reached": reached,
+        "best_val_accuracy": float(pd.DataFrame(est.history_)["val_accuracy"].max()),
+        "end_g": config.n_groups,
+        "end_lr": config.lr,
+        "end_momentum": config.momentum,
+        "stopped_by": getattr(est, "stopped_by_", ""),
+        "wall_seconds": wall,
+    }
+    print(
+        f"  {about.get('run', ''):<16} seed {about.get('seed', '')}: "
+        f"{'reached' if reached else 'MISSED '} {seconds:7.2f} s, {iterations:5d} it "
+        f"(best {row['best_val_accuracy']:.3f}), end g={config.n_groups} η={config.lr:.3g} "
+        f"µ={config.momentum:.3g}; {wall:.0f} s wall",
+        flush=True,
+    )
+    decisions = getattr(est, "decisions_", None)
+    return row, decisions
+
+
+def contender(
+    name: str,
+    seed: int,
+    model: HEModel,
+    budget: float,
+    lr: float | None = None,
+    batch: int = BATCH,
+    max_epochs: float = MAX_EPOCHS,
+) -> BenchCNN:
+    """The estimator of one contender: "auto", "sync" (g = 1) or "async" (g = N) at `lr`."""
+    knobs = {"tuner": "auto", "tuner_options": {"prior_cache": False}}
+    if name != "auto":
+        knobs = {"n_groups": 1 if name == "sync" else N_WORKERS, "learning_rate": lr, "momentum": MOMENTUM}
+    est = BenchCNN(
+        net=small_cnn(), batch_size=batch, engine="simulated", n_workers=N_WORKERS, backend="lowering",
+        time_budget=budget, max_epochs=max_epochs, max_wall_time=None, target_accuracy=TARGET,
+        validation_fraction=0.2, eval_size=500, random_state=seed, **knobs,
+    )  # fmt: skip
+    est.bench_engine = GroupDevices(model)
+    return est
+
+
+def main(argv: list[str] | None = None) -> dict:
+    cli = parser(__doc__, quick="one measured seed (0) instead of three")
+    cli.add_argument("--seeds", type=int, nargs="+", default=None, help="measured random_states")
+    cli.add_argument("--budget", type=float, default=60.0, help="simulated seconds per fit (default 60)")
+    cli.add_argument("--batch", type=int, default=BATCH, help=f"batch size (default {BATCH})")
+    cli.add_argument("--lrs", type=float, nargs="+", default=list(LRS), help=f"η grid (default {LRS})")
+    cli.add_argument("--max-epochs", type=float, default=MAX_EPOCHS, help=f"epoch cap (default {MAX_EPOCHS})")
+    cli.add_argument("--out", type=Path, default=RESULTS)
+    args = cli.parse_args(argv)
+    os.environ["DASKNN_PRIOR_CACHE"] = "off"  # and tuner_options: every "auto" fit starts cold
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    batch = args.batch
+    args.out.mkdir(parents=True, exist_ok=True)
+    X, y = load("mnist-sample", batch_size=batch)
+    X, y = np.asarray(X), np.asarray(y)
+    model = HEModel.estimate(zoo.lenet(seed=0), batch, N_WORKERS, C4_GFLOPS, 1e9 / 8, efficiency=EFFICIENCY)
+    he = ", ".join(f"HE({g}) = {1e3 * model.he(g):.2f} ms" for g in (1, 2, 4, 8, 32))
+    print(machine_line(), flush=True)
+    print(f"simulated cluster: {N_WORKERS} workers, LeNet's HE model at b = {batch}: {he}", flush=True)
+
+    print(f"selection pass (random_state {SELECT_SEED}): η ∈ {args.lrs} for sync and plain async", flush=True)
+    selection = []
+    for name in ("sync", "async"):
+        for lr in args.lrs:
+            est = contender(name, SELECT_SEED, model, args.budget, lr, batch, args.max_epochs)
+            row, _ = fit_one(est, X, y, TARGET, run=name, lr=lr, seed=SELECT_SEED)
+            selection.append(row)
+    sel = pd.DataFrame(selection)
+    sel.to_csv(args.out / "selection.csv", index=False)
+    best = {}
+    for name, part in sel.groupby("run"):
+        # the fastest to the target; when every η missed, the best accuracy reached
+        ranked = part.assign(missed=~part["reached"], worse=-part["best_val_accuracy"])
+        ranked = ranked.sort_values(["missed", "seconds", "worse"])
+        best[name] = float(ranked["lr"].iloc[0])
+    print(f"chosen η: sync {best['sync']:g}, plain async {best['async']:g}", flush=True)
+
+    rows = []
+    for seed in seeds:
+        print(f"round random_state {seed}", flush=True)
+        for name in ("auto", "sync", "async"):
+            est = contender(name, seed, model, args.budget, best.get(name), batch, args.max_epochs)
+            row, decisions = fit_one(est, X, y, TARGET, run=name, lr=best.get(name), seed=seed)
+            rows.append(row)
+            if name == "auto" and decisions is not None:
+                decisions.to_csv(args.out / f"decisions_auto_{seed}.csv", index=False)
+    runs = pd.DataFrame(rows)
+    runs.to_csv(args.out / "runs.csv", index=False)
+    table = summarise(runs, best)
+    text = "\n".join(
+        [
+            f"# bench_auto_sim32: {N_WORKERS} simulated workers, small CNN on mnist-sample, b = {batch}, "
+            f"target {TARGET:.0%} held-out (simulated seconds)",
+            "",
+            machine_line(),
+            "",
+            markdown_table(table),
+        ]
+    )
+    (args.out / "table.md").write_text(text + "\n")
+    print(text, flush=True)
+    return {"runs": runs, "table": table, "best": best}
+
+
+def summarise(runs: pd.DataFrame, best: dict) -> pd.DataFrame:
+    """Medians per contender, "auto"'s speed-up over each (ratio of medians, and per seed)."""
+    auto = runs[runs["run"] == "auto"].set_index("seed")
+    out = []
+    for name in ("auto", "sync", "async"):
+        part = runs[runs["run"] == name].set_index("seed")
+        per_seed = (part["seconds"] / auto["seconds"]).dropna()
+        out.append(
+            {
+                "contender": name if name == "auto" else f"{name} η={best[name]:g}",
+                "median s": float(part["seconds"].median()),
+                "median iterations": float(part["iterations"].median()),
+                "reached": f"{int(part['reached'].sum())}/{len(part)}",
+                "speed-up of auto (its s ÷ auto's)": float(
+                    part["seconds"].median() / auto["seconds"].median()
+                ),
+                "per seed": ", ".join(f"{v:.2f}" for v in per_seed),
+                "wall s (median)": float(part["wall_seconds"].median()),
+            }
+        )
+    return pd.DataFrame(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Benchmark: the "auto" tuner on other workloads, against a small fixed grid and the solver's settings.
+
+On the **simulated engine** only (the clock is the HE model, Omnivore §IV-B, of the net on 2
+simulated workers at `SIMULATED_GFLOPS` and 1.25 GB/s: what `DistributedCNN(engine="simulated",
+n_workers=2)` builds; each group computes as one device, `bench_auto_sim32.GroupDevices`), so the
+numbers do not depend on the machine's load. Dask wall-clock rows need a quiet machine and are
+not here. Two workloads:
+
+- `cifar10_quick`: CIFAR-10 quick (Caffe's) on `synthetic` 3×32×32 images (5,000, noise 0.5; CIFAR-10
+  itself is not on this machine), batch 128, weight decay 0.004 (its solver's);
+- `lenet128`: LeNet on mnist-sample at batch 128, weight decay 5e-4.
+
+Each: `DistributedCNN(max_wall_time=None, validation_fraction=0.2)` to a held-out accuracy target
+(first evaluation at or above; a miss counts as the fit's end and is marked), for "auto"
+(`tuner="auto"`, prior cache off), every point of a small fixed grid (g ∈ {1, 2} × three η at
+µ = 0.9), and the net's Caffe solver settings (g = 1, the solver file's η and µ:
+`optimizer.prior.ZOO_SOLVERS`, one of the grid's points). Medians over `--seeds` random_states
+(default 0, 1; `--quick`: 0). The best of the grid is the grid point with the smallest median in
+the *same* seeds (the minimum of noisy medians flatters the grid, so the ratio is conservative for
+"auto"). Targets (the design's): "auto" ≤ 1.5× the best of the grid, and never slower than the
+solver's settings.
+
+    python -m experiments.bench_auto_workloads [--quick] [--seeds 0 1] [--workloads lenet128 cifar10_quick]
+
+Writes experiments/results/bench_auto_workloads/{runs.csv, table.md, decisions_WORKLOAD_SEED.csv}.
+What it found: experiments/README.md, "bench_auto_workloads".
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dasknn.data import load
+from dasknn.estimator import DistributedCNN
+from dasknn.estimator_params import SIMULATED_GFLOPS
+from dasknn.optimizer.prior import ZOO_SOLVERS
+from dasknn.tradeoff.hardware import HEModel
+from experiments.bench_auto_sim32 import GroupDevices, fit_one
+from experiments.common import RESULTS_ROOT, machine_line, markdown_table, parser
+
+RESULTS = RESULTS_ROOT / "bench_auto_workloads"
+N_WORKERS = 2
+MOMENTUM = 0.9
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A net, its data, batch size, weight decay, target and the fixed grid's η."""
+
+    name: str
+    net: str
+    dataset: str
+    batch_size: int
+    weight_decay: float
+    target: float
+    lrs: tuple[float, ...]
+    budget: float
+    """Simulated seconds per fit."""
+    max_epochs: float
+    """Each fit's epoch cap: bounds the real time of a fit that misses."""
+
+    def data(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.dataset == "synthetic":
+            shape = (3, 32, 32)
+            X, y = load("synthetic", n_samples=5000, shape=shape, n_classes=10, batch_size=self.batch_size)
+        else:
+            X, y = load(self.dataset, batch_size=self.batch_size)
+        return np.asarray(X), np.asarray(y)
+
+    @property
+    def solver(self) -> tuple[float, float]:
+        s = ZOO_SOLVERS[self.net]
+        return float(s["base_lr"]), float(s["momentum"])
+
+
+WORKLOADS = {
+    "lenet128": Workload("lenet128", "lenet", "mnist-sample", 128, 5e-4, 0.96, (0.01, 0.03, 0.1), 60.0, 15),
+    "cifar10_quick": Workload(
+        "cifar10_quick", "cifar10_quick", "synthetic", 128, 0.004, 0.9, (0.001, 0.003, 0.01), 60.0, 8
+    ),
+}
+
+
+class SimulatedCNN(DistributedCNN):
+    """DistributedCNN(engine="simulated") whose groups each compute as one device (`GroupDevices`):
+    the timing model `engine_for` builds (the net's HE model on n_workers devices of
+    simulated_gflops, 1.25 GB/s), k times cheaper in real time for a group of k."""
+
+    def _engine(self, stack, net):
+        model = HEModel.estimate(
+            net, self.batch_size, self.n_workers, self.simulated_gflops_, bandwidth_bytes_per_s=1.25e9
+        )
+        return GroupDevices(model), None
+
+
+def estimator(w: Workload, seed: int, knobs: dict) -> DistributedCNN:
+    """The fit of one contender on `w` (knobs: the tuner, or n_groups, learning_rate, momentum)."""
+    return SimulatedCNN(
+        net=w.net, batch_size=w.batch_size, weight_decay=w.weight_decay, engine="simulated",
+        n_workers=N_WORKERS, time_budget=w.budget, max_epochs=w.max_epochs, max_wall_time=None,
+        target_accuracy=w.target, validation_fraction=0.2, eval_size=500, random_state=seed, **knobs,
+    )  # fmt: skip
+
+
+def contenders(w: Workload) -> dict[str, dict]:
+    """'auto', then the grid g ∈ {1, 2} × w.lrs at µ = 0.9 (the solver's point named so)."""
+    out = {"auto": {"tuner": "auto", "tuner_options": {"prior_cache": False}}}
+    solver_lr, solver_mu = w.solver
+    for g in (1, 2):
+        for lr in w.lrs:
+            name = f"g={g} η={lr:g}"
+            if g == 1 and lr == solver_lr and MOMENTUM == solver_mu:
+                name += " (solver)"
+            out[name] = {"n_groups": g, "learning_rate": lr, "momentum": MOMENTUM}
+    return out
+
+
+def summarise(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per workload: medians, the best grid point, the solver's point and "auto" ÷ each."""
+    rows = []
+    for name, part in runs.groupby("workload", sort=False):
+        med = part.groupby("run", sort=False).agg(
+            median_s=("seconds", "median"),
+            median_it=("iterations", "median"),
+            reached=("reached", lambda r: f"{int(r.sum())}/{len(r)}"),
+            wall=("wall_seconds", "median"),
+        )
+        auto = float(med.loc["auto", "median_s"])
+        grid = med.drop(index="auto")
+        best = grid["median_s"].idxmin()
+        solver = next(i for i in grid.index if i.endswith("(solver)"))
+        for run, r in med.iterrows():
+            tag = " ← best of grid" if run == best else ""
+            rows.append(
+                {
+                    "workload": name,
+                    "contender": f"{run}{tag}",
+                    "median s": r["median_s"],
+                    "median iterations": r["median_it"],
+                    "reached": r["reached"],
+                    "auto ÷ it": auto / r["median_s"],
+                    "wall s (median)": r["wall"],
+                }
+            )
+        print(
+            f"{name}: auto {auto:.2f} s; best of grid {best} {grid.loc[best, 'median_s']:.2f} s "
+            f"(auto ÷ best {auto / grid.loc[best, 'median_s']:.2f}, target ≤ 1.5); solver "
+            f"{grid.loc[solver, 'median_s']:.2f} s (auto ÷ solver {auto / grid.loc[solver, 'median_s']:.2f}, "
+            "target ≤ 1)",
+            flush=True,
+        )
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    cli = parser(__doc__, quick="one seed (0) instead of two")
+    cli.add_argument("--seeds", type=int, nargs="+", default=None, help="random_states")
+    cli.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    cli.add_argument("--out", type=Path, default=RESULTS)
+    args = cli.parse_args(argv)
+    os.environ["DASKNN_PRIOR_CACHE"] = "off"  # and tuner_options: every "auto" fit starts cold
+    seeds = args.seeds or ([0] if args.quick else [0, 1])
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(machine_line(), flush=True)
+    rows = []
+    for name in args.workloads:
+        w = WORKLOADS[name]
+        X, y = w.data()
+        what = f"{w.net} on {w.dataset} {X.shape[1:]}, b = {w.batch_size}, target {w.target:.0%} held-out"
+        print(f"{name}: {what}, simulated {N_WORKERS} workers at {SIMULATED_GFLOPS:g} GFLOP/s", flush=True)
+        for seed in seeds:
+            for run, knobs in contenders(w).items():
+                row, decisions = fit_one(estimator(w, seed, knobs), X, y, w.target, run=run, seed=seed)
+                rows.append({"workload": name, **row})
+                if run == "auto" and decisions is not None:
+                    decisions.to_csv(args.out / f"decisions_{name}_{seed}.csv", index=False)
+    runs = pd.DataFrame(rows)
+    runs.to_csv(args.out / "runs.csv", index=False)
+    table = summarise(runs)
+    text = "\n".join(
+        [
+            "# bench_auto_workloads (simulated engine, simulated seconds to the target)",
+            "",
+            machine_line(),
+            "",
+            markdown_table(table),
+        ]
+    )
+    (args.out / "table.md").write_text(text + "\n")
+    print(text, flush=True)
+    return {"runs": runs, "table": table}
+
+
+if __name__ == "__main__":
+    main()
