@@ -133,6 +133,7 @@ class _ReplicasRun:
         self.rows: list[dict[str, Any]] = []
         self.events: list[elastic.WorkerEvent] = []
         self.t_change = self.t0
+        self.round = 0  # the learners' next round (SMA synchronises every round, averaging every τ)
         self.end: dict[str, Any] | None = None
 
     def _alpha(self, k: int) -> float:
@@ -157,7 +158,7 @@ class _ReplicasRun:
         if (left is not None and left <= 0) or (self.deadline is not None and time.time() >= self.deadline):
             self.end = self._end_state()
             return
-        rounds = None if left is None else held["synced_rounds"] + -(-left // k)
+        rounds = None if left is None else self.round + -(-left // k)
         alpha = self._alpha(k)
         future = submit_actor(
             client, AverageModel, held["z"], held["z_prev"], k, self.strategy.name, alpha,
@@ -225,7 +226,7 @@ class _ReplicasRun:
                 momentum=config.momentum,
                 weight_decay=config.weight_decay,
                 timeout=engine.timeout,
-                first_round=self.held["synced_rounds"],
+                first_round=self.round,
                 replica=self.replicas.get(j),
             )
             for j, group in enumerate(p.groups)
@@ -248,6 +249,7 @@ class _ReplicasRun:
         for row in rows:
             row["workers"] = self.placement.groups[row["group"]][0]
         self.rows.extend(rows)
+        self.round = max([self.round, *(r["version_written"] for r in rows)])
         loaded = average.loaded_digests().result(timeout=self.engine.timeout)
         for j, digest in loaded.items():
             name = f"learner {j}"
@@ -271,7 +273,7 @@ class _ReplicasRun:
                 time=self.t_change - self.t0,
                 joined=[w for w in change.joined if w not in self.placement.devices],  # not idle ones
                 left=change.leaving,
-                version=int(self.held["synced_rounds"]),
+                version=self.round,
                 n_groups_before=self.placement.n_groups,
                 n_groups_after=change.placement.n_groups,
                 placement=str(_roles(change.placement)),
