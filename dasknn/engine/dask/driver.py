@@ -137,8 +137,9 @@ class DaskEngine:
 
     `worker_wait` (seconds): when the cluster has no worker at a run's start, or every worker of a
     run is retired gracefully (the servers' state then waits in the driver) or lost (the recovery
-    from the last snapshot then waits), wait this long for one to join, with a task pending so that an adaptive cluster starts one (`elastic.await_workers`),
-    rather than raise WorkerLostError. None (default): `timeout` when the client's cluster adapts
+    from the last snapshot then waits), wait this long for one to join, with a task pending so
+    that an adaptive cluster starts one (`elastic.await_workers`), rather than raise
+    WorkerLostError. None (default): `timeout` when the client's cluster adapts
     down to zero workers (`cluster.adapt(minimum=0)`), else 0 (no wait).
 
     `strategy` (`engine.strategy.Strategy`): on this engine, `aggregation` ('tree' with `branching`, or
