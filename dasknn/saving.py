@@ -91,8 +91,10 @@ def _without_objects(ds):
             plain = values.astype(float)
         except (TypeError, ValueError):
             plain = np.array(["" if v is None else str(v) for v in values.ravel()]).reshape(values.shape)
-        ds = ds.assign_coords({name: (var.dims, plain, var.attrs)}) if name in ds.coords else ds.assign(
-            {name: (var.dims, plain, var.attrs)}
+        ds = (
+            ds.assign_coords({name: (var.dims, plain, var.attrs)})
+            if name in ds.coords
+            else ds.assign({name: (var.dims, plain, var.attrs)})
         )
     return ds
 
