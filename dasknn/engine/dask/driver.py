@@ -144,9 +144,10 @@ class DaskEngine:
 
     `strategy` (`engine.strategy.Strategy`): on this engine, `aggregation` ('tree' with `branching`, or
     'ps': summed on the conv model server's worker, FireCaffe §6) and `split` (None, 'auto' for
-    RALP's rule, or a layer name). SMA and model averaging run in `replicas` (learners='auto':
-    `engine.autotune` first), the unmerged map in `unmerged`; they recover from a lost worker by
-    running again from the run's start state on the workers left (`restart`).
+    RALP's rule, or a layer name). SMA and model averaging run in `replica_run` (learners='auto':
+    `engine.autotune` first), the unmerged map in `unmerged`; both are elastic as the merged map
+    is, and recover from a lost worker by running again from the run's start state on the workers
+    left (`restart`).
 
     `throughput` (worker address → GFLOP/s) sets the FLOPS-proportional shard sizes by hand
     (Caffe con Troll §2.3), overriding `calibrate()`; a worker left out counts as the median one.
