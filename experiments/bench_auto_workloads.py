@@ -28,8 +28,8 @@ Found (2026-11-26, one seed, `--quick`): LeNet b = 128 to 96%: "auto" 10.49 simu
 grid point (g = 1, η = 0.1) 5.22 s (2.01×, target ≤ 1.5: missed), LeNet's solver settings 9.13 s
 ("auto" 1.15× slower: missed). An epoch is 31 iterations and the ramp's window 32, so the ramp
 (0.01 → 0.04 in 8 windows, one undone) is the whole fit. CIFAR-10 quick to 90%: neither "auto"
-(η ramped to 0.064, 21% held-out) nor the solver's η = 0.001 (chance) reached it in the 8-epoch
-cap, so no ratio. Details: experiments/README.md, "bench_auto_workloads".
+(η ramped to 0.064, 21% held-out) nor the solver's η = 0.001 nor η = 0.01 at g = 1 and 2 (all at
+chance) reached it in the 8-epoch cap, so no ratio. Details: experiments/README.md, "bench_auto_workloads".
 """
 
 from __future__ import annotations
