@@ -45,3 +45,41 @@ def test_auto_lowers_with_one_warning_and_onednn_refuses_without_the_library():
     assert out[3] == (
         "refused: oneDNN is not installed (DASKNN_ONEDNN_LIBRARY=''); pip install 'dasknn[onednn]'"
     )
+
+
+HOLDS = """
+import gc
+import weakref
+import numpy as np
+from dasknn.nn import zoo
+from dasknn.nn.onednn import capi
+
+net = zoo.lenet()
+refs = []
+for _ in range(3):
+    x = np.zeros((4, 1, 28, 28), np.float32)
+    refs.append(weakref.ref(x))
+    net.forward(x)
+    del x
+try:
+    capi.library()
+except ImportError as err:
+    first = err
+try:
+    capi.library()
+except ImportError as err:
+    second = err
+gc.collect()
+print(sum(r() is not None for r in refs))
+print(first is not second and str(first) == str(second))
+"""
+
+
+def test_a_missing_library_holds_no_input_of_a_forward():
+    """Asking for the missing library on every layer's forward must not keep the callers' frames
+    (and their arrays) alive: a stored exception raised again chains them onto its traceback."""
+    env = {**os.environ, "DASKNN_ONEDNN_LIBRARY": "", "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", HOLDS], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout.splitlines()
+    assert out == ["0", "True"]

@@ -174,22 +174,28 @@ def _library_path() -> str | None:
     return ctypes.util.find_library("dnnl")
 
 
+def _loaded() -> bool:
+    """Load libdnnl once per process; whether it loaded (a failure is remembered in `_failure`)."""
+    global _failure
+    if _lib is None and _failure is None:
+        with _lock:
+            if _lib is None and _failure is None:
+                try:
+                    _load()
+                except OneDNNUnavailable as err:  # its text only: a traceback keeps the caller's frames
+                    _failure = OneDNNUnavailable(str(err))
+    return _lib is not None
+
+
 def library() -> ctypes.CDLL:
     """The loaded libdnnl with typed functions (loaded once per process; a failure is remembered,
-    so every later call raises the same `OneDNNUnavailable` at once)."""
-    global _failure
-    if _lib is not None:
-        return _lib
-    if _failure is not None:
-        raise _failure
-    with _lock:
-        if _lib is None and _failure is None:
-            try:
-                _load()
-            except OneDNNUnavailable as err:
-                _failure = err
-    if _failure is not None:
-        raise _failure
+    so every later call raises a `OneDNNUnavailable` with the same text at once).
+
+    Each call raises a new exception: raising one stored instance again would chain every caller's
+    frames onto its traceback, and with them every array a forward pass handed down (a leak of
+    gigabytes a minute when a fit runs on lowering because the library is missing)."""
+    if not _loaded():
+        raise OneDNNUnavailable(str(_failure)) from None
     return _lib
 
 
@@ -218,12 +224,8 @@ def _load() -> None:
 
 
 def available() -> bool:
-    """True when oneDNN's library loads here."""
-    try:
-        library()
-    except OneDNNUnavailable:
-        return False
-    return True
+    """True when oneDNN's library loads here (asked on every layer's forward: it raises nothing)."""
+    return _loaded()
 
 
 def check(status: int, what: str) -> None:
