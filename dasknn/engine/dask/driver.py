@@ -508,15 +508,12 @@ class _GroupsRun:
         if change.placement is None:  # every worker is being retired: the states wait here
             change = self._await_workers(change)
         self.events.append(
-            elastic.WorkerEvent(
+            elastic.WorkerEvent.of_change(
+                change,
+                self.placement,
                 time=self.t_change - self.t0,
-                joined=change.joined,
-                left=change.leaving,
                 version=self.version,
-                n_groups_before=self.placement.n_groups,
-                n_groups_after=change.placement.n_groups,
-                placement=str(change.placement.roles()),
-                n_workers=change.n_workers,
+                roles=change.placement.roles(),
             )
         )
         self.placement = change.placement

@@ -356,5 +356,23 @@ class WorkerEvent:
     fc_state: tuple[str, str] = ("", "")
     states: dict[str, tuple[str, str]] = field(default_factory=dict)
 
+    @classmethod
+    def of_change(
+        cls, change: ClusterChange, before, *, time: float, version: int, roles: dict, joined=None
+    ) -> WorkerEvent:
+        """The event of `change` seen `time` s into a run whose placement was `before`; `roles`:
+        the new placement's workers and what each does (each map names its own roles); `joined`:
+        the joined workers to record (default all of `change.joined`)."""
+        return cls(
+            time=time,
+            joined=list(change.joined if joined is None else joined),
+            left=change.leaving,
+            version=version,
+            n_groups_before=before.n_groups,
+            n_groups_after=change.placement.n_groups,
+            placement=str(roles),
+            n_workers=change.n_workers,
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

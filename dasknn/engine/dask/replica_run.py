@@ -269,15 +269,13 @@ class _ReplicasRun:
         self.moved = {"average model": elastic.state_digest(self.held)}
         self.moved.update({f"learner {j}": digest for j, (_, digest) in handed.items()})
         self.events.append(
-            elastic.WorkerEvent(
+            elastic.WorkerEvent.of_change(
+                change,
+                self.placement,
                 time=self.t_change - self.t0,
-                joined=[w for w in change.joined if w not in self.placement.devices],  # not idle ones
-                left=change.leaving,
                 version=self.round,
-                n_groups_before=self.placement.n_groups,
-                n_groups_after=change.placement.n_groups,
-                placement=str(_roles(change.placement)),
-                n_workers=change.n_workers,
+                roles=_roles(change.placement),
+                joined=[w for w in change.joined if w not in self.placement.devices],  # not idle ones
             )
         )
         self.placement = change.placement

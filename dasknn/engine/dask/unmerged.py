@@ -246,15 +246,12 @@ class _UnmergedRun:
         self.server_states, self.moved = self._read_states(), True
         self._release()
         self.events.append(
-            elastic.WorkerEvent(
+            elastic.WorkerEvent.of_change(
+                change,
+                self.placement,
                 time=self.t_change - self.t0,
-                joined=change.joined,
-                left=change.leaving,
                 version=self.version,
-                n_groups_before=self.placement.n_groups,
-                n_groups_after=change.placement.n_groups,
-                placement=str(_roles(change.placement)),
-                n_workers=change.n_workers,
+                roles=_roles(change.placement),
             )
         )
         self.placement = change.placement
