@@ -590,9 +590,9 @@ class _GroupsRun:
         net.set_params(end_state.params)
         end_state.batches_done = max([self.state.batches_done, *(r["batch"] + 1 for r in self.rows)])
         on_run_clock(self.rows, self.t0, self.config, self.X.shape[0])
-        seen = elastic.seen_by_run(self.started_on, self.events, self.lost_all)
-        usable = {a: w for a, w in elastic.usable_now(self.client, self.elastic_on).items() if a in seen}
-        self.engine.workers_seen_ = seen
+        usable = elastic.at_run_end(
+            self.engine, self.client, self.started_on, self.events, self.elastic_on, self.lost_all
+        )
         trace = make_trace(
             self.rows,
             "dask",

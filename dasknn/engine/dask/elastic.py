@@ -200,11 +200,24 @@ def seen_by_run(start: Iterable[str], events: list[WorkerEvent], lost: Iterable[
     return seen - set(lost)
 
 
+def at_run_end(
+    engine, client, start: Iterable[str], events: list[WorkerEvent], installed: bool, lost: Iterable[str] = ()
+) -> dict[str, Mapping[str, Any]]:
+    """The usable workers a run ended with among those it knew of (`seen_by_run`), which the engine
+    remembers for its next run's `between_runs`; a run counts its `trace.attrs["n_workers"]` on them."""
+    seen = seen_by_run(start, events, lost)
+    engine.workers_seen_ = seen
+    return {a: info for a, info in usable_now(client, installed).items() if a in seen}
+
+
 def between_runs(
-    before: set[str] | None, workers: Mapping[str, Mapping[str, Any]], placement: Placement, n_groups: int
-) -> list[WorkerEvent]:
+    before: set[str] | None, workers: Mapping[str, Mapping[str, Any]], placement: Placement, n_groups: int,
+    *, roles: dict | None = None, count=conv_count,
+) -> list[WorkerEvent]:  # fmt: skip
     """The change since the engine's last run ended on the workers `before` (None: no such run), as
-    an event at the new run's start: workers that joined or left while no run was going on."""
+    an event at the new run's start: workers that joined or left while no run was going on.
+    `roles`: the placement's workers and what each does (default `placement.roles()`: each map names
+    its own); `count`: the workers N the run counts (default `conv_count`)."""
     if before is None or set(workers) == before:
         return []
     return [
@@ -215,8 +228,8 @@ def between_runs(
             version=0,
             n_groups_before=n_groups,
             n_groups_after=placement.n_groups,
-            placement=str(placement.roles()),
-            n_workers=conv_count(workers),
+            placement=str(placement.roles() if roles is None else roles),
+            n_workers=count(workers),
         )
     ]
 

@@ -113,8 +113,13 @@ class _ReplicasRun:
         self.elastic_on = elastic.install(client)
         workers = elastic.usable_now(client, self.elastic_on)
         where = learner_workers(workers, int(config.n_groups))
+        before = engine.placement_.n_groups if engine.placement_ is not None else config.n_groups
         self.placement = learners_placement(workers, where, sorted(workers)[0])
         self.first = (_roles(self.placement), where, self._alpha(len(where)))
+        self.started_on = set(workers)
+        self.events = elastic.between_runs(
+            engine.workers_seen_, workers, self.placement, before, roles=_roles(self.placement), count=len
+        )
         client.run(tasks.prepare_worker, engine.blas_threads)
         self.state = start.copy() if start is not None else TrainState.from_net(net)
         z = {key: np.asarray(v) for key, v in self.state.params.items()}
@@ -131,7 +136,6 @@ class _ReplicasRun:
         self.t0 = time.time()
         self.deadline = None if budget.seconds is None else self.t0 + budget.seconds
         self.rows: list[dict[str, Any]] = []
-        self.events: list[elastic.WorkerEvent] = []
         self.t_change = self.t0
         self.round = 0  # the learners' next round (SMA synchronises every round, averaging every τ)
         self.end: dict[str, Any] | None = None
@@ -166,8 +170,9 @@ class _ReplicasRun:
         )  # fmt: skip
         average = future.result(timeout=engine.timeout)
         loops: list = []
+        handed = bool(self.moved)  # the segment goes on from a hand-off
         try:
-            if self.moved:
+            if handed:
                 self._restore(average)
             work = self.net.copy()
             work.set_params(held["z"])
@@ -179,7 +184,7 @@ class _ReplicasRun:
             ]
             if self.elastic_on:
                 elastic.use(client, self.run_id, p.roles())
-            if self.events and math.isnan(self.events[-1].seconds):
+            if handed:
                 self.events[-1].seconds = time.time() - self.t_change
             try:
                 rows = wait_for_loops(
@@ -305,7 +310,7 @@ class _ReplicasRun:
         for i, row in enumerate(rows):
             row["iteration"] = state.iterations_done + i + 1
         roles, where, alpha = self.first
-        usable = elastic.usable_now(self.client, self.elastic_on)
+        usable = elastic.at_run_end(self.engine, self.client, self.started_on, self.events, self.elastic_on)
         trace = make_trace(
             rows,
             "dask",

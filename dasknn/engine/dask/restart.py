@@ -56,6 +56,8 @@ def run_restarting(
                     raise
                 raise WorkerLostError(f"a worker of the run stopped answering: {err}") from err
             lost_all.update(lost)
+            if engine.workers_seen_ is not None:  # the run again reports them as lost, not as left
+                engine.workers_seen_ = engine.workers_seen_ - set(lost)
             if len(recoveries) >= engine.max_recoveries or not alive:
                 raise lost_error(
                     lost_all, done, len(recoveries), engine.max_recoveries, alive, placement,

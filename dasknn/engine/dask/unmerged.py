@@ -123,8 +123,13 @@ class _UnmergedRun:
         self.data = persist_data(engine, client, X, y, config)
         self.elastic_on = elastic.install(client)
         usable = elastic.usable_now(client, self.elastic_on)
+        before = engine.placement_.n_groups if engine.placement_ is not None else config.n_groups
         self.placement = plan(usable, config.n_groups, engine._throughput(client))
         self.first_placement = str(_roles(self.placement))
+        self.started_on = set(usable)
+        self.events = elastic.between_runs(
+            engine.workers_seen_, usable, self.placement, before, roles=_roles(self.placement)
+        )
         begun = begin_run(engine, client, net, config, start)
         self.state, self.conv_net, self.fc_net = begun.state, begun.conv_net, begun.fc_net
         self.run_id = begun.run_id
@@ -140,7 +145,6 @@ class _UnmergedRun:
         self.t0 = time.time()
         self.deadline = None if budget.seconds is None else self.t0 + budget.seconds
         self.rows: list[dict[str, Any]] = []
-        self.events: list[elastic.WorkerEvent] = []
         self.version, self.first_batch, self.t_change = 0, self.state.batches_done, self.t0
         self.futures: list = []
         self.servers: tuple = ()
@@ -289,7 +293,7 @@ class _UnmergedRun:
         on_run_clock(rows, self.t0, self.config, self.data.X.shape[0])
         for row in rows:
             row["iteration"] = state.iterations_done + row["version_written"]
-        usable = elastic.usable_now(self.client, self.elastic_on)
+        usable = elastic.at_run_end(self.engine, self.client, self.started_on, self.events, self.elastic_on)
         trace = make_trace(
             rows,
             "dask",

@@ -276,3 +276,37 @@ def test_a_worker_that_joins_an_sma_run_gets_a_new_learner_from_the_average_mode
     assert iterations <= len(trace) <= iterations + 1  # the last round of two learners may pass it
     _rounds_continue(trace)
     assert trace.attrs["recoveries"] == [] and trace.attrs["n_workers"] == 2
+
+
+def test_the_unmerged_map_and_sma_report_workers_that_changed_between_runs(digits):
+    """A worker that joins and one that is retired while no run is going on: the next run of the
+    unmerged map and of SMA reports both at its start (`elastic.between_runs`), as the merged map
+    does, and counts `n_workers` on the workers it knew of; the loop reads them as a join and a leave."""
+    from dasknn.engine.trace import worker_changes
+
+    X, y = digits
+    net = zoo.lenet(seed=0)
+    with local_client(n_workers=2) as client:
+        engines = {
+            "unmerged": (DaskEngine(client, timeout=30, poll=0.2, strategy=UNMERGED), CFG.with_(n_groups=1)),
+            "sma": (DaskEngine(client, timeout=30, poll=0.2, strategy=SMA), SMA_CFG),
+        }
+        firsts = {k: e.run(net, X, y, c, Budget(iterations=8)) for k, (e, c) in engines.items()}
+        before = set(cluster_workers(client))
+        client.cluster.scale(3)
+        _until(lambda: len(cluster_workers(client)) == 3, "the new worker's start", 60)
+        (joined,) = set(cluster_workers(client)) - before
+        left = sorted(before)[0]
+        _retire("client.retire_workers", client, left)
+        again = {k: e.run(net, X, y, c, Budget(iterations=8), start=firsts[k].state) for k, (e, c) in
+                 engines.items()}  # fmt: skip
+    for name, first in firsts.items():
+        assert first.trace.attrs["worker_events"] == [] and first.trace.attrs["n_workers"] == 2, name
+        trace = again[name].trace
+        (event,) = trace.attrs["worker_events"]
+        assert event["time"] == 0.0 and event["joined"] == [joined] and event["left"] == [left], name
+        assert event["n_workers"] == 2 and trace.attrs["n_workers"] == 2, name
+        assert left not in event["placement"], name
+        assert not trace["workers"].str.contains(left, regex=False).any(), name
+        changes = [(c["action"], c["workers"], c["n_workers"]) for c in worker_changes(trace)]
+        assert changes == [("join", joined, 2), ("leave", left, 2)], name
