@@ -48,9 +48,10 @@ def run_replicas(
     Crossbow §3.2 / SparkNet. An iterations budget runs ⌈iterations / k⌉ rounds (every learner
     takes a batch per round); a seconds budget ends at the first synchronisation after the deadline
     (for model averaging the replicas always end averaged). Sets z as the final weights on `net`.
-    A worker that joins gets a new learner, started from z (Crossbow §3.2: a learner starts from
-    the average model), so k grows by one and α = 1/k follows it unless the strategy sets α; the
-    learners of a worker retired gracefully move, with their replicas, to the workers left.
+    The k learners follow the workers and k stays (`replan_learners`): those of a worker retired
+    gracefully move, with their replicas, to the workers left; a worker that joins takes learners,
+    with their replicas, from the workers holding more than their share (none when every worker
+    holds at most one: it waits for the next run, whose k is the caller's `config.n_groups`).
     """
     strategy = strategy if strategy is not None else engine.strategy
     if not strategy.synchronous:
@@ -60,22 +61,35 @@ def run_replicas(
 
 
 def replan_learners(workers: Mapping[str, Mapping[str, Any]], previous: Placement) -> Placement:
-    """The learners' placement on `workers` (the usable ones) after `previous`: a learner stays on
-    its worker while it is there, one whose worker left goes to the worker holding the fewest, each
-    worker unknown to `previous` (joined) gets a new learner, and z stays where it is while it can
-    (else on the first worker)."""
+    """The learners' placement on `workers` (the usable ones) after `previous`: the k learners follow
+    the workers, k stays (Crossbow §3.2: k is the statistical knob, α = 1/k; docs/architecture.md,
+    "Elastic clusters"). A learner stays on its worker while it is there; one whose worker left goes
+    to the worker holding the fewest; then, while two workers' learners differ by more than one, the
+    last learner of the worker holding the most moves to the one holding the fewest (a worker that
+    joined takes its share). z stays where it is while it can (else on the first worker)."""
     if not workers:
         raise RuntimeError("the cluster has no workers; start some with `dask worker <scheduler-address>`")
     addrs = sorted(workers)
-    where = [group[0] for group in previous.groups]
-    load = {a: where.count(a) for a in addrs}
-    placed = []
-    for w in where:
-        if w not in load:
-            w = min(addrs, key=lambda a: load[a])
+    load = dict.fromkeys(addrs, 0)
+    placed = [group[0] if group[0] in load else None for group in previous.groups]
+    for w in placed:
+        if w is not None:
             load[w] += 1
-        placed.append(w)
-    placed += [a for a in addrs if a not in previous.devices]
+
+    def fewest() -> str:
+        return min(addrs, key=lambda a: load[a])
+
+    for j, w in enumerate(placed):
+        if w is None:
+            placed[j] = fewest()
+            load[placed[j]] += 1
+    while True:
+        most, least = max(addrs, key=lambda a: load[a]), fewest()
+        if load[most] - load[least] <= 1:
+            break
+        j = max(i for i, w in enumerate(placed) if w == most)
+        placed[j] = least
+        load[most], load[least] = load[most] - 1, load[least] + 1
     home = previous.conv_server_worker if previous.conv_server_worker in load else addrs[0]
     return learners_placement(workers, placed, home)
 

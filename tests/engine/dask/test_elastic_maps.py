@@ -250,32 +250,51 @@ def test_model_averaging_hands_over_when_the_average_models_worker_is_retired(di
     _sma_leave("average model", "client.retire_workers", digits, Strategy(name="model_averaging", tau=2))
 
 
-def test_a_worker_that_joins_an_sma_run_gets_a_new_learner_from_the_average_model(digits):
-    """k = 1 learner on one worker: the worker that joins gets learner 1, started from z, within
-    10 s of its join; learner 0 goes on from its own replica; the rounds continue."""
+def test_a_worker_that_joins_an_sma_run_takes_a_learner_and_k_stays(digits):
+    """k = 2 learners on one worker: the worker that joins takes learner 1 with its replica, moved
+    bit for bit, and trains within 10 s of its join; k stays 2 (Crossbow's statistical knob, α = 1/2)
+    in that run and in the next one, which spreads the learners over both workers from its start."""
+    from dasknn.engine.dask.replica_run import learners_placement, replan_learners
+
+    def where(workers: str, learners: str, now: str) -> str:
+        """The learners' workers after `workers` (one letter each) become `now`."""
+        before = learners_placement(dict.fromkeys(workers, {}), list(learners), learners[0])
+        return "".join(g[0] for g in replan_learners(dict.fromkeys(now, {}), before).groups)
+
+    assert where("a", "aaaa", "abcd") == "adcb"  # three joins: each takes one learner
+    assert where("ab", "ababa", "abc") == "ababc"  # the worker holding the most gives one
+    assert where("ab", "ab", "abc") == "ab"  # at most one each: the new worker waits
+    assert where("abc", "ab", "bc") == "cb"  # a leaving worker's learner goes to the idle one
     X, y = digits
     iterations = 80
     with local_client(n_workers=1) as client:
         engine = DaskEngine(client, timeout=30, poll=0.2, strategy=SMA)
         change = Change(client, engine, JOIN_AT, _join)
         change.start()
-        config = SMA_CFG.with_(n_groups=1)
-        result = engine.run(zoo.lenet(seed=0), X, y, config, Budget(iterations=iterations))
+        net = zoo.lenet(seed=0)
+        result = engine.run(net, X, y, SMA_CFG, Budget(iterations=iterations))
         change.join(timeout=60)
+        nxt = engine.run(net, X, y, SMA_CFG, Budget(iterations=20), start=result.state)
     assert change.error is None, change.error
     worker, joined = change.out
     trace = result.trace
     (event,) = trace.attrs["worker_events"]
     assert event["joined"] == [worker] and event["left"] == []
-    assert event["n_groups_before"] == 1 and event["n_groups_after"] == 2
-    assert set(event["states"]) == {"average model", "learner 0"}
+    assert event["n_groups_before"] == event["n_groups_after"] == 2
+    assert set(event["states"]) == {"average model", "learner 0", "learner 1"}
     assert all(read == moved != "" for read, moved in event["states"].values())
-    new = trace[trace["group"] == 1]
-    assert (new["workers"] == worker).all() and new["version_read"].min() == event["version"]
-    assert trace.attrs["started"] + new["t_start"].min() - joined < 10
-    assert iterations <= len(trace) <= iterations + 1  # the last round of two learners may pass it
+    moved = trace[(trace["group"] == 1) & (trace["version_read"] >= event["version"])]
+    assert len(moved) > 0 and (moved["workers"] == worker).all()
+    assert (trace.loc[trace["group"] == 0, "workers"] != worker).all()  # learner 0 stays
+    assert trace.attrs["started"] + moved["t_start"].min() - joined < 10
+    assert len(trace) == iterations and set(trace["group"]) == {0, 1}  # k = 2 throughout
     _rounds_continue(trace)
     assert trace.attrs["recoveries"] == [] and trace.attrs["n_workers"] == 2
+    # the next run: the caller's k, one learner on each worker, no change to report
+    later = nxt.trace
+    assert later.attrs["worker_events"] == [] and later.attrs["n_workers"] == 2
+    assert later.attrs["n_groups"] == 2 and later.attrs["alpha"] == trace.attrs["alpha"] == 0.5
+    assert later.groupby("group")["workers"].nunique().eq(1).all() and later["workers"].nunique() == 2
 
 
 def test_the_unmerged_map_and_sma_report_workers_that_changed_between_runs(digits):
