@@ -34,7 +34,6 @@ from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
 from dasknn.engine.dask.recovery import (
     ClusterError,
     Recovery,
-    WorkerLostError,
     is_worker_loss,
     lost_error,
     resume_batches,
@@ -522,13 +521,7 @@ class _GroupsRun:
         """Let the retiring workers go, wait for one to join (`elastic.await_workers`), and return
         the change to its placement; WorkerLostError when none joins in time."""
         engine, client = self.engine, self.client
-        if self.elastic_on:
-            elastic.use(client, self.run_id, [])  # nothing of the run is on them any more
-        seconds = engine._worker_wait(client)
-        workers = elastic.await_workers(client, seconds, engine.poll, self.elastic_on)
-        if not workers:
-            gone = ", ".join(change.leaving)
-            raise WorkerLostError(f"every worker was retired ({gone}) and none joined within {seconds:.0f} s")
+        workers = elastic.await_return(engine, client, self.run_id, change.leaving, self.elastic_on)
         if self.data.source is None:
             await_data(engine, client, self.X, self.y)  # the persisted chunks, recomputed there
         elif self.data.shipped.status != "finished":

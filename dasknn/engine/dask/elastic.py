@@ -33,6 +33,7 @@ import numpy as np
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dasknn.engine.dask.placement import Placement, plan, replan
+from dasknn.engine.dask.recovery import WorkerLostError
 from dasknn.engine.dask.runs import cluster_workers
 
 logger = logging.getLogger(__name__)
@@ -273,6 +274,23 @@ def await_workers(
     finally:
         demand.cancel()
     return {}
+
+
+def await_return(
+    engine, client, run_id: str, leaving: list[str], installed: bool
+) -> dict[str, Mapping[str, Any]]:
+    """After every worker of run `run_id` was retired (`ClusterChange` with no placement), its
+    servers' states held by the driver and its actors let go: release the workers (dask then
+    retires them) and wait for one to join (`await_workers`, up to the engine's `worker_wait`);
+    the usable workers, or WorkerLostError when none joined in time. Every map goes on this way."""
+    if installed:
+        use(client, run_id, [])  # nothing of the run is on them any more
+    seconds = engine._worker_wait(client)
+    workers = await_workers(client, seconds, engine.poll, installed)
+    if not workers:
+        gone = ", ".join(leaving)
+        raise WorkerLostError(f"every worker was retired ({gone}) and none joined within {seconds:.0f} s")
+    return workers
 
 
 def same_placement(a: Placement, b: Placement) -> bool:

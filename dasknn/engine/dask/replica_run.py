@@ -26,6 +26,7 @@ from dasknn.engine.dask.actors import submit_actor, submit_pinned
 from dasknn.engine.dask.placement import Placement, worker_devices
 from dasknn.engine.dask.replicas import AverageModel, LearnerSpec, learner_loop, learner_workers
 from dasknn.engine.dask.runs import engine_client, persist_data, wait_for_loops
+from dasknn.engine.dask.segment import await_data
 from dasknn.engine.strategy import Strategy
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
@@ -207,7 +208,7 @@ class _ReplicasRun:
                     check=self._cluster_change if self.elastic_on else None,
                 )  # fmt: skip
             except elastic.ClusterChange as change:  # a worker joined or is being retired
-                self._hand_off(average, loops, change)
+                self._hand_off(average, future, loops, change)
                 return
             self._keep(average, rows)
             self.end = average.get_state().result(timeout=engine.timeout)
@@ -260,7 +261,8 @@ class _ReplicasRun:
 
     def _cluster_change(self) -> None:
         planner = lambda workers: replan_learners(workers, self.placement)  # noqa: E731
-        elastic.cluster_change(self.client, self.placement, self.placement.n_groups, None, planner=planner)
+        park = self.engine._worker_wait(self.client) > 0  # every worker retired: wait for one
+        elastic.cluster_change(self.client, self.placement, self.placement.n_groups, None, park, planner)
 
     def _keep(self, average, rows: list[dict[str, Any]]) -> None:
         """The segment's rows joined to the run's; the digests of the replicas its learners started
@@ -274,9 +276,10 @@ class _ReplicasRun:
             name = f"learner {j}"
             self.events[-1].states[name] = (self.moved.pop(name), digest)
 
-    def _hand_off(self, average, loops: list, change: elastic.ClusterChange) -> None:
+    def _hand_off(self, average, actor, loops: list, change: elastic.ClusterChange) -> None:
         """End the segment at the next synchronisation and take the average model's exact state and
-        every learner's replica to the placement `change` plans."""
+        every learner's replica to the placement `change` plans (`actor`: the average model's
+        future, let go before a wait for workers)."""
         self.t_change = time.time()
         engine, timeout = self.engine, self.engine.timeout
         average.stop(hand_off=True).result(timeout=timeout)
@@ -287,6 +290,9 @@ class _ReplicasRun:
         self.replicas = {j: replica for j, (replica, _) in handed.items()}
         self.moved = {"average model": elastic.state_digest(self.held)}
         self.moved.update({f"learner {j}": digest for j, (_, digest) in handed.items()})
+        if change.placement is None:  # every worker is being retired: the states wait here
+            self.client.cancel([*loops, actor])
+            change = self._await_workers(change)
         self.events.append(
             elastic.WorkerEvent.of_change(
                 change,
@@ -298,6 +304,15 @@ class _ReplicasRun:
             )
         )
         self.placement = change.placement
+
+    def _await_workers(self, change: elastic.ClusterChange) -> elastic.ClusterChange:
+        """Wait for a worker to join (`elastic.await_return`) and recompute the persisted chunks
+        there; the change to the learners' placement on it."""
+        engine, client = self.engine, self.client
+        workers = elastic.await_return(engine, client, self.run_id, change.leaving, self.elastic_on)
+        await_data(engine, client, self.data.X, self.data.y)
+        placement = replan_learners(workers, self.placement)
+        return elastic.ClusterChange(placement, sorted(workers), change.leaving, len(workers))
 
     def _end_state(self) -> dict[str, Any]:
         """The average model's state (`AverageModel.get_state`) from the state held between segments."""

@@ -22,6 +22,7 @@ from dasknn.engine.dask.actors import submit_actor, submit_pinned
 from dasknn.engine.dask.batches import BatchReader
 from dasknn.engine.dask.placement import Placement, plan
 from dasknn.engine.dask.runs import begin_run, engine_client, persist_data, wait_for_loops
+from dasknn.engine.dask.segment import await_data
 from dasknn.engine.servers import ConvModelServer
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
@@ -139,9 +140,9 @@ class _UnmergedRun:
             _start_state({k: v for k, v in params.items() if k in conv_keys}, self.state),
             _start_state({k: v for k, v in params.items() if k not in conv_keys}, self.state),
         )
-        work = net.copy()
-        work.set_params(params)
-        self.template = client.scatter(work, broadcast=True, hash=False)
+        self.work = net.copy()  # the template every worker's loops copy (sent again after a wait)
+        self.work.set_params(params)
+        self.template = client.scatter(self.work, broadcast=True, hash=False)
         self.t0 = time.time()
         self.deadline = None if budget.seconds is None else self.t0 + budget.seconds
         self.rows: list[dict[str, Any]] = []
@@ -235,7 +236,9 @@ class _UnmergedRun:
         return tuple((elastic.state_digest(s), elastic.state_digest(n)) for s, n in pairs)
 
     def _cluster_change(self) -> None:
-        elastic.cluster_change(self.client, self.placement, self.config.n_groups, self.engine._throughput)
+        engine, client = self.engine, self.client
+        park = engine._worker_wait(client) > 0  # every worker retired: wait for one (`_await_workers`)
+        elastic.cluster_change(client, self.placement, self.config.n_groups, engine._throughput, park)
 
     def hand_off(self, change: elastic.ClusterChange) -> None:
         """End the segment with no update lost and move the model servers' exact states to the
@@ -249,6 +252,8 @@ class _UnmergedRun:
         self._keep(rows)
         self.server_states, self.moved = self._read_states(), True
         self._release()
+        if change.placement is None:  # every worker is being retired: the states wait here
+            change = self._await_workers(change)
         self.events.append(
             elastic.WorkerEvent.of_change(
                 change,
@@ -259,6 +264,16 @@ class _UnmergedRun:
             )
         )
         self.placement = change.placement
+
+    def _await_workers(self, change: elastic.ClusterChange) -> elastic.ClusterChange:
+        """Wait for a worker to join (`elastic.await_return`), recompute the persisted chunks and
+        send the template there; the change to the placement on it."""
+        engine, client = self.engine, self.client
+        workers = elastic.await_return(engine, client, self.run_id, change.leaving, self.elastic_on)
+        await_data(engine, client, self.data.X, self.data.y)
+        self.template = client.scatter(self.work, broadcast=True, hash=False)
+        placement = plan(workers, self.config.n_groups, engine._throughput(client))
+        return elastic.ClusterChange(placement, sorted(workers), change.leaving, elastic.conv_count(workers))
 
     def _keep(self, rows: list[dict[str, Any]]) -> None:
         """The segment's rows joined to the run's (with the workers of their group); the next

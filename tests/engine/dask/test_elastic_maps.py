@@ -329,3 +329,55 @@ def test_the_unmerged_map_and_sma_report_workers_that_changed_between_runs(digit
         assert not trace["workers"].str.contains(left, regex=False).any(), name
         changes = [(c["action"], c["workers"], c["n_workers"]) for c in worker_changes(trace)]
         assert changes == [("join", joined, 2), ("leave", left, 2)], name
+
+
+def _scale_to_zero_and_back(client, engine) -> str:
+    """An act that retires every worker (`cluster.scale(0)`, as an adapt(minimum=0) scale-down does),
+    then starts one; returns the worker that left."""
+    cluster = client.cluster
+    (worker,) = cluster_workers(client)
+    cluster.scale(0)
+    _until(lambda: not cluster_workers(client), "the retirement of the last worker", 60)
+    cluster.scale(1)
+    return worker
+
+
+def test_the_unmerged_map_and_sma_wait_for_a_worker_when_every_worker_is_retired(digits):
+    """worker_wait and cluster.scale(0) mid-run, then a new worker: the unmerged map's model servers'
+    and SMA's average model's and replicas' exact states wait in the driver while dask retires the
+    worker, and the run goes on from them on the new one (the merged map's path): the versions or
+    rounds continue, nothing is redone, no recovery."""
+    X, y = digits
+    iterations = 60
+    runs = (("unmerged", UNMERGED, CFG.with_(n_groups=1)), ("sma", SMA, SMA_CFG))
+    results = {}
+    with local_client(n_workers=1) as client:
+        for name, strategy, config in runs:
+            _until(lambda: _progress(client) == 0, "the last run's servers let go")
+            engine = DaskEngine(client, timeout=30, poll=0.2, strategy=strategy, worker_wait=60)
+            change = Change(client, engine, LEAVE_AT, _scale_to_zero_and_back)
+            change.start()
+            result = engine.run(zoo.lenet(seed=0), X, y, config, Budget(iterations=iterations))
+            change.join(timeout=60)
+            assert change.error is None, (name, change.error)
+            (now,) = cluster_workers(client)
+            results[name] = (result.trace, change.out, now)
+    for name, (trace, left, now) in results.items():
+        (event,) = trace.attrs["worker_events"]
+        assert event["left"] == [left] and event["joined"] == [now] != [left], name
+        assert trace.attrs["recoveries"] == [] and not trace["recovered"].any(), name
+        assert np.isfinite(trace["loss"]).all(), name
+    trace, _, now = results["unmerged"]
+    (event,) = trace.attrs["worker_events"]
+    assert event["version"] >= LEAVE_AT and event["conv_state"][0] == event["conv_state"][1] != ""
+    assert event["fc_state"][0] == event["fc_state"][1] != ""
+    assert sorted(trace["version_written"]) == list(range(1, iterations + 1))
+    assert (trace.loc[trace["version_written"] > event["version"], "workers"] == now).all()
+    trace, _, now = results["sma"]
+    (event,) = trace.attrs["worker_events"]
+    assert set(event["states"]) == {"average model", "learner 0", "learner 1"}
+    assert all(read == moved != "" for read, moved in event["states"].values())
+    assert len(trace) == iterations and event["n_groups_after"] == 2
+    _rounds_continue(trace)
+    after = trace[trace["version_read"] >= event["version"]]
+    assert len(after) and (after["workers"] == now).all()
