@@ -73,30 +73,29 @@ class Evaluator:
     samples, and `val_loss` and `val_accuracy` on the validation data (all of it) when there is any.
 
     The validation samples are never trained on; the training samples are a random subset of those
-    trained on (drawn once), so the two curves show generalisation side by side."""
+    trained on (drawn once), so the two curves show generalisation side by side. The batches of
+    both run side by side on the process's threads (`nn.scoring.Scorer`)."""
 
     def __init__(self, net, X_eval, y_eval, X_val=None, y_val=None) -> None:
+        from dasknn.nn.scoring import Scorer
         from dasknn.nn.train import scoring_batch_size
 
-        self.net, self.X, self.y = net.copy(), np.asarray(X_eval), np.asarray(y_eval)
-        self.batch_size = scoring_batch_size(self.net)
+        self.X, self.y = np.asarray(X_eval), np.asarray(y_eval)
         self.X_val = None if X_val is None else np.asarray(X_val)
         self.y_val = None if y_val is None else np.asarray(y_val)
+        sets = {"": (self.X, self.y)}
+        if self.X_val is not None:
+            sets["val_"] = (self.X_val, self.y_val)
+        self.scorer = Scorer(net, sets, scoring_batch_size(net))
 
     @property
     def has_validation(self) -> bool:
         return self.X_val is not None
 
     def __call__(self, state: TrainState) -> dict[str, float]:
-        from dasknn.nn.train import evaluate
-
-        self.net.set_params(state.params)
-        loss, acc = evaluate(self.net, self.X, self.y, self.batch_size)
-        scores = {"loss": loss, "accuracy": acc}
-        if self.X_val is not None:
-            scores["val_loss"], scores["val_accuracy"] = evaluate(
-                self.net, self.X_val, self.y_val, self.batch_size
-            )
+        scores = {}
+        for prefix, (loss, acc) in self.scorer(state.params).items():
+            scores[f"{prefix}loss"], scores[f"{prefix}accuracy"] = loss, acc
         return scores
 
 

@@ -16,9 +16,10 @@ batch 64, mnist-sample's 4,000 training samples, a LocalCluster of 2 workers (`l
   iteration (`measure.seconds_per_iteration`, the spacing of updates after the first): start-up,
   the first iterations' warm-up and tear-down; the part outside its iterations is wall − the
   Trace's span;
-- an evaluation: `Evaluator` on the estimator's defaults (2,000 training samples and the 1,000
-  held out), in this process, as the loop runs it: 256 images a forward (before) in the
-  "restart" rows, `nn.train.scoring_batch_size` (now) in the "keep" rows.
+- an evaluation: the estimator's defaults (2,000 training samples and the 1,000 held out), in this
+  process, `nn.train.scoring_batch_size` images a forward: in the "restart" rows one batch after
+  another on the process's BLAS/OpenMP threads (`nn.train.evaluate`, the evaluation before), in the
+  "keep" rows the batches side by side (`Evaluator`, as the loop runs it now: `nn.scoring.Scorer`).
 
     python -m experiments.bench_run_boundary [--reps 7] [--short 32] [--long 160]
 
@@ -45,7 +46,7 @@ from dasknn.engine.dask.driver import local_client  # noqa: E402
 from dasknn.engine.trace import Budget, RunConfig, TrainState  # noqa: E402
 from dasknn.fitting import Evaluator  # noqa: E402
 from dasknn.nn import zoo  # noqa: E402
-from dasknn.nn.train import scoring_batch_size  # noqa: E402
+from dasknn.nn.train import evaluate, scoring_batch_size  # noqa: E402
 from dasknn.optimizer.measure import seconds_per_iteration  # noqa: E402
 from experiments.common import machine_line, results_dir, timestamp, write_tables  # noqa: E402
 
@@ -108,6 +109,13 @@ def main(argv=None) -> None:
         )
         net = zoo.lenet(seed=0)
         evaluator = Evaluator(net, X[:2000], y[:2000], Xv, yv)
+        scorer, batch = net.copy(), scoring_batch_size(net)
+
+        def one_after_another(state: TrainState) -> None:
+            scorer.set_params(state.params)
+            evaluate(scorer, X[:2000], y[:2000], batch)
+            evaluate(scorer, Xv, yv, batch)
+
         modes = {"restart": DaskEngine(client, keep_servers=False), "keep": DaskEngine(client)}
         states = {mode: TrainState.from_net(net) for mode in modes}
         for rep in range(args.reps):
@@ -120,10 +128,9 @@ def main(argv=None) -> None:
                     )
                     rows.append({"mode": mode, "rep": rep, "kind": kind, "n_groups": g, "iterations": done,
                                  "wall": wall, "boundary": boundary, "outside": outside})  # fmt: skip
-            for mode, batch in (("restart", 256), ("keep", scoring_batch_size(net))):  # before, after
-                evaluator.batch_size = batch
+            for mode, score in (("restart", one_after_another), ("keep", evaluator)):  # before, now
                 t0 = time.perf_counter()
-                evaluator(states["keep"])
+                score(states["keep"])
                 rows.append(
                     {"mode": mode, "rep": rep, "kind": "evaluation", "wall": time.perf_counter() - t0}
                 )

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from dasknn.backend import array_module, to_device
-from dasknn.nn.loss import softmax_with_loss
 from dasknn.nn.net import Net
+from dasknn.nn.scoring import batch_scores, totals
 from dasknn.nn.solver import SGD
 
 
@@ -109,16 +109,11 @@ def scoring_batch_size(net: Net, floor: int = 256, ceiling: int = 4096) -> int:
 
 
 def evaluate(net: Net, X, y, batch_size: int = 256) -> tuple[float, float]:
-    """(mean loss, accuracy) of the net on in-memory data (numpy or cupy), in test mode.
+    """(mean loss, accuracy) of the net on in-memory data (numpy or cupy), in test mode, one batch
+    after another (`nn.scoring.Scorer` runs them side by side).
 
     Each batch of images and labels moves to the net's device first, so numpy data meets a CuPy
     net (and the reverse) without mixing array modules."""
-    xp = _module_of(net)
-    total_loss, correct, n = 0.0, 0, X.shape[0]
-    for i in range(0, n, batch_size):
-        logits, _ = net.forward(to_device(X[i : i + batch_size], xp), train=False)
-        yb = to_device(y[i : i + batch_size], xp)
-        loss, _ = softmax_with_loss(logits, yb)
-        total_loss += loss * yb.shape[0]
-        correct += int((logits.argmax(axis=1) == yb).sum())
-    return total_loss / n, correct / n
+    starts = range(0, X.shape[0], batch_size)
+    scores = [batch_scores(net, X[i : i + batch_size], y[i : i + batch_size]) for i in starts]
+    return totals(scores, [min(batch_size, X.shape[0] - i) for i in starts])

@@ -1,0 +1,132 @@
+"""Scoring a net on fixed in-memory sets, its batches side by side on a few threads.
+
+A fit scores the same samples after every kept run (`dasknn.fitting.Evaluator`), in the driver
+process, while the workers wait. The batches are independent forwards, so `Scorer` runs them on a
+pool of threads, one copy of the net each (a layer keeps its oneDNN primitives and their scratch
+space, which one thread uses at a time), the process's BLAS/OpenMP threads shared out among them
+(`threads_per_batch`). Each batch's (mean loss, correct) is the one `nn.train.evaluate` computes
+with that many threads, and the sums run in batch order, so the scores do not depend on which
+thread finished first. OpenMP threads that wait at a barrier for a core another process holds
+slow a forward several times over on a busy machine; one thread a batch never waits.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from dasknn.backend import _cpu_cores, array_module, to_device
+from dasknn.nn.loss import softmax_with_loss
+from dasknn.nn.net import Net
+
+__all__ = ["Scorer", "batch_scores", "process_threads", "threads_per_batch", "totals"]
+
+
+def batch_scores(net: Net, X, y) -> tuple[float, int]:
+    """(mean loss, correct predictions) of the net on one batch, in test mode; the batch moves to
+    the net's device first."""
+    xp = array_module(next(iter(net.params.values()), None))
+    logits, _ = net.forward(to_device(X, xp), train=False)
+    yb = to_device(y, xp)
+    loss, _ = softmax_with_loss(logits, yb)
+    return loss, int((logits.argmax(axis=1) == yb).sum())
+
+
+def totals(scores: list[tuple[float, int]], sizes: list[int]) -> tuple[float, float]:
+    """(mean loss, accuracy) over batches of `sizes` samples from their `batch_scores`, summed in
+    batch order."""
+    total_loss, correct = 0.0, 0
+    for (loss, right), size in zip(scores, sizes, strict=True):
+        total_loss += loss * size
+        correct += right
+    n = sum(sizes)
+    return total_loss / n, correct / n
+
+
+def process_threads() -> int:
+    """The threads this process computes with now: its BLAS pool's (which a Dask worker's setup, or
+    `backend.blas_threads`, limits), else its cores."""
+    from threadpoolctl import threadpool_info
+
+    blas = [info["num_threads"] for info in threadpool_info() if info.get("user_api") == "blas"]
+    return max(1, int(blas[0])) if blas else _cpu_cores()
+
+
+def threads_per_batch(threads: int, n_batches: int) -> tuple[int, int]:
+    """(batches side by side, BLAS/OpenMP threads each) sharing `threads` over `n_batches`."""
+    side_by_side = max(1, min(threads, n_batches))
+    return side_by_side, max(1, threads // side_by_side)
+
+
+class Scorer:
+    """(mean loss, accuracy) of a net's parameters on named in-memory sets, `batch_size` images a
+    forward, the batches over `threads` threads (default `process_threads()`, shared out by
+    `threads_per_batch`). With one thread, or a net on a GPU, the batches run one after another in
+    the calling thread, as `nn.train.evaluate` runs them."""
+
+    def __init__(
+        self, net: Net, sets: Mapping[str, tuple[Any, Any]], batch_size: int, threads: int | None = None
+    ) -> None:
+        self.sets = dict(sets)
+        self.batch_size = int(batch_size)
+        self.batches = [
+            (name, start, min(start + self.batch_size, int(X.shape[0])))
+            for name, (X, _) in self.sets.items()
+            for start in range(0, int(X.shape[0]), self.batch_size)
+        ]
+        self.sizes = [stop - start for _, start, stop in self.batches]
+        on_cpu = array_module(next(iter(net.params.values()), None)) is np
+        available = process_threads() if threads is None else int(threads)
+        available = available if on_cpu else 1
+        self.side_by_side, self.threads_each = threads_per_batch(available, len(self.batches))
+        self.nets = [net.copy() for _ in range(self.side_by_side)]
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __call__(self, params: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+        for net in self.nets:
+            net.set_params(params)
+        if self.side_by_side == 1:
+            scores = [self._batch(self.nets[0], b) for b in self.batches]
+        else:
+            scores = self._side_by_side()
+        out: dict[str, tuple[float, float]] = {}
+        for name in self.sets:
+            mine = [i for i, batch in enumerate(self.batches) if batch[0] == name]
+            out[name] = totals([scores[i] for i in mine], [self.sizes[i] for i in mine])
+        return out
+
+    def _batch(self, net: Net, batch: tuple[str, int, int]) -> tuple[float, int]:
+        name, start, stop = batch
+        X, y = self.sets[name]
+        return batch_scores(net, X[start:stop], y[start:stop])
+
+    def _side_by_side(self) -> list[tuple[float, int]]:
+        """Every batch's scores, the largest batches first (the pool then ends evenly), each on a
+        free copy of the net, under the BLAS/OpenMP limit of `threads_each`."""
+        from threadpoolctl import threadpool_limits
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.side_by_side, thread_name_prefix="dasknn-scoring")
+        free: queue.SimpleQueue[Net] = queue.SimpleQueue()
+        for net in self.nets:
+            free.put(net)
+
+        def run(batch: tuple[str, int, int]) -> tuple[float, int]:
+            net = free.get()
+            try:
+                return self._batch(net, batch)
+            finally:
+                free.put(net)
+
+        order = sorted(range(len(self.batches)), key=lambda i: -self.sizes[i])
+        scores: list[tuple[float, int]] = [(math.nan, 0)] * len(self.batches)
+        with threadpool_limits(limits=self.threads_each):
+            futures = {i: self._pool.submit(run, self.batches[i]) for i in order}
+            for i, future in futures.items():
+                scores[i] = future.result()
+        return scores
