@@ -93,6 +93,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         engine: str = "dask",
         scheduler: str | None = None,
         n_workers: int | None = None,
+        worker_wait: float | None = None,
         input_shape: Any = None,
         eval_size: int = 2000,
         validation_data: Any = None,
@@ -135,6 +136,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.engine = engine
         self.scheduler = scheduler
         self.n_workers = n_workers
+        self.worker_wait = worker_wait
         self.input_shape = input_shape
         self.eval_size = eval_size
         self.validation_data = validation_data

@@ -64,6 +64,7 @@ class FitSettings:
     tol: float
     callbacks: list | None
     n_workers: int | None
+    worker_wait: float | None
     scheduler: str | None
     security: Any
     strategy: str
@@ -139,7 +140,7 @@ def engine_for(stack: ExitStack, s: FitSettings, net: Net):
     from dasknn.engine.dask import DaskEngine
 
     client = dask_client(stack, s.scheduler, s.security, s.n_workers)
-    engine = DaskEngine(client, **options)
+    engine = DaskEngine(client, worker_wait=s.worker_wait, **options)
     stack.callback(engine.close)  # the servers it keeps between runs go before the client
     return engine, client
 

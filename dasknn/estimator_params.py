@@ -207,6 +207,13 @@ PARAMS: tuple[Param, ...] = (
     Param("n_workers", None, Number(1, integer=True, also=(None,)),
           "Workers of the LocalCluster started when there is no client (default: one per core, at most 4), "
           "or of the simulated cluster."),
+    Param("worker_wait", None, Number(0, also=(None,)),
+          "engine=\"dask\": seconds a run waits for a worker when the cluster has none at its start, or "
+          "every worker of the run is retired (the servers' state waits in the driver) or lost (the "
+          "recovery then waits), with a task pending so that an adaptive cluster "
+          "(`cluster.adapt(minimum=0)`) starts one, rather than failing with WorkerLostError "
+          "(`DaskEngine(worker_wait=...)`). None: the engine's timeout (120 s) when the client's cluster "
+          "adapts down to zero workers, else no wait.", resume=False),
     Param("input_shape", None, Custom("None, 'flat' or (C, H, W) of positive integers", accepts=_input_shape),
           "None: X is 4-D (n, C, H, W). A tuple reshapes 2-D rows to images. \"flat\": each row's "
           "features are the channels of a 1×1 image (tabular data; use net=\"mlp\").", flag=False),

@@ -118,6 +118,8 @@ def test_pickle_and_clone(fitted_simulated, digits):
         ({"aggregation": "allreduce"}, "aggregation must be one of"),
         ({"split": 3}, "split must be None, 'auto' or a layer name"),
         ({"security": "tls"}, "security must be None or a distributed.security.Security"),
+        ({"worker_wait": -1}, "worker_wait must be None or a finite number >= 0, got -1"),
+        ({"worker_wait": "30s"}, "worker_wait must be None or a finite number >= 0, got '30s'"),
     ],
 )
 def test_bad_parameters_are_named_before_any_work(params, message, digits):
@@ -140,6 +142,27 @@ def test_bad_data_is_named_before_any_work(digits):
         est.fit(Xn, np.zeros(128, dtype=int))
     with pytest.raises(ValueError, match="4-D"):
         est.fit(Xn.reshape(128, -1), yn)
+
+
+def test_worker_wait_is_a_parameter_that_reaches_the_dask_engine():
+    """DistributedCNN(worker_wait=...) is sklearn's parameter (get_params, clone, set_params) and the
+    fit's DaskEngine waits that long for workers (docs/architecture.md, "Elastic clusters")."""
+    from contextlib import ExitStack
+
+    from dasknn.engine.dask import local_client
+    from dasknn.estimator_fit import FitSettings, engine_for
+    from dasknn.nn import zoo
+
+    est = DistributedCNN(worker_wait=45.0)
+    assert est.get_params()["worker_wait"] == 45.0 and clone(est).get_params() == est.get_params()
+    assert est.set_params(worker_wait=0).worker_wait == 0
+    params = est.set_params(worker_wait=45.0).get_params(deep=False)
+    settings = FitSettings.resolve(
+        params, tuner="auto", tuner_options=None, augment=None, max_wall_time=None, simulated_gflops=None
+    )
+    with local_client(n_workers=1, processes=False) as client, ExitStack() as stack:
+        engine, used = engine_for(stack, settings, zoo.lenet(seed=0))
+        assert used is client and engine.worker_wait == 45.0 and engine._worker_wait(client) == 45.0
 
 
 @parametrize_with_checks(
