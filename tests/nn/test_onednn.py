@@ -21,6 +21,7 @@ from threadpoolctl import threadpool_limits
 from dasknn.nn import zoo
 from dasknn.nn.layers import LRN, Convolution, Pooling, ReLU
 from dasknn.nn.onednn import available, net_backends, plain
+from dasknn.nn.onednn.kernels import kernel
 from dasknn.nn.onednn.memory import reorder_counts, threads
 from dasknn.nn.prototxt import read_net
 from dasknn.nn.solver import SGD
@@ -287,6 +288,38 @@ def cpu_over_wall(batch: int = 16, repeats: int = 3) -> float:
 def test_one_thread_uses_one_core():
     with threadpool_limits(limits=1):
         assert cpu_over_wall() < 1.2
+
+
+class _Probe:
+    """A stand-in kernel class: records the OpenMP thread count it was built under."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag, self.built_with = tag, _omp().omp_get_max_threads()
+
+
+def _omp():
+    import ctypes
+
+    gomp = ctypes.CDLL("libgomp.so.1")
+    gomp.omp_get_max_threads.restype = ctypes.c_int
+    gomp.omp_set_num_threads.argtypes = [ctypes.c_int]
+    return gomp
+
+
+def test_kernels_are_built_with_the_blas_setting_and_cached_per_thread_count():
+    """oneDNN fixes a convolution's OpenMP team when it creates it: a kernel is built under the
+    worker's count (not whatever this thread's OpenMP count was) and cached under it, so a count
+    that changes later (workers joining a one-machine cluster) gets kernels of its own."""
+    tag = f"probe-{time.monotonic_ns()}"  # a key no earlier test cached
+    with threadpool_limits(limits=2, user_api="blas"):
+        _omp().omp_set_num_threads(1)
+        two = kernel(_Probe, tag)
+    with threadpool_limits(limits=1, user_api="blas"):
+        _omp().omp_set_num_threads(2)
+        one = kernel(_Probe, tag)
+        assert kernel(_Probe, tag) is one
+    assert (two.built_with, one.built_with) == (2, 1)
+    assert one is not two
 
 
 def test_a_dask_worker_runs_onednn_on_one_core():

@@ -4,8 +4,8 @@ Each `*Kernel` holds the forward-training, backward-data and backward-weights pr
 layer at one batch size, with the layouts they chose (`format_tag_any` for convolutions; pooling,
 ReLU and LRN work in the layout of their input). `impls` names the implementation oneDNN picked
 for each primitive, so callers can refuse reference (`ref`) kernels. Kernels are built on first
-use and kept for the life of the process (`kernel` below); the time spent building them is part of
-the first iteration's, inside the fit's clock.
+use and kept for the life of the process, one per OpenMP thread count (`kernel` below); the time
+spent building them is part of the first iteration's, inside the fit's clock.
 """
 
 from __future__ import annotations
@@ -17,7 +17,16 @@ from typing import Any
 import numpy as np
 
 from dasknn.nn.onednn import capi
-from dasknn.nn.onednn.memory import Layout, as_buffer, empty, execute, plain_layout, queried_layout, wrap
+from dasknn.nn.onednn.memory import (
+    Layout,
+    as_buffer,
+    empty,
+    execute,
+    plain_layout,
+    queried_layout,
+    threads,
+    wrap,
+)
 
 __all__ = ["ConvKernel", "LRNKernel", "PoolKernel", "ReLUKernel", "kernel", "is_reference"]
 
@@ -83,8 +92,14 @@ def _create(fn: str, *args) -> capi.Handle:
 
 
 def kernel(cls, *key):
-    """The cached `cls(*key)` (built on first use)."""
-    k = (cls, *key)
+    """The cached `cls(*key)` for the calling thread's OpenMP thread count (built on first use).
+
+    oneDNN sizes a primitive's OpenMP team when it creates it (a convolution runs with the count
+    its creating thread had, whatever the count when it runs), so a kernel is built with the
+    worker's count applied (`memory.threads`) and cached under that count: a worker whose count
+    changes (`engine.dask.nanny.SharedCores`, when workers join or leave) builds kernels for the
+    new count rather than running the old ones with the old count's threads."""
+    k = (cls, threads(), *key)
     found = _kernels.get(k)
     if found is None:
         found = cls(*key)

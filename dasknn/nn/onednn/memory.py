@@ -37,7 +37,7 @@ __all__ = [
 _ALIGN = 64
 _lock = threading.RLock()
 _layouts: dict[tuple[int, ...], list[Layout]] = {}
-_reorders: dict[tuple[int, int], Any] = {}
+_reorders: dict[tuple[int, int, int], Any] = {}
 _counts: Counter = Counter()
 
 
@@ -137,7 +137,7 @@ def wrap(data: np.ndarray, layout: Layout):
 
 
 def _reorder(src: Layout, dst: Layout):
-    key = (id(src), id(dst))
+    key = (id(src), id(dst), threads())  # created with the thread count it runs with (`kernels.kernel`)
     prim = _reorders.get(key)
     if prim is None:
         lib, eng = capi.library(), capi.engine()
