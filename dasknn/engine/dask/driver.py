@@ -29,7 +29,7 @@ from dasknn.data.batching import check_window
 from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.dask import elastic, tasks
 from dasknn.engine.dask.kept import Kept, knobs_of, release_kept, take_kept
-from dasknn.engine.dask.nanny import TunedNanny
+from dasknn.engine.dask.nanny import TunedNanny, share_cores
 from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
 from dasknn.engine.dask.recovery import (
     ClusterError,
@@ -68,7 +68,9 @@ def local_client(
     `security`: a `distributed.security.Security` (TLS credentials; the cluster then listens on
     tls:// and the client connects with them), True for `Security.temporary()` (a throwaway
     self-signed certificate, for a cluster on this machine), or None/False for plain tcp://.
-    Workers that `cluster.scale` or `cluster.adapt` add later get the same settings (`nanny.TunedNanny`).
+    Workers that `cluster.scale` or `cluster.adapt` add later get the same settings (`nanny.TunedNanny`),
+    and as workers join and leave every worker's BLAS threads follow cores // workers
+    (`nanny.SharedCores`), so the workers use the cores once at any size.
     """
     from distributed import Client, LocalCluster
     from distributed.security import Security
@@ -98,6 +100,8 @@ def local_client(
     )
     client = Client(cluster, security=security) if security is not None else Client(cluster)
     try:
+        if processes:
+            share_cores(client, cores)
         yield client
     finally:
         client.close()

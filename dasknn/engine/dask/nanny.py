@@ -1,5 +1,5 @@
-"""The nanny of `local_client`'s workers: every worker it starts gets dasknn's BLAS-thread and
-malloc settings, the first ones and those a later `cluster.scale(n)` or `cluster.adapt` adds.
+"""The nanny of `local_client`'s workers and the thread count they share, for the first workers
+and those a later `cluster.scale(n)` or `cluster.adapt` adds or retires.
 
 distributed reads `distributed.nanny.pre-spawn-environ` while a Nanny is made, lets the driver's
 own environment variables win over it, and writes them into the driver's `os.environ` when it
@@ -7,15 +7,26 @@ spawns the worker. A worker added once the cluster is up would get whatever the 
 nothing: BLAS then starts a thread per core in every worker, and glibc maps each large temporary
 afresh). `TunedNanny` holds the settings itself and puts the driver's environment back once its
 spawns are done (they run concurrently: the variables stay set until the last one has started).
+
+Those settings are fixed when a worker starts, but the workers of one machine share its cores: a
+cluster started with one worker gives it every core, and a second worker `cluster.scale(2)` adds
+would start with as many, so two workers would run two OpenMP/BLAS pools of all the cores each
+(oneDNN's and OpenBLAS's threads spin at their barriers: LeNet's iteration on two such workers of a
+2-core machine took 3× as long as on two workers of one thread each). `SharedCores` is a scheduler
+plugin that sets every worker's BLAS/OpenMP threads to cores // workers each time a worker joins or
+leaves (`tasks.set_blas_threads`; oneDNN's calls take the BLAS pool's count, `nn.onednn.memory`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from distributed import Nanny
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.protocol import pickle
 
-__all__ = ["TunedNanny"]
+__all__ = ["SharedCores", "TunedNanny", "share_cores"]
 
 
 class TunedNanny(Nanny):
@@ -47,3 +58,50 @@ class TunedNanny(Nanny):
                         os.environ.pop(k, None)
                     else:
                         os.environ[k] = v
+
+
+def threads_per_worker(cores: int, n_workers: int) -> int:
+    """The BLAS/OpenMP threads of each of `n_workers` workers sharing `cores` cores (at least 1)."""
+    return max(1, int(cores) // max(1, int(n_workers)))
+
+
+class SharedCores(SchedulerPlugin):
+    """Keeps every worker of a one-machine cluster at cores // workers BLAS/OpenMP threads as
+    workers join and leave (module docstring). `threads` is the count the workers were last set to."""
+
+    name = "dasknn-shared-cores"
+    idempotent = True
+
+    def __init__(self, cores: int) -> None:
+        self.cores = int(cores)
+        self.threads: int | None = None
+        self.scheduler = None
+
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        self._lock = asyncio.Lock()  # one change at a time, in the order the workers came and went
+        await self.apply()
+
+    def add_worker(self, scheduler, worker: str) -> None:
+        scheduler._ongoing_background_tasks.call_soon(self.apply)
+
+    def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        scheduler._ongoing_background_tasks.call_soon(self.apply)
+
+    async def apply(self) -> None:
+        """Set every worker's threads for the number of workers there are now."""
+        from dasknn.engine.dask.tasks import set_blas_threads
+
+        s = self.scheduler
+        async with self._lock:
+            if not s.workers:
+                return
+            n = threads_per_worker(self.cores, len(s.workers))
+            msg = {"op": "run", "function": pickle.dumps(set_blas_threads), "args": pickle.dumps((n,))}
+            await s.broadcast(msg=msg, workers=list(s.workers), on_error="ignore")
+            self.threads = n
+
+
+def share_cores(client, cores: int) -> None:
+    """Install `SharedCores` for `cores` on the client's scheduler (`local_client` does)."""
+    client.register_plugin(SharedCores(cores), name=SharedCores.name)

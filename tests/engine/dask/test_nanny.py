@@ -1,12 +1,15 @@
 """`local_client`'s workers, the first ones and those `cluster.scale` adds later, start with the
 same BLAS-thread and malloc settings (`engine.dask.nanny.TunedNanny`), and the driver's own
-environment is left as it was."""
+environment is left as it was; as workers join and leave, every worker's BLAS threads follow
+cores // workers (`engine.dask.nanny.SharedCores`)."""
 
 from __future__ import annotations
 
 import os
+import time
 
 from dasknn.engine.dask import local_client
+from dasknn.engine.dask.nanny import SharedCores, share_cores
 
 KEYS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_",
         "MALLOC_TRIM_THRESHOLD_")  # fmt: skip
@@ -32,3 +35,53 @@ def test_a_worker_added_by_scale_gets_the_settings_of_the_first(monkeypatch):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert every[added]["OPENBLAS_NUM_THREADS"] == str(max(1, cores // 2))
     assert every[added]["MALLOC_TRIM_THRESHOLD_"] == str(64 * 2**20)
+
+
+def _threads() -> int:
+    from threadpoolctl import threadpool_info
+
+    return max(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
+
+
+def _settled(client, threads: int) -> dict[str, int]:
+    """Every worker's BLAS threads, once all have `threads` (the plugin sets them when the scheduler
+    adds or removes a worker); bounded, so a plugin that never does fails the test."""
+    deadline = time.monotonic() + 30
+    while True:
+        now = client.run(_threads)
+        if set(now.values()) == {threads} or time.monotonic() > deadline:
+            return now
+        time.sleep(0.05)
+
+
+def test_workers_share_the_cores_as_the_cluster_grows_and_shrinks():
+    from distributed import Client, LocalCluster
+
+    cores = 4  # planted: the counts below do not depend on this machine's cores
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        share_cores(client, cores)
+        (first,) = client.run(_threads)
+        assert _settled(client, 4) == {first: 4}
+        cluster.scale(2)
+        client.wait_for_workers(2, timeout=60)
+        two = _settled(client, 2)
+        assert sorted(two.values()) == [2, 2], two
+        (added,) = set(two) - {first}
+        client.retire_workers([added])
+        assert _settled(client, 4) == {first: 4}
+
+
+def _shared_cores(dask_scheduler) -> int | None:
+    plugin = dask_scheduler.plugins.get(SharedCores.name)
+    return None if plugin is None else plugin.cores
+
+
+def test_local_client_shares_the_machines_cores():
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    with local_client(n_workers=1) as client:
+        assert client.run_on_scheduler(_shared_cores) == cores
+    with local_client(n_workers=1, processes=False) as client:  # the workers are the driver's threads
+        assert client.run_on_scheduler(_shared_cores) is None
