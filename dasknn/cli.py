@@ -25,6 +25,7 @@ import re
 import signal
 import sys
 import warnings
+from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 
@@ -158,15 +159,22 @@ DATA_WORDS = {
 
 
 def cmd_train(args) -> int:
-    """Train a net with DistributedCNN and report time to accuracy."""
+    """Train a net with DistributedCNN and report time to accuracy.
+
+    Where the fit would start a LocalCluster, the command starts it first, on a thread
+    (`cluster.ClusterAhead`), once the options are checked: the scheduler and the workers start,
+    and the workers import what the fit's first computation needs, while this process imports the
+    estimator and reads and checks the data; the fit uses it as the default client. The cluster
+    then closes on a thread while the report is written."""
     from dasknn.backend import describe_device
-    from dasknn.estimator import DistributedCNN
+    from dasknn.cluster import ClusterAhead, announce
+    from dasknn.estimator_params import check_params, defaults
 
     args.dataset = args.dataset or _default_dataset()
     validation_data, fraction, held_out = _validation(args)
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}-{Path(args.net).stem}-{args.dataset}"
     out = Path(args.output or Path("dasknn-runs") / stamp)
-    est = DistributedCNN(
+    params = dict(
         **flag_values(args),
         security=_security(args),
         validation_data=validation_data,
@@ -174,22 +182,32 @@ def cmd_train(args) -> int:
         verbose=args.verbose,
         tuner_options=None if args.lr_grid is None else {"lr_grid": args.lr_grid},
     )
-    est._check_params()  # every option checked before the data is read or a cluster started
-    X, y = _load_dataset(args)
-    knobs = f"n_groups={args.n_groups}, learning_rate={args.learning_rate}, momentum={args.momentum}"
-    unit = "simulated s" if args.engine == "simulated" else "s"
-    logger.info(
-        f"dasknn {__version__}: {args.net} on {args.dataset} {tuple(X.shape)}, batch {args.batch_size}, "
-        f"{knobs}, engine {args.engine}, budget {args.time_budget} {unit}"
-    )
-    logger.info(f"device: {describe_device()}")
-    logger.info(f"held out: {held_out}")
+    # every option checked before the data is read or a cluster started
+    check_params({**defaults(), **params})
     import dask
     import distributed  # noqa: F401  (defines the config key below; a simulated fit may not import it)
 
-    with dask.config.set({"distributed.comm.timeouts.connect": f"{args.connect_timeout:g}s"}):
-        est.fit(X, y)
-    best = _report_run(est, args, out, held_out)
+    ahead = ClusterAhead.wanted(params["scheduler"], params["engine"], params["security"])
+    with ClusterAhead(params["n_workers"]) if ahead else nullcontext() as cluster:
+        from dasknn.estimator import DistributedCNN
+
+        est = DistributedCNN(**params)
+        X, y = _load_dataset(args)
+        knobs = f"n_groups={args.n_groups}, learning_rate={args.learning_rate}, momentum={args.momentum}"
+        unit = "simulated s" if args.engine == "simulated" else "s"
+        logger.info(
+            f"dasknn {__version__}: {args.net} on {args.dataset} {tuple(X.shape)}, batch {args.batch_size}, "
+            f"{knobs}, engine {args.engine}, budget {args.time_budget} {unit}"
+        )
+        logger.info(f"device: {describe_device()}")
+        logger.info(f"held out: {held_out}")
+        if cluster is not None:
+            announce(cluster.client())
+        with dask.config.set({"distributed.comm.timeouts.connect": f"{args.connect_timeout:g}s"}):
+            est.fit(X, y)
+        if cluster is not None:
+            cluster.close_behind()
+        best = _report_run(est, args, out, held_out)
     target = args.target_accuracy
     return EXIT_TARGET_REACHED if target is None or best >= target else EXIT_BUDGET_OUT
 
@@ -220,14 +238,6 @@ def _report_run(est, args, out: Path, held_out: str) -> float:
     simulated = args.engine == "simulated"
     label = f"{args.net} on {args.dataset}"
     metric = "val_accuracy" if "val_accuracy" in history else "accuracy"
-    plot_accuracy(
-        {label: history},
-        out / "accuracy.png",
-        title=f"{label}: {METRIC_LABELS[metric]}",
-        simulated=simulated,
-        target=args.target_accuracy,
-        search={label: search_spans(est.trace_, est.decisions_)},
-    )
     (out / "run.json").write_text(json.dumps({k: v for k, v in vars(args).items() if k != "func"}, indent=2))
     final = history.iloc[-1]
     unit = "simulated s" if simulated else "s"
@@ -245,6 +255,15 @@ def _report_run(est, args, out: Path, held_out: str) -> float:
         print(f"\ntime to {METRIC_LABELS[name]} ({where}; {rule}):")
         rows = est.report_[est.report_["metric"] == name]
         print(format_table(rows, ["threshold", "reached", "seconds", "iterations", "epochs"]))
+    sys.stdout.flush()  # the results show before the plot (matplotlib's import and drawing: ~1 s)
+    plot_accuracy(
+        {label: history},
+        out / "accuracy.png",
+        title=f"{label}: {METRIC_LABELS[metric]}",
+        simulated=simulated,
+        target=args.target_accuracy,
+        search={label: search_spans(est.trace_, est.decisions_)},
+    )
     print(f"wrote {out}/: {', '.join(written)}")
     return float(history[metric].max())
 

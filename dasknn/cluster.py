@@ -3,16 +3,22 @@
 A fit gets its client at fit time, never in `__init__` (dask-ml's rule): the scheduler given
 (`connect`), the worker's own client when the fit runs inside a task (`worker_client`), the default
 client, else a LocalCluster of its own (worker threads where a nanny cannot start processes).
+`dasknn train` starts that LocalCluster itself, ahead of the fit (`ClusterAhead`), so the cluster
+and its workers' imports start while the command goes on with its own set-up.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from contextlib import ExitStack
 
 import dask
 
 __all__ = [
+    "WARM_MODULES",
+    "ClusterAhead",
+    "announce",
     "connect",
     "dask_client",
     "in_daemon_process",
@@ -51,11 +57,11 @@ def dask_client(stack: ExitStack, scheduler: str | None, security, n_workers: in
                 n_workers=n_workers, security=security, processes=not threads, dashboard_address=":0"
             )
         )
-        _announce(client)
+        announce(client)
         return client
 
 
-def _announce(client) -> None:
+def announce(client) -> None:
     """A message (INFO: shown from verbose=1) naming the cluster a fit started and its dashboard link.
 
     dasknn does not depend on bokeh, which dask's dashboard needs: most dask users have it, and
@@ -128,3 +134,90 @@ def scheduler_lost(client, err: BaseException):
         f"lost the scheduler at {address} during the fit ({type(err).__name__}: {err}); restart "
         "`dask scheduler` and its workers, then resume from the last checkpoint (checkpoint_dir, resume=True)"
     )
+
+
+WARM_MODULES = ("dask.array",)
+"""What a fit's first computation on a fresh worker imports (dask.array and what it brings, scipy
+and pandas among them: 1-2 s on 2 cores): a `ClusterAhead` has its workers import them at once."""
+
+
+def _import(names: tuple[str, ...]) -> None:
+    import importlib
+
+    for name in names:
+        importlib.import_module(name)
+
+
+class ClusterAhead:
+    """The LocalCluster a fit would start (`dask_client`'s last case), started on a thread now, so
+    that the scheduler and the workers start, and the workers import `WARM_MODULES`, while this
+    process goes on with what comes before the fit (`dasknn train` imports the estimator, reads the
+    data and checks it meanwhile). Its Client becomes the default client, which the fit then uses.
+
+    `client()` waits for the start (raising what it raised); `close_behind()` closes the cluster on
+    a thread, while the caller writes its report; leaving the `with` block waits for the close (and
+    closes a cluster still open, on an error). `wanted(scheduler, engine, security)`: whether a fit
+    with these parameters would start a LocalCluster of processes."""
+
+    def __init__(self, n_workers: int | None) -> None:
+        self._stack = ExitStack()
+        self._client = None
+        self._error: BaseException | None = None
+        self._start = threading.Thread(
+            target=self._started, args=(n_workers,), name="dasknn-cluster-start", daemon=True
+        )
+        self._closing: threading.Thread | None = None
+        self._start.start()
+
+    @staticmethod
+    def wanted(scheduler, engine: str, security) -> bool:
+        from distributed import default_client
+
+        if scheduler is not None or engine != "dask" or security is not None:
+            return False
+        if in_dask_task() or in_daemon_process():
+            return False
+        try:
+            default_client()
+        except ValueError:
+            return True
+        return False
+
+    def _started(self, n_workers: int | None) -> None:
+        from dasknn.engine.dask import local_client
+
+        try:
+            client = self._stack.enter_context(local_client(n_workers=n_workers, dashboard_address=":0"))
+            client.run(_import, WARM_MODULES)
+            self._client = client
+        except BaseException as err:  # raised again in the caller's thread by client()
+            self._error = err
+
+    def client(self):
+        """The started cluster's Client (waits for the start)."""
+        self._start.join()
+        if self._error is not None:
+            raise self._error
+        return self._client
+
+    def close_behind(self) -> None:
+        """Close the cluster on a thread (the `with` block's end waits for it)."""
+        self._start.join()
+        if self._closing is None:
+            self._closing = threading.Thread(target=self._close, name="dasknn-cluster-close", daemon=True)
+            self._closing.start()
+
+    def _close(self) -> None:
+        try:
+            self._stack.close()
+        except BaseException as err:  # raised again by the `with` block's end
+            self._error = self._error or err
+
+    def __enter__(self) -> ClusterAhead:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self.close_behind()
+        self._closing.join()
+        if kind is None and self._error is not None:
+            raise self._error
