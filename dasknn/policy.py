@@ -60,8 +60,8 @@ class NextRun:
     JSON-able session to save with the current state before this run (the policy's own state,
     handed back to `Policy.begin` on resume). `note`: extra fields of the history row after it.
     `loss_limit`: the run also diverged when its evaluation loss exceeds
-    `dasknn.fitting.DIVERGED_LOSS` × ln(n_classes) (fixed knobs ask for it; the optimizers judge
-    their runs by their own scores).
+    `dasknn.fitting.DIVERGED_LOSS` × ln(n_classes) (fixed knobs and "auto" ask for it; grid and
+    online judge their runs by their own scores).
     """
 
     config: RunConfig

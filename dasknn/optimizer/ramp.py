@@ -8,12 +8,14 @@ non-finite loss, that window is undone (its start snapshot restored) and the pre
 The confound: early in training the loss falls fast at any η, and the fall slows as the loss gets
 lower, so a plain "faster than the window before" would judge every doubling against the steep
 start and stop too early (the earlier window looks better only because it came first).
-`window_progress` is the fall of log loss per iteration. How it slows is measured at the start η
-on two calibration windows (both are training): progress as a power of the loss level,
-p ∝ L^γ (`loss_exponent`). It is a function of where training is (the loss), not of how many
-iterations it took to get there, so it holds across rates. A doubled window is judged against the
-previous window's progress carried to the new window's loss level, p_prev · (L_now/L_prev)^γ
-(`expected_ratio`): it must beat what the old η would have done at the same point.
+`window_progress` is the fall of log loss per iteration. How it slows is progress as a power of
+the loss level, p ∝ L^γ: measured at the start η on two calibration windows (both are training;
+`loss_exponent`), or with one calibration window taken as γ = `gamma_prior` (1: the main job
+measured 0.96-1.11), which saves a window at the slowest η. It is a function of where training
+is (the loss), not of how many iterations it took to get there, so it holds across rates. A
+doubled window is judged against the previous window's progress carried to the new window's loss
+level, p_prev · (L_now/L_prev)^γ (`expected_ratio`): it must beat what the old η would have done at
+the same point.
 
 The transient: the first window at a new η is not the rate's steady progress. With momentum µ the
 velocity takes ~1/(1 − µ) iterations to build up at the new η, and with asynchronous groups the
@@ -26,6 +28,11 @@ the transient costs at most what undoing the window would) and the rate gets a s
 next window at the same η, judged against the same expectation (the old η's last window carried
 to the new loss level). A second window that also falls short, a larger rise, or a non-finite
 loss ends the ramp; then that window is undone and the previous η kept.
+
+The first step may be larger (`first_factor`, × 4 for "auto": a prior from a solver tuned for long
+synchronous runs is usually low for time to accuracy, and each doubling costs a window or two).
+When that step is undone, the rate a plain step reaches is tried next, and the rate found worse is
+a ceiling the later doublings stop below.
 """
 
 from __future__ import annotations
@@ -92,7 +99,12 @@ def loss_exponent(p0: float, p1: float, level0: float, level1: float) -> float:
 
 
 def expected_ratio(gamma: float, level_before: float, level_now: float) -> float:
-    """The progress a fixed η keeps from a window at loss level `level_before` to one at `level_now`."""
+    """The progress a fixed η keeps from a window at loss level `level_before` to one at `level_now`,
+    at most 1: a window whose loss rose above the level before is never owed more progress (its
+    level is its own doing: a loss blown up to 1e5 by too high an η would owe a huge fall, so that
+    its rise would look small next to it and be kept as a transient)."""
+    if not level_now < level_before:
+        return 1.0
     return (level_now / level_before) ** gamma
 
 
@@ -125,6 +137,10 @@ class LrRamp:
     max_steps: int = 12
     margin: float = 0.0
     z: float = 1.0
+    calibrations: int = 2  # windows at the start η that measure γ (1: γ = `gamma_prior`)
+    gamma_prior: float = 1.0
+    first_factor: float = math.nan  # the first step's factor (NaN: `factor`)
+    ceiling: float = math.nan  # an η found worse: the ramp never goes to it again
     windows: int = 0  # windows kept so far
     iterations: int = 0  # iterations kept so far (the t of the power law)
     calibration: list[list[float]] = field(default_factory=list)  # [progress, level] at the start η
@@ -144,6 +160,10 @@ class LrRamp:
             raise ValueError(f"the ramp's window must be >= 2 iterations, got {self.window}")
         if not self.factor > 1:
             raise ValueError(f"the ramp's factor must be > 1, got {self.factor}")
+        if not (math.isnan(self.first_factor) or self.first_factor >= self.factor):
+            raise ValueError(f"the ramp's first_factor must be >= its factor, got {self.first_factor}")
+        if self.calibrations not in (1, 2):
+            raise ValueError(f"the ramp calibrates on 1 or 2 windows, got {self.calibrations}")
 
     def observe(self, losses) -> RampStep:
         """Judge the window just run at `self.lr` from its training losses, in order."""
@@ -159,13 +179,17 @@ class LrRamp:
         if not math.isfinite(p):
             return self._undo(p, "a loss was not finite")
         rose = p < -self.z * se  # beyond the window's noise
-        if len(self.calibration) < 2 and rose:
+        calibrating = len(self.calibration) < self.calibrations
+        if calibrating and rose:
             return self._undo(p, "the loss rose")
-        if len(self.calibration) < 2:  # two windows at the start η measure how progress decays
+        if calibrating:  # windows at the start η measure how progress decays
             self._keep(p, level, n)
             self.calibration.append([p, level])
-            if len(self.calibration) < 2:
+            if len(self.calibration) < self.calibrations:
                 return RampStep(self.lr, False, False, f"calibration window at η = {self.lr:g}: {p:.3g}/it")
+            if self.calibrations == 1:
+                self.gamma = self.gamma_prior
+                return self._double(f"{p:.3g}/it at η; progress taken to go as loss^{self.gamma:.2f}")
             (p0, l0), (p1, l1) = self.calibration
             self.gamma = loss_exponent(p0, p1, l0, l1)
             return self._double(f"calibration at η: progress goes as loss^{self.gamma:.2f}")
@@ -175,6 +199,9 @@ class LrRamp:
             self._keep(p, level, n)
             if self.steps >= self.max_steps:
                 return self._finish(f"{self.max_steps} doublings: the ramp ends at η = {self.lr:g}")
+            if self.lr * self.factor >= self.ceiling:
+                why = f"η = {self.lr * self.factor:g} was worse: the ramp ends at η = {self.lr:g}"
+                return self._finish(why)
             return self._double(f"progress {p:.3g}/it beat the previous η's expected {expected:.3g}/it")
         if rose:
             short = f"the loss rose ({p:.3g}±{se:.2g}/it)"
@@ -196,9 +223,12 @@ class LrRamp:
         self.iterations += n
         self.last_progress, self.last_level, self.final_progress = p, level, p
 
+    def _step_factor(self) -> float:
+        return self.first_factor if self.steps == 0 and self.first_factor > self.factor else self.factor
+
     def _double(self, why: str) -> RampStep:
+        old, self.lr = self.lr, self.lr * self._step_factor()
         self.steps += 1
-        old, self.lr = self.lr, self.lr * self.factor
         return RampStep(self.lr, False, False, f"{why}: η {old:g} -> {self.lr:g}")
 
     def _undo(self, p: float, why: str) -> RampStep:
@@ -211,6 +241,17 @@ class LrRamp:
             self.lr /= self.factor
             self.calibration = []
             return RampStep(self.lr, True, False, f"{why} at the start η: restored, η halved to {self.lr:g}")
+        if self.steps == 1 and self.first_factor > self.factor and math.isnan(self.ceiling):
+            # the first step overshot the rates between: the one a plain step reaches is tried next
+            start = self.lr / self.first_factor
+            self.ceiling, self.lr = self.lr, start * self.factor
+            self.second_look = False
+            return RampStep(
+                self.lr,
+                True,
+                False,
+                f"{why}: window restored, η {start:g} × {self.factor:g} = {self.lr:g} next",
+            )
         self.lr /= self.factor
         self.done = True
         return RampStep(self.lr, True, True, f"{why}: window restored, ramp ends at η = {self.lr:g}")

@@ -52,7 +52,8 @@ def test_the_ramp_doubles_then_the_plateau_divides_by_three(long_fit):
     d = long_fit.decisions
     windows = d[(d["phase"] == "ramp") & (d["action"] == "window")]
     lrs = windows["lr"].to_numpy()
-    assert lrs[0] == pytest.approx(0.01) and lrs.max() >= 0.04  # Caffe's 0.01, then doubled
+    assert d.iloc[0]["lr"] == pytest.approx(0.01)  # Caffe's 0.01: one window there, then × 4
+    assert lrs[0] == pytest.approx(0.04) and lrs.max() >= 0.04  # (a row holds the η the fit goes on with)
     end = d[d["action"] == "end"].iloc[0]
     plateau = d[d["action"] == "plateau"]
     assert len(plateau) >= 1

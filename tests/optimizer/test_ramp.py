@@ -206,3 +206,60 @@ def test_a_ramp_stopped_during_a_second_look_resumes_with_it():
     assert again.done and again.lr == pytest.approx(0.01) and again.to_dict() == ramp.to_dict()
     old = {k: v for k, v in ramp.to_dict().items() if k != "second_look"}
     assert LrRamp.from_dict(old).second_look is False
+
+
+def test_one_calibration_window_and_a_first_step_of_four_reach_the_best_rate_sooner():
+    """The "auto" tuner's ramp: one window at the start η (γ taken as `gamma_prior`), then η × 4,
+    then doublings. On the planted curve it ends at the same η as the two-window ramp, in fewer
+    windows, and every kept window but the calibration ran at 4× the start η or more."""
+    plain = LrRamp(lr=0.01, window=20)
+    plain_kept, plain_steps = run_ramp(plain)
+    ramp = LrRamp(lr=0.01, window=20, calibrations=1, first_factor=4.0)
+    kept, steps = run_ramp(ramp)
+    assert ramp.done and ramp.lr == pytest.approx(plain.lr) == pytest.approx(0.32)
+    assert [lr for lr, _ in kept] == pytest.approx([0.01, 0.04, 0.08, 0.16, 0.32, 0.64])
+    assert len(steps) == len(plain_steps) - 2
+    assert ramp.gamma == 1.0 and "loss^1.00" in steps[0].reason
+
+
+def test_a_first_step_that_overshoots_tries_the_plain_step_and_never_goes_back_above():
+    """×4 from 0.2 lands on 0.8, past the best (flat there): that window is undone and 0.4 (the
+    plain doubling) tried next; it beats the start's expectation, and the ramp ends there rather
+    than doubling back to the rate already found worse."""
+    ramp = LrRamp(lr=0.2, window=5, calibrations=1, first_factor=4.0)  # short: far above the floor
+    kept, steps = run_ramp(ramp)
+    assert ramp.done and ramp.lr == pytest.approx(0.4)
+    assert [lr for lr, _ in kept] == pytest.approx([0.2, 0.8, 0.4])  # 0.8's first look, then 0.4
+    undo = next(s for s in steps if s.restore)
+    assert not undo.done and undo.lr == pytest.approx(0.4) and "0.4 next" in undo.reason
+    assert "was worse" in steps[-1].reason and not steps[-1].restore
+    again = LrRamp.from_dict(ramp.to_dict())
+    assert again.ceiling == pytest.approx(0.8) and again.first_factor == 4.0
+
+
+def test_a_ramp_dict_written_before_the_first_step_existed_loads_as_the_plain_ramp():
+    ramp = LrRamp(lr=0.01, window=20)
+    run_ramp(ramp, max_windows=2)
+    old = {
+        k: v
+        for k, v in ramp.to_dict().items()
+        if k not in ("calibrations", "gamma_prior", "first_factor", "ceiling")
+    }
+    again = LrRamp.from_dict(old)
+    assert again.calibrations == 2 and math.isnan(again.first_factor) and math.isnan(again.ceiling)
+    with pytest.raises(ValueError, match="first_factor"):
+        LrRamp(lr=0.01, first_factor=1.5)
+    with pytest.raises(ValueError, match="1 or 2"):
+        LrRamp(lr=0.01, calibrations=3)
+
+
+@pytest.mark.parametrize("factor", [2.0, 1e5])
+def test_a_rise_is_never_owed_the_progress_of_its_own_higher_loss(factor):
+    """A doubled window whose loss blew up (×1e5: too high an η on stale weights) sits at a far
+    higher loss level; carried there, the old η's expected fall would be huge and the rise would
+    look small beside it (kept for a second look, from a ruined state). It is undone at once."""
+    ramp = LrRamp(lr=0.01, window=20)
+    kept, steps = run_ramp(ramp, transient=lambda old, new: Rise(factor))
+    assert len(steps) == 3 and steps[-1].restore and steps[-1].done
+    assert "second look" not in steps[-1].reason and "rose" in steps[-1].reason
+    assert expected_ratio(1.0, 0.2, 1e4) == 1.0 and expected_ratio(1.0, 0.2, 0.1) == pytest.approx(0.5)
