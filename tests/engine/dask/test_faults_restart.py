@@ -12,7 +12,7 @@ import pytest
 from dasknn.engine.dask import DaskEngine, WorkerLostError, cluster_workers, local_client
 from dasknn.engine.dask.replicas import AverageModel
 from dasknn.engine.strategy import Strategy
-from dasknn.engine.trace import Budget, RunConfig
+from dasknn.engine.trace import Budget, RunConfig, worker_changes
 from dasknn.nn import zoo
 from tests.engine.dask.test_faults import Killer, _conv_versions, training_accuracy
 
@@ -42,11 +42,19 @@ def test_a_lost_worker_is_recovered_by_replanning_and_reaches_the_target(digits,
     X, y = digits
     with local_client(n_workers=2) as client:
         engine = DaskEngine(client, timeout=20, poll=0.2, strategy=strategy)
+        net = zoo.lenet(seed=0)
+        # a run before: the engine knows the workers, so the lost one could also read as "left"
+        first = engine.run(net, X, y, CFG.with_(lr=lr), Budget(iterations=4))
+        deadline = time.monotonic() + 60  # a bound, not a timing: until its servers are let go
+        while any(client.run(_updates, on_error="ignore").values()):
+            assert time.monotonic() < deadline, "the first run's servers were not let go"
+            time.sleep(0.05)
         killer = Killer(client, engine, _not_home, at=15, machine=True, probe=_updates)
         killer.start()
-        net = zoo.lenet(seed=0)
         started = time.time()
-        result = engine.run(net, X, y, CFG.with_(lr=lr), Budget(seconds=600, iterations=ITERATIONS))
+        result = engine.run(
+            net, X, y, CFG.with_(lr=lr), Budget(seconds=600, iterations=ITERATIONS), start=first.state
+        )
         killer.join(timeout=5)
         survivors = set(cluster_workers(client))
     (victim,) = killer.victims
@@ -58,8 +66,10 @@ def test_a_lost_worker_is_recovered_by_replanning_and_reaches_the_target(digits,
     assert started + rec["time"] - killer.killed_at < 30  # noticed by polling, not after a timeout
     assert victim not in rec["placement"]
     trace = result.trace
+    assert [c["action"] for c in worker_changes(trace)] == ["lost"]  # once, as lost
+    assert trace.attrs["n_workers"] == 1
     assert len(trace) >= ITERATIONS - 1 and trace["recovered"].all()
-    assert result.state.iterations_done == len(trace)
+    assert result.state.iterations_done == len(trace) + 4
     acc = training_accuracy(net, X, y)
     assert acc >= TARGET, f"training accuracy {acc:.3f} after losing a worker ({strategy.name})"
 
