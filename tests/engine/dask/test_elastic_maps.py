@@ -342,42 +342,40 @@ def _scale_to_zero_and_back(client, engine) -> str:
     return worker
 
 
-def test_the_unmerged_map_and_sma_wait_for_a_worker_when_every_worker_is_retired(digits):
+@pytest.mark.parametrize(
+    "name",
+    ["sma", pytest.param("unmerged", marks=pytest.mark.slow)],  # the same path (`await_return`)
+)
+def test_the_unmerged_map_and_sma_wait_for_a_worker_when_every_worker_is_retired(name, digits):
     """worker_wait and cluster.scale(0) mid-run, then a new worker: the unmerged map's model servers'
     and SMA's average model's and replicas' exact states wait in the driver while dask retires the
     worker, and the run goes on from them on the new one (the merged map's path): the versions or
     rounds continue, nothing is redone, no recovery."""
     X, y = digits
-    iterations = 60
-    runs = (("unmerged", UNMERGED, CFG.with_(n_groups=1)), ("sma", SMA, SMA_CFG))
-    results = {}
+    iterations = 40
+    strategy, config = {"unmerged": (UNMERGED, CFG.with_(n_groups=1)), "sma": (SMA, SMA_CFG)}[name]
     with local_client(n_workers=1) as client:
-        for name, strategy, config in runs:
-            _until(lambda: _progress(client) == 0, "the last run's servers let go")
-            engine = DaskEngine(client, timeout=30, poll=0.2, strategy=strategy, worker_wait=60)
-            change = Change(client, engine, LEAVE_AT, _scale_to_zero_and_back)
-            change.start()
-            result = engine.run(zoo.lenet(seed=0), X, y, config, Budget(iterations=iterations))
-            change.join(timeout=60)
-            assert change.error is None, (name, change.error)
-            (now,) = cluster_workers(client)
-            results[name] = (result.trace, change.out, now)
-    for name, (trace, left, now) in results.items():
-        (event,) = trace.attrs["worker_events"]
-        assert event["left"] == [left] and event["joined"] == [now] != [left], name
-        assert trace.attrs["recoveries"] == [] and not trace["recovered"].any(), name
-        assert np.isfinite(trace["loss"]).all(), name
-    trace, _, now = results["unmerged"]
+        engine = DaskEngine(client, timeout=30, poll=0.2, strategy=strategy, worker_wait=60)
+        change = Change(client, engine, LEAVE_AT, _scale_to_zero_and_back)
+        change.start()
+        result = engine.run(zoo.lenet(seed=0), X, y, config, Budget(iterations=iterations))
+        change.join(timeout=60)
+        (now,) = cluster_workers(client)
+    assert change.error is None, change.error
+    trace, left = result.trace, change.out
     (event,) = trace.attrs["worker_events"]
-    assert event["version"] >= LEAVE_AT and event["conv_state"][0] == event["conv_state"][1] != ""
-    assert event["fc_state"][0] == event["fc_state"][1] != ""
-    assert sorted(trace["version_written"]) == list(range(1, iterations + 1))
-    assert (trace.loc[trace["version_written"] > event["version"], "workers"] == now).all()
-    trace, _, now = results["sma"]
-    (event,) = trace.attrs["worker_events"]
-    assert set(event["states"]) == {"average model", "learner 0", "learner 1"}
-    assert all(read == moved != "" for read, moved in event["states"].values())
-    assert len(trace) == iterations and event["n_groups_after"] == 2
-    _rounds_continue(trace)
-    after = trace[trace["version_read"] >= event["version"]]
-    assert len(after) and (after["workers"] == now).all()
+    assert event["left"] == [left] and event["joined"] == [now] != [left]
+    assert trace.attrs["recoveries"] == [] and not trace["recovered"].any()
+    assert np.isfinite(trace["loss"]).all()
+    if name == "unmerged":
+        assert event["version"] >= LEAVE_AT and event["conv_state"][0] == event["conv_state"][1] != ""
+        assert event["fc_state"][0] == event["fc_state"][1] != ""
+        assert sorted(trace["version_written"]) == list(range(1, iterations + 1))
+        assert (trace.loc[trace["version_written"] > event["version"], "workers"] == now).all()
+    else:
+        assert set(event["states"]) == {"average model", "learner 0", "learner 1"}
+        assert all(read == moved != "" for read, moved in event["states"].values())
+        assert len(trace) == iterations and event["n_groups_after"] == 2
+        _rounds_continue(trace)
+        after = trace[trace["version_read"] >= event["version"]]
+        assert len(after) and (after["workers"] == now).all()
