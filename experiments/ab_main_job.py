@@ -9,7 +9,11 @@ subprocess (each run's folder is kept under experiments/results/ab_main_job/). P
 the medians, the ratios of medians to the first fixed contender, and the machine's load before and
 after (a busy machine moves wall-clock numbers: compare only contenders of the same round).
 
-    python -m experiments.ab_main_job [--rounds 3] [--targets 0.95 0.96] [--fixed 2,0.03,0.9 ...]
+`--torch` adds a contender "pytorch": a plain PyTorch loop with Caffe's LeNet solver (batch 64,
+η 0.01 with the inv policy, µ 0.9) on the same split and initial weights, as its own process
+(`torch_once`; its clock is its training time, scoring excluded, as the fit's clock).
+
+    python -m experiments.ab_main_job [--rounds 3] [--targets 0.95 0.96] [--fixed 2,0.03,0.9 ...] [--torch]
 """
 
 from __future__ import annotations
@@ -29,9 +33,31 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from experiments.common import machine_line, results_dir, timestamp, write_tables  # noqa: E402
 
 
+def torch_once(folder: str, budget: float = 60.0) -> None:
+    """The PyTorch contender, run as its own process: a plain loop with Caffe's LeNet solver
+    (experiments/bench_tta_torch, 2 threads) on the main job's split, from dasknn's initial
+    weights, to 96% held-out; its history (training seconds, scoring off the clock) and a report
+    in the shape of dasknn train's go to `folder`."""
+    import dask
+
+    from dasknn.data import load
+    from dasknn.reports import time_to_accuracy
+    from experiments.bench_tta import TARGET, _cores, torch_parts
+    from experiments.bench_tta_torch import caffe_lenet_loop
+
+    X, y = dask.compute(*load("mnist-sample"))
+    Xt, yt, held_out = torch_parts(X, y)
+    history = caffe_lenet_loop(Xt, yt, budget, TARGET, 2000, 0, threads=_cores(), validation=held_out)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    history.to_csv(out / "history.csv", index=False)
+    report = time_to_accuracy(history, (0.9, 0.95, 0.96), metric="val_accuracy")
+    report.rename(columns={"time": "seconds"}).to_csv(out / "report.csv", index=False)
+
+
 def flags_of(name: str) -> list[str]:
     """The `dasknn train` flags of a contender: "auto" (the default) or "g,η,µ"."""
-    if name == "auto":
+    if name in ("auto", "pytorch"):
         return []
     g, lr, mu = name.split(",")
     return ["--n-groups", g, "--lr", lr, "--momentum", mu]
@@ -42,6 +68,12 @@ def run_once(name: str, targets: list[float], folder: Path) -> dict:
     held-out, and its wall time."""
     env = {**os.environ, "DASKNN_PRIOR_CACHE": "off"}
     command = [sys.executable, "-m", "dasknn", "train", "--output", str(folder), *flags_of(name)]
+    if name == "pytorch":
+        command = [
+            sys.executable,
+            "-c",
+            f"from experiments.ab_main_job import torch_once; torch_once({str(folder)!r})",
+        ]
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -70,8 +102,9 @@ def main(argv=None) -> None:
         help="thresholds of dasknn train's report (the fit stops at its own 96%%)",
     )
     parser.add_argument("--fixed", nargs="*", default=["2,0.03,0.9"], help="fixed knobs g,η,µ")
+    parser.add_argument("--torch", action="store_true", help="also a PyTorch loop with Caffe's solver")
     args = parser.parse_args(argv)
-    contenders = ["auto", *args.fixed]
+    contenders = ["auto", *args.fixed, *(["pytorch"] if args.torch else [])]
     print(machine_line(), flush=True)
     rows = []
     stem = f"ab_main_job_{timestamp()}"
