@@ -4,10 +4,11 @@ A fit scores the same samples after every kept run (`dasknn.fitting.Evaluator`),
 process, while the workers wait. The batches are independent forwards, so `Scorer` runs them on a
 pool of threads, one copy of the net each (a layer notes what ran in it; oneDNN's primitives are
 shared, built per thread count, each call with its own scratch space: `nn.onednn.kernels`), the
-process's BLAS/OpenMP threads shared out among them (`threads_per_batch`). Each batch's (mean loss, correct) is the one `nn.train.evaluate` computes
-with that many threads, and the sums run in batch order, so the scores do not depend on which
-thread finished first. OpenMP threads that wait at a barrier for a core another process holds
-slow a forward several times over on a busy machine; one thread a batch never waits.
+process's BLAS/OpenMP threads shared out among them (`threads_per_batch`). Each batch's (mean
+loss, correct) is the one `nn.train.evaluate` computes with that many threads, and the sums run in
+batch order, so the scores do not depend on which thread finished first. OpenMP threads that wait
+at a barrier for a core another process holds slow a forward several times over on a busy
+machine; one thread a batch never waits.
 """
 
 from __future__ import annotations
