@@ -162,10 +162,10 @@ def cmd_train(args) -> int:
     """Train a net with DistributedCNN and report time to accuracy.
 
     Where the fit would start a LocalCluster, the command starts it first, on a thread
-    (`cluster.ClusterAhead`), once the options are checked: the scheduler and the workers start,
-    and the workers import what the fit's first computation needs, while this process imports the
-    estimator and reads and checks the data; the fit uses it as the default client. The cluster
-    then closes on a thread while the report is written."""
+    (`cluster.ClusterAhead`), once the options are checked and the data read: the scheduler and
+    the workers start, and the workers import what the fit's first computation needs, while this
+    process imports the estimator and checks the data; the fit uses it as the default client. The
+    cluster then closes on a thread while the report is written."""
     from dasknn.backend import describe_device
     from dasknn.cluster import ClusterAhead, announce
     from dasknn.estimator_params import check_params, defaults
@@ -187,12 +187,12 @@ def cmd_train(args) -> int:
     import dask
     import distributed  # noqa: F401  (defines the config key below; a simulated fit may not import it)
 
+    X, y = _load_dataset(args)  # a missing or bad dataset is named before any cluster starts
     ahead = ClusterAhead.wanted(params["scheduler"], params["engine"], params["security"])
     with ClusterAhead(params["n_workers"]) if ahead else nullcontext() as cluster:
         from dasknn.estimator import DistributedCNN
 
         est = DistributedCNN(**params)
-        X, y = _load_dataset(args)
         knobs = f"n_groups={args.n_groups}, learning_rate={args.learning_rate}, momentum={args.momentum}"
         unit = "simulated s" if args.engine == "simulated" else "s"
         logger.info(
