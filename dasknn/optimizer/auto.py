@@ -86,6 +86,7 @@ OPTIONS = (
     Option("run_iterations", None, Number(2, integer=True, also=(None,))),
     Option("calibration_windows", 1, Number(1, 2, integer=True)),
     Option("first_step", 4.0, Number(2, 16)),
+    Option("first_look", None, Number(2, integer=True, also=(None,))),
     Option("trial_fraction", TRIAL_FRACTION, FRACTION),
     Option("plateau_fraction", 0.1, Number(0, 1, low_open=True, high_open=True)),
     Option("max_drops", 2, COUNT),
@@ -117,7 +118,10 @@ class AutoPolicy:
     `calibration_windows`: windows at the prior's η before the first step (1: progress taken to
     go as the loss level, γ = 1; 2: γ measured); `first_step`: the first step's factor (4; 2 gives
     plain doublings). Main job on Dask (busy machine, 3 rounds each): 1 window and × 4 reached 96%
-    in 192-224 iterations, 2 windows and × 2 in 192-352 (median 320);
+    in 192-224 iterations, 2 windows and × 2 in 192-352 (median 320); `first_look`: iterations of
+    the first window at a raised η (default w / 2: a rate past the best is undone after half a
+    window; a transient gets its second look at full length). Main job on Dask, 8 paired rounds:
+    96% in 3.71 s (median) at w / 2 against 4.43 s at w, faster in 7 of 8;
     `trial_fraction`: trials' share of the elapsed time (5%); `plateau_fraction`, `max_drops`,
     `plateau_span` (default four windows or an epoch, the larger): the plateau rule;
     `momentum_gain`, `momentum_tolerance`: the momentum feedback;
@@ -137,6 +141,7 @@ class AutoPolicy:
         run_iterations: int | None = None,
         calibration_windows: int = 1,
         first_step: float = 4.0,
+        first_look: int | None = None,
         trial_fraction: float = TRIAL_FRACTION,
         plateau_fraction: float = 0.1,
         max_drops: int = 2,
@@ -164,6 +169,7 @@ class AutoPolicy:
         self.fit = fit
         nb = fit.n_batches
         self.w = self.window or max(32, min(64, nb // 2))
+        self.look = self.first_look or max(2, self.w // 2)
         self.run_length = max(self.w, self.run_iterations or nb // 2)
         self.span = self.plateau_span or max(4 * self.w, nb)
         self.candidates, self.model = groups_and_model(self)
@@ -424,7 +430,9 @@ class AutoPolicy:
         start = s.pop("restore", None) or CURRENT
         s["restore"] = None
         if s["phase"] == "ramp":
-            return self._run(config, self.w, "ramp", start)
+            ramp = s["ramp"]
+            first_look = ramp["steps"] >= 1 and not ramp["second_look"]
+            return self._run(config, self.look if first_look else self.w, "ramp", start)
         if s["phase"] == "train":
             trial = self._trial(config)
             if trial is not None:

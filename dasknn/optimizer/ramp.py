@@ -194,7 +194,9 @@ class LrRamp:
             self.gamma = loss_exponent(p0, p1, l0, l1)
             return self._double(f"calibration at η: progress goes as loss^{self.gamma:.2f}")
         expected = self.last_progress * expected_ratio(self.gamma, self.last_level, level)
-        if not rose and p + self.z * se > expected * (1 + self.margin):  # not worse beyond the noise
+        if (
+            p > 0 and not rose and p + self.z * se > expected * (1 + self.margin)
+        ):  # not worse beyond the noise
             self.second_look = False
             self._keep(p, level, n)
             if self.steps >= self.max_steps:

@@ -111,3 +111,15 @@ def test_unknown_options_and_bad_values_are_refused():
         AutoPolicy(lr_grid=(0.1,))
     with pytest.raises(ValueError, match="trial_fraction"):
         AutoPolicy(trial_fraction=1.5)
+
+
+def test_a_raised_rate_is_first_run_for_half_a_window(long_fit):
+    """The calibration window runs w iterations; the first window at η × 4 half of them (a rate
+    past the best is undone after w / 2); a second look, when one is needed, runs w again."""
+    d = long_fit.decisions
+    ramp = d[(d["phase"] == "ramp") & d["iterations"].notna()]
+    assert ramp["iterations"].iloc[0] == 16 and ramp["lr"].iloc[0] == pytest.approx(0.04)
+    assert ramp["iterations"].iloc[1] == 8  # η = 0.04's first look
+    looks = ramp[ramp["reason"].str.contains("second look")]
+    after = [ramp.index.get_loc(i) + 1 for i in looks.index if ramp.index.get_loc(i) + 1 < len(ramp)]
+    assert all(ramp["iterations"].iloc[k] == 16 or ramp["diverged"].iloc[k] for k in after)

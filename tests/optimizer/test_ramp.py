@@ -263,3 +263,14 @@ def test_a_rise_is_never_owed_the_progress_of_its_own_higher_loss(factor):
     assert len(steps) == 3 and steps[-1].restore and steps[-1].done
     assert "second look" not in steps[-1].reason and "rose" in steps[-1].reason
     assert expected_ratio(1.0, 0.2, 1e4) == 1.0 and expected_ratio(1.0, 0.2, 0.1) == pytest.approx(0.5)
+
+
+def test_a_window_whose_loss_did_not_fall_never_counts_as_better():
+    """A short, noisy window (its slope's standard error larger than its rise) is within the noise
+    of the expectation but made no progress: never a reason to raise η again (a second look)."""
+    ramp = LrRamp(lr=0.01, window=8, calibrations=1, first_factor=4.0)
+    ramp.observe([1.0 * math.exp(-0.05 * i) for i in range(8)])  # calibration: 0.05/it, then × 4
+    noisy = [0.7, 1.3, 0.5, 1.2, 0.6, 1.1, 0.9, 0.75]  # a slight rise in much noise
+    assert window_progress(noisy) < 0
+    step = ramp.observe(noisy)
+    assert not step.restore and ramp.lr == pytest.approx(0.04) and "second look" in step.reason
