@@ -165,6 +165,13 @@ def test_the_damaged_newest_checkpoint_warning_is_one_line(tmp_path):
     assert line.startswith("dasknn train: warning: ") and "damaged" in line and newest.name in line
 
 
+def _as_foreground() -> None:
+    """The child gets SIGINT as a foreground command does. A suite started as a background job
+    (`cmd &` in a script, nohup) passes SIGINT on ignored, and Python then never raises
+    KeyboardInterrupt: the child trained on, and the test waited out its timeout."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     "sig, code, word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")]
 )
@@ -188,12 +195,18 @@ def test_a_signal_ends_train_in_one_line_leaving_a_resumable_checkpoint(tmp_path
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
+        preexec_fn=_as_foreground,
     )
-    deadline = time.monotonic() + 240
-    while not checkpoint.list_checkpoints(ck) and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    child.send_signal(sig)
-    _, err = child.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 240
+        while not checkpoint.list_checkpoints(ck) and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child.send_signal(sig)
+        _, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:  # never leave a training process behind
+            child.kill()
+            child.communicate()
     assert child.returncode == code, err
     (line,) = lines(err)
     assert line.startswith(f"dasknn train: {word}") and "--resume" in line
