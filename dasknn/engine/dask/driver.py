@@ -508,18 +508,7 @@ class _GroupsRun:
         self.rows.extend(dict(r, recovered=bool(self.recoveries)) for r in seg.rows)
         self.seg_state.batches_done = resume_batches(self.seg_state, seg.rows)
         seg.release()
-        if change.placement is None:  # every worker is being retired: the states wait here
-            change = self._await_workers(change)
-        self.events.append(
-            elastic.WorkerEvent.of_change(
-                change,
-                self.placement,
-                time=self.t_change - self.t0,
-                version=self.version,
-                roles=change.placement.roles(),
-            )
-        )
-        self.placement = change.placement
+        elastic.go_on(self, change, version=self.version, roles=Placement.roles)
 
     def _await_workers(self, change: elastic.ClusterChange) -> elastic.ClusterChange:
         """Let the retiring workers go, wait for one to join (`elastic.await_workers`), and return

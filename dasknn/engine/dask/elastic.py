@@ -293,6 +293,29 @@ def await_return(
     return workers
 
 
+def go_on(run, change: ClusterChange, *, version: int, roles, joined=None) -> ClusterChange:
+    """The step every map takes after it handed its state over at `change`: wait for a worker when
+    every one was retired (`run._await_workers`, each map's own re-planning), record the change in
+    `run.events` (`WorkerEvent.of_change`, at `run.t_change`; `roles(placement)`: the map's names of
+    its roles; `joined(change)`: the joined workers to record, default all) and take the new
+    placement (`run.placement`). Returns the change gone on with."""
+    if change.placement is None:  # every worker is being retired: the states wait here
+        change = run._await_workers(change)
+    recorded = None if joined is None else joined(change)
+    run.events.append(
+        WorkerEvent.of_change(
+            change,
+            run.placement,
+            time=run.t_change - run.t0,
+            version=version,
+            roles=roles(change.placement),
+            joined=recorded,
+        )
+    )
+    run.placement = change.placement
+    return change
+
+
 def same_placement(a: Placement, b: Placement) -> bool:
     """Whether two placements put every role (servers, groups and their workers) in the same place."""
     return (a.fc_worker, a.conv_server_worker, a.groups) == (b.fc_worker, b.conv_server_worker, b.groups)

@@ -290,20 +290,16 @@ class _ReplicasRun:
         self.replicas = {j: replica for j, (replica, _) in handed.items()}
         self.moved = {"average model": elastic.state_digest(self.held)}
         self.moved.update({f"learner {j}": digest for j, (_, digest) in handed.items()})
-        if change.placement is None:  # every worker is being retired: the states wait here
+        if change.placement is None:  # every worker is being retired: nothing of the run stays on them
             self.client.cancel([*loops, actor])
-            change = self._await_workers(change)
-        self.events.append(
-            elastic.WorkerEvent.of_change(
-                change,
-                self.placement,
-                time=self.t_change - self.t0,
-                version=self.round,
-                roles=_roles(change.placement),
-                joined=[w for w in change.joined if w not in self.placement.devices],  # not idle ones
-            )
+        before = self.placement.devices
+        elastic.go_on(
+            self,
+            change,
+            version=self.round,
+            roles=_roles,
+            joined=lambda c: [w for w in c.joined if w not in before],  # not idle ones
         )
-        self.placement = change.placement
 
     def _await_workers(self, change: elastic.ClusterChange) -> elastic.ClusterChange:
         """Wait for a worker to join (`elastic.await_return`) and recompute the persisted chunks

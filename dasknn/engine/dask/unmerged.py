@@ -252,18 +252,7 @@ class _UnmergedRun:
         self._keep(rows)
         self.server_states, self.moved = self._read_states(), True
         self._release()
-        if change.placement is None:  # every worker is being retired: the states wait here
-            change = self._await_workers(change)
-        self.events.append(
-            elastic.WorkerEvent.of_change(
-                change,
-                self.placement,
-                time=self.t_change - self.t0,
-                version=self.version,
-                roles=_roles(change.placement),
-            )
-        )
-        self.placement = change.placement
+        elastic.go_on(self, change, version=self.version, roles=_roles)
 
     def _await_workers(self, change: elastic.ClusterChange) -> elastic.ClusterChange:
         """Wait for a worker to join (`elastic.await_return`), recompute the persisted chunks and
