@@ -204,7 +204,11 @@ class LrRamp:
             if self.lr * self.factor >= self.ceiling:
                 why = f"η = {self.lr * self.factor:g} was worse: the ramp ends at η = {self.lr:g}"
                 return self._finish(why)
-            return self._double(f"progress {p:.3g}/it beat the previous η's expected {expected:.3g}/it")
+            if p > expected * (1 + self.margin):
+                why = f"progress {p:.3g}/it beat the previous η's expected {expected:.3g}/it"
+            else:  # short of it, but not beyond the window's noise
+                why = f"progress {p:.3g}±{se:.2g}/it: within the noise of the old η's {expected:.3g}/it"
+            return self._double(why)
         if rose:
             short = f"the loss rose ({p:.3g}±{se:.2g}/it)"
         else:
