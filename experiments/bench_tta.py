@@ -140,10 +140,11 @@ class BenchCNN(DistributedCNN):
 def fit_run(
     name, kind, engine, X, y, budget, eval_size, max_epochs=None, g="auto", lr="auto", mu="auto",
     decisions_csv=None, options=None, optimizer="grid", target=TARGET, net="lenet", batch_size=BATCH,
-    validation_fraction=VALIDATION_FRACTION, metric=METRIC,
+    validation_fraction=VALIDATION_FRACTION, metric=METRIC, callbacks=None,
 ):  # fmt: skip
-    """One DistributedCNN fit to `target`: its record (status, charged seconds) and history; the
-    optimizer's decisions are written to `decisions_csv` when given."""
+    """One DistributedCNN fit to `target` (None: until a callback or the budget stops it): its record
+    (status, charged seconds) and history; the optimizer's decisions are written to `decisions_csv`
+    when given."""
     est = BenchCNN(
         net=net,
         batch_size=batch_size,
@@ -159,6 +160,7 @@ def fit_run(
         tuner_options=options,
         tuner=optimizer,
         validation_fraction=validation_fraction,
+        callbacks=callbacks,
     )
     est.bench_engine = engine
     t0 = time.perf_counter()
@@ -172,7 +174,7 @@ def fit_run(
         hist, status, decisions = pd.DataFrame(columns=["time", metric]), "no_train", None
     else:
         hist, decisions = pd.DataFrame(est.history_), est.decisions_
-        status = "reached" if hist[metric].max() >= target else "budget"
+        status = "ended" if target is None else "reached" if hist[metric].max() >= target else "budget"
     seconds = float(hist["time"].max()) if len(hist) else float("nan")
     record = {
         "run": name,

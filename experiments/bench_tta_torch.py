@@ -16,7 +16,8 @@ WEIGHT_DECAY = 5e-4
 
 
 def caffe_lenet_loop(
-    X, y, budget: float, target: float, eval_size: int, seed: int, threads: int, validation=None
+    X, y, budget: float, target: float, eval_size: int, seed: int, threads: int, validation=None,
+    rule: str = "first",
 ) -> pd.DataFrame:
     """A plain PyTorch loop with Caffe's LeNet solver, from dasknn's initial weights: its history.
 
@@ -26,8 +27,12 @@ def caffe_lenet_loop(
     pass over the data, or sooner once max(2, budget / 20) training seconds have passed since the
     last score (dasknn/fitting.py), so both report time to accuracy at the same granularity;
     scoring is not on the clock. With `validation=(X_val, y_val)` every score is also taken on
-    those held-out samples (`val_accuracy`), and `target` applies to it.
+    those held-out samples (`val_accuracy`), and `target` applies to it. `rule`: the loop stops at
+    the first score at or above `target` ("first") or once the median of the last five is
+    ("median5", `dasknn.reports.RULES`).
     """
+    if rule not in ("first", "median5"):
+        raise ValueError(f"unknown rule {rule!r}; expected 'first' or 'median5'")
     import torch
 
     torch.set_num_threads(threads)
@@ -75,6 +80,9 @@ def caffe_lenet_loop(
                 row["val_loss"] = float(loss_fn(val_logits, vy))
                 row["val_accuracy"] = acc = float((val_logits.argmax(1) == vy).float().mean())
             history.append(row)
+        if rule == "median5":
+            last = [r["val_accuracy" if vX is not None else "accuracy"] for r in history[-5:]]
+            return float(np.median(last)) if len(last) == 5 else 0.0
         return acc
 
     next_eval = chunk

@@ -105,3 +105,45 @@ def test_search_floor_benchmark_runs_and_reports_ratios():
     assert list(medians.index) == [name for name, *_ in bench_search_floor.CONFIGS]
     assert medians.loc["fixed async g=2 η=0.03", "ratio_99_vs_fixed"] == 1.0
     assert (medians["tta_99"] > 0).all()
+
+
+def test_main_job_benchmark_stops_on_its_rule_and_reads_both_targets_off_one_fit():
+    """bench_main_job: the callback stops a fit only once the median of the last five held-out
+    scores reaches 96%; one history gives 95% (first at or above) and 96% (median5), with the fit's
+    wall time at each crossing, a miss charged the budget, and the spacing of evaluations."""
+    from experiments import bench_main_job
+
+    stop = bench_main_job.RuleStop(0.96, "median5")
+    stop.on_fit_begin(None)
+    answers = [
+        stop.on_evaluation(None, {"val_accuracy": v}) for v in (0.5, 0.97, 0.94, 0.95, 0.97, 0.97, 0.90)
+    ]
+    assert answers == [False, False, False, False, False, True, False]  # medians .95, .97, .95
+    assert not stop.on_evaluation(None, {"val_accuracy": float("nan")})
+    hist = pd.DataFrame(
+        {
+            "time": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+            "wall_time": [0.5, 1.7, 2.9, 4.1, 5.3, 6.5, 7.7],
+            "iteration": [0, 30, 60, 90, 120, 150, 180],
+            "val_accuracy": [0.5, 0.97, 0.94, 0.95, 0.97, 0.97, 0.90],
+        }
+    )
+    row = bench_main_job.measured("x", "fixed", hist, budget=25.0, fit_wall=9.0, rnd=0)
+    assert row["95% first s"] == 1.0 and row["95% first wall s"] == 1.7
+    assert row["96% median5 s"] == 5.0 and row["96% median5 wall s"] == 6.5
+    assert row["eval_every_it"] == 30.0
+    miss = bench_main_job.measured("y", "fixed", hist.iloc[:3], budget=25.0, fit_wall=3.0, rnd=0)
+    assert miss["96% median5 s"] == 25.0 and not miss["96% median5 reached"] and miss["95% first reached"]
+
+
+def test_main_job_benchmark_rejects_points_off_the_grid():
+    from experiments import bench_main_job
+
+    with pytest.raises(SystemExit):
+        bench_main_job.parse(["--lrs", "0.05"])
+    with pytest.raises(SystemExit):
+        bench_main_job.parse(["--chosen", "2,0.03", "1,0.01,0.9"])
+    assert bench_main_job.parse(["--chosen", "2,0.03,0.9", "1,0.01,0.9"]).chosen == [
+        (2, 0.03, 0.9),
+        (1, 0.01, 0.9),
+    ]
