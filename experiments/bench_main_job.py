@@ -18,6 +18,9 @@ chosen in separate rounds from those that measure it:
    tuner "auto" (prior cache off: every round starts cold), the chosen point(s), the Caffe LeNet
    solver's settings (g = 1, η = 0.01, µ = 0.9) and a plain PyTorch loop with Caffe's solver
    (experiments/bench_tta_torch, same training part, same held-out part, same stopping rule).
+   With `--warm`, also "auto" with a warm prior cache (its own file under `--out`, filled by one
+   "auto" fit before the first round and updated by each of its fits, as a user's data home is):
+   it starts from the configuration the last fit ended with, and skips the ramp.
 
 Each contender's time to target is given on the engine clock (the wall time of its engine runs,
 start-up included, evaluations excluded: bench_tta's `WallClockEngine`) and as the fit's wall time at
@@ -26,7 +29,7 @@ The rules differ in how often a contender evaluates: median5 waits for two more 
 a crossing, so a contender that evaluates more often waits fewer iterations. The table gives each
 contender's median spacing of evaluations (iterations) so that this can be read off.
 
-    python -m experiments.bench_main_job [--select-rounds 1] [--rounds 3] [--budget 25] [--n-workers 2]
+    python -m experiments.bench_main_job [--select-rounds 1] [--rounds 3] [--budget 25] [--warm]
 
 Writes experiments/results/bench_main_job/{select.csv, runs.csv, table.md, decisions_auto_R.csv}.
 """
@@ -145,19 +148,20 @@ def summary(runs: pd.DataFrame, chosen: dict[str, tuple]) -> tuple[pd.DataFrame,
                 }
             )
     table = pd.DataFrame(rows)
-    auto = runs[runs["kind"] == "auto"].set_index("round")
-    for label, _, _ in TARGETS:
-        col = f"{label} s"
-        for other in (fixed_name(*chosen[label]), fixed_name(*SOLVER), "pytorch (Caffe solver)"):
-            ref = runs[runs["run"] == other].set_index("round")
-            if not len(auto) or not len(ref):
-                continue
-            ratio = float(auto[col].median() / ref[col].median())
-            per = [
-                round(float(auto.loc[i, col] / ref.loc[i, col]), 2)
-                for i in auto.index.intersection(ref.index)
-            ]
-            lines.append(f"- {label}: auto ÷ {other} = {ratio:.2f} (per round {per})")
+    for kind, who in (("auto", "auto"), ("auto_warm", "auto (warm cache)")):
+        auto = runs[runs["kind"] == kind].set_index("round")
+        for label, _, _ in TARGETS:
+            col = f"{label} s"
+            for other in (fixed_name(*chosen[label]), fixed_name(*SOLVER), "pytorch (Caffe solver)"):
+                ref = runs[runs["run"] == other].set_index("round")
+                if not len(auto) or not len(ref):
+                    continue
+                ratio = float(auto[col].median() / ref[col].median())
+                per = [
+                    round(float(auto.loc[i, col] / ref.loc[i, col]), 2)
+                    for i in auto.index.intersection(ref.index)
+                ]
+                lines.append(f"- {label}: {who} ÷ {other} = {ratio:.2f} (per round {per})")
     return table, lines
 
 
@@ -186,6 +190,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     cli.add_argument("--chosen", nargs=2, metavar=("G,LR,MU_95", "G,LR,MU_96"),
                      help="skip the selection: the chosen points for 95%% and 96%%")  # fmt: skip
     cli.add_argument("--no-torch", action="store_true")
+    cli.add_argument("--warm", action="store_true", help='also "auto" with a warm prior cache')
     cli.add_argument("--out", type=Path, default=RESULTS)
     args = cli.parse_args(argv)
     for key, full, kind in (("groups", bench_tta.FIXED_GROUPS, int), ("lrs", bench_tta.FIXED_LRS, float),
@@ -239,6 +244,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         print(f"chosen: {chosen}", flush=True)
         fixed = list(dict.fromkeys([*chosen.values(), SOLVER]))
         runs = []
+        warm = {"prior_cache": str(args.out / "prior-cache.json")}
+        if args.warm:
+            Path(warm["prior_cache"]).unlink(missing_ok=True)
+            print("filling the warm prior cache with one auto fit", flush=True)
+            dasknn_fit(engine, Xc, yc, args.budget, "auto (fills the cache)", "auto", -1, args.eval_size,
+                       optimizer="auto", options=warm)  # fmt: skip
         for rnd in range(args.rounds):
             print(f"measure round {rnd + 1} of {args.rounds} (load {os.getloadavg()[0]:.1f})", flush=True)
             runs.append(dasknn_fit(
@@ -246,6 +257,11 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 decisions_csv=args.out / f"decisions_auto_{rnd}.csv", optimizer="auto",
                 options={"prior_cache": False},
             ))  # fmt: skip
+            if args.warm:
+                runs.append(dasknn_fit(
+                    engine, Xc, yc, args.budget, "tuner=auto, warm cache", "auto_warm", rnd, args.eval_size,
+                    decisions_csv=args.out / f"decisions_auto_warm_{rnd}.csv", optimizer="auto", options=warm,
+                ))  # fmt: skip
             for g, lr, mu in fixed:
                 runs.append(dasknn_fit(engine, Xc, yc, args.budget, fixed_name(g, lr, mu), "fixed", rnd,
                                        args.eval_size, g=g, lr=lr, mu=mu))  # fmt: skip
