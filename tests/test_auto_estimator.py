@@ -4,12 +4,14 @@ resumed mid-ramp, checkpoints of the old default, and the stop on convergence.""
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
+from dasknn.callbacks import Callback
 from dasknn.engine import checkpoint
 from dasknn.estimator import DistributedCNN
 
@@ -64,6 +66,41 @@ def test_an_auto_fit_stopped_mid_ramp_resumes_exactly(tmp_path, digits):
         np.testing.assert_allclose(resumed.state_.params[key], value, rtol=1e-6, atol=1e-7)
     cols = ["phase", "action", "n_groups", "lr", "momentum"]
     assert resumed.decisions_[cols].equals(whole.decisions_[cols])
+
+
+class KeepEveryCheckpoint(Callback):
+    """Copies each checkpoint the fit writes (the fit itself keeps only the newest few)."""
+
+    def __init__(self, source, into):
+        self.source, self.into = source, into
+
+    def on_evaluation(self, est, record):
+        for path in checkpoint.list_checkpoints(self.source):
+            if not (self.into / path.name).exists():
+                shutil.copytree(path, self.into / path.name)
+
+
+def test_an_auto_fit_stopped_mid_span_of_the_plateau_rule_resumes_exactly(tmp_path, digits):
+    X, y = digits
+    params = {**COMMON, "max_epochs": 20, "validation_fraction": 0.2}
+    (tmp_path / "all").mkdir()
+    keeper = KeepEveryCheckpoint(tmp_path / "a", tmp_path / "all")
+    whole = DistributedCNN(**params, checkpoint_dir=tmp_path / "a", callbacks=[keeper]).fit(X, y)
+    drops = whole.decisions_[whole.decisions_["action"] == "plateau"]
+    assert len(drops) >= 1
+    mid_span = []
+    for path in checkpoint.list_checkpoints(tmp_path / "all"):
+        loop = checkpoint.load(path).meta["loop"]
+        rule = loop.get("plateau") or {}
+        if loop["phase"] == "train" and rule.get("reference") and rule["iterations"] and not rule["drops"]:
+            mid_span.append(path)  # a reference with its loss level, a span half accumulated, no drop yet
+    assert mid_span
+    (tmp_path / "b").mkdir()
+    shutil.copytree(mid_span[0], tmp_path / "b" / mid_span[0].name)  # as if killed right after it
+    resumed = DistributedCNN(**params, checkpoint_dir=tmp_path / "b", resume=True).fit(X, y)
+    assert resumed.n_iter_ == whole.n_iter_ and resumed.config_ == whole.config_
+    cols = ["phase", "action", "n_groups", "lr", "momentum", "reason"]
+    assert resumed.decisions_[cols].equals(whole.decisions_[cols])  # the drops too, with their reasons
 
 
 def test_the_same_random_state_gives_the_same_decisions(digits):

@@ -91,6 +91,7 @@ OPTIONS = (
     Option("plateau_fraction", 0.1, Number(0, 1, low_open=True, high_open=True)),
     Option("max_drops", 2, COUNT),
     Option("plateau_span", None, SOME_COUNT),
+    Option("plateau_patience", 2, COUNT),
     Option("momentum_gain", 0.1, GAIN),
     Option("momentum_tolerance", 0.05, FRACTION),
     Option("n_workers", None, SOME_COUNT),
@@ -146,6 +147,7 @@ class AutoPolicy:
         plateau_fraction: float = 0.1,
         max_drops: int = 2,
         plateau_span: int | None = None,
+        plateau_patience: int = 2,
         momentum_gain: float = 0.1,
         momentum_tolerance: float = 0.05,
         n_workers: int | None = None,
@@ -285,7 +287,7 @@ class AutoPolicy:
                     s["peak_lr"] = config.lr  # the cache remembers the rate before any plateau
             s["phase"], s["trial"] = "train", None
         s["before"] = rate
-        self._plateau(config, p, last)
+        self._plateau(config, p, level, last)
         if s["stopped"]:
             return
         self._momentum(RunConfig(**s["config"]), trace)
@@ -384,18 +386,27 @@ class AutoPolicy:
     def _end_ramp(self, ramp: LrRamp, config: RunConfig) -> None:
         s = self.s
         s["phase"], s["peak_lr"] = "train", config.lr
-        s["plateau"] = self._new_plateau().to_dict()
+        gamma = ramp.gamma if math.isfinite(ramp.gamma) else ramp.gamma_prior
+        s["plateau"] = self._new_plateau(gamma).to_dict()
         self.fit.log.record(
             "ramp", "end", config, f"η = {config.lr:g} after {ramp.steps} doublings", chosen=True
         )
 
-    def _new_plateau(self) -> Plateau:
-        return Plateau(span=self.span, fraction=self.plateau_fraction, max_drops=self.max_drops)
+    def _new_plateau(self, gamma: float = 1.0) -> Plateau:
+        """The plateau rule at the ramp's γ (without a ramp, a cached or pinned η: γ = 1, the
+        ramp's prior)."""
+        return Plateau(
+            span=self.span,
+            fraction=self.plateau_fraction,
+            max_drops=self.max_drops,
+            gamma=gamma,
+            patience=self.plateau_patience,
+        )
 
-    def _plateau(self, config: RunConfig, p: float, last: Outcome) -> None:
+    def _plateau(self, config: RunConfig, p: float, level: float, last: Outcome) -> None:
         s = self.s
         rule = self._new_plateau() if s["plateau"] is None else Plateau.from_dict(s["plateau"])
-        step = rule.observe(p, len(last.trace), held_out(self.fit))
+        step = rule.observe(p, len(last.trace), held_out(self.fit), level)
         s["plateau"] = rule.to_dict()
         if step.action == "drop" and self.learning_rate is None:
             s["config"] = asdict(config.with_(lr=config.lr / rule.factor))

@@ -74,6 +74,63 @@ def test_one_noisy_window_does_not_make_a_plateau_and_a_steady_fall_never_does()
     assert {rule.observe(0.01, 30, None).action for _ in range(50)} == {"keep"}
 
 
+def planted_windows(loss, n_windows: int, window: int = 25):
+    """(progress per iteration, level) of consecutive windows of a planted loss curve `loss(t)`:
+    the fall of log loss over the window per iteration, and its loss level (geometric mean)."""
+    out = []
+    for k in range(n_windows):
+        t = np.arange(k * window, (k + 1) * window + 1, dtype=float)
+        log_loss = np.log(loss(t))
+        out.append(((log_loss[0] - log_loss[-1]) / window, float(np.exp(log_loss.mean()))))
+    return out
+
+
+def test_a_curve_that_merely_decelerates_as_its_loss_falls_keeps_its_rate():
+    # L = 2 / (1 + t / 50): progress ∝ L (γ = 1), a tenth of the first span's after ~500 iterations
+    windows = planted_windows(lambda t: 2.0 / (1 + t / 50), 80)
+    levelled, plain = Plateau(span=50, patience=1), Plateau(span=50, patience=1)
+    carried = [levelled.observe(p, 25, None, level).action for p, level in windows]
+    uncarried = [plain.observe(p, 25).action for p, _ in windows]
+    assert set(carried) == {"keep"}  # the reference carried to the loss now: no plateau
+    assert "drop" in uncarried  # the first span taken as it is: the steep start read as a stale η
+    assert windows[-1][0] < 0.1 * windows[1][0]
+
+
+def test_a_floor_the_rate_cannot_get_below_is_a_plateau_after_two_low_spans():
+    # the same fall down to a floor at 0.3: progress vanishes while the loss stays at the floor
+    windows = planted_windows(lambda t: 0.3 + 1.7 / (1 + t / 50) ** 3, 40)
+    rule = Plateau(span=50, patience=2)
+    actions = [rule.observe(p, 25, 0.9, level).action for p, level in windows]
+    first = actions.index("drop")
+    assert set(actions[:first]) == {"keep"}
+    assert windows[first][1] < 1.05 * 0.3  # within 5% of the floor
+    assert windows[first - 2][1] > 1.05 * 0.3  # not on the way down: the span before was above it
+
+
+def test_one_low_span_between_normal_ones_is_not_a_plateau_with_a_patience_of_two():
+    rule = Plateau(span=20, patience=2)
+    assert rule.observe(0.01, 20, None, 1.0).action == "keep"  # the reference
+    low = rule.observe(0.0001, 20, None, 0.9)
+    assert low.action == "keep" and "1 of 2 spans in a row" in low.reason
+    assert rule.observe(0.005, 20, None, 0.8).action == "keep"  # the run of low spans is broken
+    assert rule.observe(0.0001, 20, None, 0.8).action == "keep"
+    assert rule.observe(0.0001, 20, None, 0.8).action == "drop"
+
+
+def test_a_plateau_state_from_before_the_loss_level_loads_and_a_foreign_dict_is_refused():
+    old = {  # as `to_dict` wrote it before the level, γ and patience were part of the state
+        "span": 20, "fraction": 0.1, "factor": 3.0, "max_drops": 2, "min_gain": 0.001,
+        "reference": 0.02, "fall": 0.01, "iterations": 10, "drops": 1, "drops_without_gain": 0,
+        "best_held_out": 0.93, "held_out_at_drop": None,
+    }  # fmt: skip
+    rule = Plateau.from_dict(old)
+    assert (rule.reference, rule.patience, rule.gamma) == (0.02, 1, 1.0)
+    assert math.isnan(rule.reference_level) and rule.held_out_at_drop == -math.inf
+    assert rule.observe(0.001, 10, None, 0.5).action == "drop"  # its reference is compared uncarried
+    with pytest.raises(ValueError, match=r"not a plateau rule's state: unknown field\(s\) \['window'\]"):
+        Plateau.from_dict({**old, "window": 3})
+
+
 # -- momentum by measurement ----------------------------------------------------------------------
 def heavy_ball(mu: float, steps: int = 400, coords: int = 200, seed: int = 0) -> np.ndarray:
     """A trajectory of momentum SGD on a noisy quadratic (curvatures 0.01..1, η = 0.05)."""
