@@ -153,3 +153,24 @@ def test_train_streams_and_augments_on_the_workers(tmp_path):
     assert bad.returncode == 2 and "augment must be None, 'shift'" in bad.stderr
     bad = dasknn("train", "--data", "stream", "--engine", "simulated", "-q", "--output", str(tmp_path / "c"))
     assert bad.returncode == 2 and "data='stream' needs engine='dask'" in bad.stderr
+
+
+END_PROCESS = """
+import atexit, sys, threading, time
+from dasknn.cli import _end_process
+atexit.register(lambda: print("atexit ran", flush=True))
+if sys.argv[1] == "thread":
+    threading.Thread(target=lambda: (time.sleep(0.3), print("thread finished", flush=True))).start()
+print("written before the end", end="")  # left in stdout's buffer: the fast end must flush it
+_end_process(3)
+print(" / normal exit")
+"""
+
+
+def test_a_finished_command_ends_its_process_at_once_unless_something_still_runs():
+    fast = subprocess.run([sys.executable, "-c", END_PROCESS, "alone"], capture_output=True, text=True)
+    assert fast.returncode == 3 and fast.stdout == "written before the end"  # no teardown, no atexit
+    busy = subprocess.run([sys.executable, "-c", END_PROCESS, "thread"], capture_output=True, text=True)
+    assert busy.returncode == 0  # a thread still ran: the normal exit, which waits for it
+    lines = ["written before the end / normal exit", "thread finished", "atexit ran", ""]
+    assert busy.stdout.split("\n") == lines
