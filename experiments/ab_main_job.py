@@ -9,11 +9,22 @@ subprocess (each run's folder is kept under experiments/results/ab_main_job/). P
 the medians, the ratios of medians to the first fixed contender, and the machine's load before and
 after (a busy machine moves wall-clock numbers: compare only contenders of the same round).
 
+Each `dasknn train` run's overheads, read from its files (`overheads`), at the evaluation that
+reached the last target (else the last one): the fit's clock there, the fit loop's wall there
+(history's `wall_time`, from the loop's start), the process wall ÷ the time to target; the
+evaluations' cost (the loop's wall beyond the fit's clock: the evaluations, which the clock does
+not charge, and the loop's own work between runs), the run boundaries' cost (each run's time on the
+fit's clock less its iterations at its own steady time per iteration, `measure.seconds_per_iteration`:
+start-up, the first iterations' warm-up, tear-down), each as a share of the loop's wall, and the
+process's wall outside the loop (imports, data, cluster start, the fit's set-up, report, exit).
+
 `--torch` adds a contender "pytorch": a plain PyTorch loop with Caffe's LeNet solver (batch 64,
 η 0.01 with the inv policy, µ 0.9) on the same split and initial weights, as its own process
 (`torch_once`; its clock is its training time, scoring excluded, as the fit's clock).
 
     python -m experiments.ab_main_job [--rounds 3] [--targets 0.95 0.96] [--fixed 2,0.03,0.9 ...] [--torch]
+
+`--fixed` with no value runs "auto" alone.
 """
 
 from __future__ import annotations
@@ -31,6 +42,47 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import machine_line, results_dir, timestamp, write_tables  # noqa: E402
+
+OVERHEADS = ("loop_wall", "wall_per_tta", "evaluations", "evaluation_s", "boundary_s", "runs",
+             "evaluation_share", "boundary_share", "both_share", "outside_loop_s")  # fmt: skip
+"""The columns `overheads` adds to a `dasknn train` run's row (shares of the loop's wall)."""
+
+
+def overheads(folder: Path, target: float, process_wall: float) -> dict:
+    """A `dasknn train` run's fixed costs from its files (the module docstring), up to the first
+    evaluation at or above `target` held-out (else the last evaluation)."""
+    from dasknn.optimizer.measure import seconds_per_iteration
+
+    history, trace = folder / "history.csv", folder / "trace.csv"
+    if not history.is_file() or not trace.is_file():
+        return {}
+    h, t = pd.read_csv(history), pd.read_csv(trace)
+    hit = h[h["val_accuracy"] >= target] if "val_accuracy" in h else h.iloc[0:0]
+    row = hit.iloc[0] if len(hit) else h.iloc[-1]
+    clock, wall = float(row["time"]), float(row["wall_time"])
+    ends = t.groupby("run")["t_end"].max().sort_index()
+    boundary, runs, before = 0.0, 0, 0.0
+    for run, end in ends.items():
+        if end > clock + 1e-9:
+            break
+        rows = t[t["run"] == run]
+        charged = float(end) - before  # the run's time on the fit's clock (its iterations end there)
+        boundary += charged - len(rows) * seconds_per_iteration(rows)
+        before, runs = float(end), runs + 1
+    evaluations = int((h["wall_time"] <= wall + 1e-9).sum())
+    evaluation = wall - clock
+    return {
+        "loop_wall": wall,
+        "wall_per_tta": process_wall / clock if len(hit) else float("nan"),
+        "evaluations": evaluations,
+        "evaluation_s": evaluation,
+        "boundary_s": boundary,
+        "runs": runs,
+        "evaluation_share": evaluation / wall,
+        "boundary_share": boundary / wall,
+        "both_share": (evaluation + boundary) / wall,
+        "outside_loop_s": process_wall - wall,
+    }
 
 
 def torch_once(folder: str, budget: float = 60.0) -> None:
@@ -88,6 +140,8 @@ def run_once(name: str, targets: list[float], folder: Path) -> dict:
             if len(hit) and bool(hit["reached"].iloc[0]):
                 seconds, iterations = float(hit["seconds"].iloc[0]), float(hit["iterations"].iloc[0])
         row[f"time_to_{target:g}"], row[f"iterations_to_{target:g}"] = seconds, iterations
+    if name != "pytorch":
+        row.update(overheads(folder, targets[-1], wall))
     return row
 
 
@@ -116,6 +170,7 @@ def main(argv=None) -> None:
             print(row, flush=True)
     table = pd.DataFrame(rows)
     columns = [c for c in table.columns if c.startswith(("time_to_", "iterations_to_"))] + ["process_wall"]
+    columns += [c for c in OVERHEADS if c in table]
     med = table.groupby("contender", sort=False)[columns].median()
     base = med.loc[contenders[1]] if len(contenders) > 1 else med.loc["auto"]
     for target in args.targets:
