@@ -14,8 +14,9 @@ from the first iteration and only ever spends a bounded share of the run on anyt
    and the previous η kept (an undone × 4 step tries × 2 next). Every run asks the loop's loss
    limit (`NextRun.loss_limit`): a window that blows the loss up is rolled back, never kept.
 3. Training windows, each judged by the plateau rule (`optimizer.plateau`: η ÷ 3 when progress
-   falls below a tenth of the post-ramp progress; the fit stops on convergence after `max_drops`
-   drops without a held-out gain) and by momentum feedback (`optimizer.momentum`: the total
+   falls below a tenth of the first span's at that η carried to the loss level now, as the ramp
+   carries it, for two spans in a row; the fit stops on convergence after `max_drops` drops
+   without a held-out gain) and by momentum feedback (`optimizer.momentum`: the total
    momentum regressed from the conv weights' updates steered to the prior's µ, YellowFin).
 4. A new g when the cluster's size changes (`decide.regroup`, docs/architecture.md "Elastic
    clusters"): after a run that ended on another number of conv workers, the prior's rule on the
@@ -124,7 +125,8 @@ class AutoPolicy:
     window; a transient gets its second look at full length). Main job on Dask, 8 paired rounds:
     96% in 3.71 s (median) at w / 2 against 4.43 s at w, faster in 7 of 8;
     `trial_fraction`: trials' share of the elapsed time (5%); `plateau_fraction`, `max_drops`,
-    `plateau_span` (default four windows or an epoch, the larger): the plateau rule;
+    `plateau_span` (default four windows or an epoch, the larger), `plateau_patience` (spans in a
+    row below the expectation before a drop, 2): the plateau rule;
     `momentum_gain`, `momentum_tolerance`: the momentum feedback;
     `n_workers`, `max_groups`, `he_model`: the groups' candidates and HE model (as the other
     optimizers); `n_groups`, `learning_rate`, `momentum` pin a knob. Unknown options raise ValueError.

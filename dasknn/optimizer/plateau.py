@@ -16,8 +16,8 @@ not of how long it took): a curve that merely decelerates as its loss falls keep
 is one whose progress falls below `fraction` of what the same η made at a higher loss, carried to
 the loss now: the loss stopped falling at a level that η cannot get below (SGD's noise floor).
 Spans are noisy (a window's loss may rise at a steady η), so η is divided only after `patience`
-spans in a row fell below that (two for "auto": a single low span between normal ones was noise on
-the simulated 32-worker benchmark, docs/architecture.md "The auto optimizer").
+spans in a row fell below that (two for "auto": on the simulated 32-worker benchmark a single low
+span between two normal ones was noise, experiments/README.md "Plateau rule's reference").
 
 When `max_drops` drops in a row brought no held-out gain (the best held-out accuracy did not rise by
 more than `min_gain` since the drop before), the fit has converged and stops: the default stopping
