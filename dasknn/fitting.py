@@ -498,7 +498,8 @@ class Loop:
             return self._rolled_back(out)
         self.rollbacks_in_row = 0
         self.log.kept.add(run)
-        self.snapshots = {n: s for n, s in self.snapshots.items() if s is start or n == START}
+        held = (START, step.hold)
+        self.snapshots = {n: s for n, s in self.snapshots.items() if s is start or n in held}
         self.snapshots.update({CURRENT: state, out.snapshot: state})
         if self.evaluates:
             fields = dict(step.note or {})

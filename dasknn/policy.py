@@ -61,7 +61,9 @@ class NextRun:
     handed back to `Policy.begin` on resume). `note`: extra fields of the history row after it.
     `loss_limit`: the run also diverged when its evaluation loss exceeds
     `dasknn.fitting.DIVERGED_LOSS` × ln(n_classes) (fixed knobs and "auto" ask for it; grid and
-    online judge their runs by their own scores).
+    online judge their runs by their own scores). `hold`: the name of an earlier snapshot the loop
+    keeps past this run even when the run is kept (the policy may still restore it: "auto"'s
+    ramp, which may undo a kept window after the next one).
     """
 
     config: RunConfig
@@ -74,6 +76,7 @@ class NextRun:
     checkpoint: dict[str, Any] | None = None
     note: dict[str, Any] | None = None
     loss_limit: bool = False
+    hold: str | None = None
 
 
 @dataclass(frozen=True)

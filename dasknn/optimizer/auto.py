@@ -298,14 +298,22 @@ class AutoPolicy:
         """A ramp window judged (`ramp.LrRamp.judge`): η doubled, kept, or the window undone."""
         s, log, n = self.s, self.fit.log, len(last.trace)
         ramp = LrRamp.from_dict(s["ramp"])
+        before_window, loss_before = s.get("last_kept") or START, s.get("eval_loss")
         step = ramp.judge(p if not last.diverged else -math.inf, se, level, n)
         s["ramp"] = ramp.to_dict()
         s["config"] = asdict(config.with_(lr=step.lr))
         if step.restore and not last.diverged:
             log.kept.discard(last.run)  # the window is undone: its run is not in the model
-            s["restore"] = s.get("last_kept") or START
+            s["restore"] = before_window
         elif not step.restore:
             s["eval_loss"] = loss_now
+        if step.undo_look:  # the rate's first window (its loss rose) is undone with the second
+            first = s["look"]
+            log.kept.discard(first["run"])
+            s["restore"] = s["last_kept"] = first["start"]
+            s["eval_loss"] = first["eval_loss"]
+        look = ramp.second_look and not step.restore  # a first window kept for a second look
+        s["look"] = {"run": last.run, "start": before_window, "eval_loss": loss_before} if look else None
         log.record(
             "ramp",
             ("rollback" if last.diverged else "undo") if step.restore else "window",
@@ -445,7 +453,8 @@ class AutoPolicy:
         if s["phase"] == "ramp":
             ramp = s["ramp"]
             first_look = ramp["steps"] >= 1 and not ramp["second_look"]
-            return self._run(config, self.look if first_look else self.w, "ramp", start)
+            held = (s.get("look") or {}).get("start")  # the ramp may still restore it
+            return self._run(config, self.look if first_look else self.w, "ramp", start, hold=held)
         if s["phase"] == "train":
             trial = self._trial(config)
             if trial is not None:
@@ -478,7 +487,15 @@ class AutoPolicy:
             return self._run(trial, self.run_length, "explore", CURRENT, seconds=allowed)
         return None
 
-    def _run(self, config: RunConfig, iterations: int, phase: str, start: str, seconds: float | None = None):
+    def _run(
+        self,
+        config: RunConfig,
+        iterations: int,
+        phase: str,
+        start: str,
+        seconds: float | None = None,
+        hold: str | None = None,
+    ):
         s, fit = self.s, self.fit
         budget = fit.log.budget(iterations=iterations, seconds=seconds)
         if budget is None:
@@ -486,7 +503,9 @@ class AutoPolicy:
         s["next"] = {"config": asdict(config), "iterations": iterations, "phase": phase, "seconds": seconds}
         checkpoint = None
         epoch = math.floor(fit.snapshot(start).batches_done / fit.n_batches)
-        if getattr(fit, "checkpoints", False) and start == CURRENT and epoch > s["checkpoint_epoch"]:
+        # no checkpoint while an older snapshot is held: a resumed loop would not have it
+        may_save = getattr(fit, "checkpoints", False) and start == CURRENT and hold is None
+        if may_save and epoch > s["checkpoint_epoch"]:
             s["checkpoint_epoch"] = epoch
             checkpoint = dict(s)
         return NextRun(
@@ -497,6 +516,7 @@ class AutoPolicy:
             checkpoint=checkpoint,
             note={"lr": config.lr, "event": ""},
             loss_limit=True,  # a window that blows the loss up is rolled back, never kept (fitting.py)
+            hold=hold,
         )
 
     def _stop(self, why: str) -> Stop:

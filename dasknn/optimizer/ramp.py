@@ -27,7 +27,10 @@ window would have lowered it (within the window's noise), is kept (its iteration
 the transient costs at most what undoing the window would) and the rate gets a second look: the
 next window at the same η, judged against the same expectation (the old η's last window carried
 to the new loss level). A second window that also falls short, a larger rise, or a non-finite
-loss ends the ramp; then that window is undone and the previous η kept.
+loss ends the ramp; then that window is undone and the previous η kept, and when the rate's first
+window raised the loss (beyond its noise) that one is undone too: it was kept only as the rate's
+transient, and a rate judged worse leaves its rise as damage (`RampStep.undo_look`; the policy
+restores the state before the rate's first window).
 
 The first step may be larger (`first_factor`, × 4 for "auto": a prior from a solver tuned for long
 synchronous runs is usually low for time to accuracy, and each doubling costs a window or two).
@@ -117,6 +120,7 @@ class RampStep:
     restore: bool
     done: bool
     reason: str
+    undo_look: bool = False  # restore the state before the rate's first window too (it rose)
 
 
 @dataclass
@@ -150,6 +154,8 @@ class LrRamp:
     last_level: float = math.nan
     steps: int = 0
     second_look: bool = False  # the window being run is the second at this η (the first fell short)
+    look_rose: bool = False  # that first window's loss rose (beyond its noise)
+    look_iterations: int = 0  # that first window's iterations
     done: bool = False
     final_progress: float = math.nan  # progress of the last kept window: the plateau rule's baseline
 
@@ -197,7 +203,7 @@ class LrRamp:
         if (
             p > 0 and not rose and p + self.z * se > expected * (1 + self.margin)
         ):  # not worse beyond the noise
-            self.second_look = False
+            self.second_look, self.look_rose, self.look_iterations = False, False, 0
             self._keep(p, level, n)
             if self.steps >= self.max_steps:
                 return self._finish(f"{self.max_steps} doublings: the ramp ends at η = {self.lr:g}")
@@ -214,14 +220,12 @@ class LrRamp:
         else:
             short = f"progress {p:.3g}±{se:.2g}/it below the previous η's expected {expected:.3g}/it"
         if -p - self.z * se > expected:  # rose more than the old η would have lowered it: no transient
-            self.second_look = False
             return self._undo(p, f"{short}, more than the previous η's expected fall {expected:.3g}/it")
         if not self.second_look:  # the rate's first window: its transient, kept; the next one judges
-            self.second_look = True
+            self.second_look, self.look_rose, self.look_iterations = True, rose, n
             self.windows += 1
             self.iterations += n
             return RampStep(self.lr, False, False, f"{short}: kept, a second look at η = {self.lr:g}")
-        self.second_look = False
         return self._undo(p, f"{short} again")
 
     def _keep(self, p: float, level: float, n: int) -> None:
@@ -239,7 +243,24 @@ class LrRamp:
 
     def _undo(self, p: float, why: str) -> RampStep:
         """The window is rolled back. Before any doubling, the start η was too high: halve it and
-        calibrate again; after one, keep the previous η and end the ramp."""
+        calibrate again; after one, keep the previous η and end the ramp.
+
+        A second look that fails also undoes the rate's first window when that window's loss rose:
+        it was kept only as the rate's transient, and the rate turned out worse, so the rise is
+        damage, not a transient (on 32 simulated async groups, a first window at 4η that doubled
+        the loss left dead units that capped held-out accuracy 1.5 points below a fit without it).
+        A first window that fell short but still lowered the loss stays (it is training)."""
+        undo_look = self.second_look and self.look_rose
+        if undo_look:
+            self.windows -= 1
+            self.iterations -= self.look_iterations
+            why = f"{why}; the rate's first window (its loss rose) undone too"
+        self.second_look, self.look_rose, self.look_iterations = False, False, 0
+        step = self._undo_window(p, why)
+        step.undo_look = undo_look
+        return step
+
+    def _undo_window(self, p: float, why: str) -> RampStep:
         if self.steps == 0:
             self.halvings += 1
             if self.halvings > MAX_HALVINGS:

@@ -123,3 +123,28 @@ def test_a_raised_rate_is_first_run_for_half_a_window(long_fit):
     looks = ramp[ramp["reason"].str.contains("second look")]
     after = [ramp.index.get_loc(i) + 1 for i in looks.index if ramp.index.get_loc(i) + 1 < len(ramp)]
     assert all(ramp["iterations"].iloc[k] == 16 or ramp["diverged"].iloc[k] for k in after)
+
+
+def test_a_rate_whose_first_window_rose_and_second_look_failed_leaves_no_trace_in_the_model():
+    """32 simulated asynchronous groups at batch 8 (experiments/bench_auto_sim32.py, seed 1): the
+    first window at η × 4 doubles the loss, is kept for a second look, and the second falls short
+    too. Both are undone: the next rate starts from the state before η × 4, and no iteration at it
+    stays in the model (kept, that window's dead units capped held-out accuracy at 94.7%)."""
+    from experiments.bench_auto_sim32 import N_WORKERS, contender
+    from experiments.whatif_cpu_l import C4_GFLOPS, EFFICIENCY
+
+    X, y = load("mnist-sample", batch_size=8)
+    model = HEModel.estimate(zoo.lenet(seed=0), 8, N_WORKERS, C4_GFLOPS, 1e9 / 8, efficiency=EFFICIENCY)
+    est = contender("auto", 1, model, 0.2, target=0.999)
+    est.fit(np.asarray(X), np.asarray(y))
+    d = est.decisions_
+    undo = d[d["reason"].str.contains("first window \\(its loss rose\\) undone too")]
+    assert len(undo) == 1 and undo["action"].iloc[0] == "undo"
+    look = d[d["reason"].str.contains("kept, a second look")].iloc[0]
+    assert look["lr"] == pytest.approx(0.04) and look["run"] < undo["run"].iloc[0]
+    trace = est.trace_
+    kept = trace[trace["kept"]]
+    assert not (trace[trace["run"] == look["run"]]["kept"]).any()
+    assert kept["lr"].max() < 0.04  # nothing trained at η × 4 stayed in the model
+    iterations = np.sort(kept["iteration"].to_numpy())
+    assert (iterations == np.arange(1, len(iterations) + 1)).all()  # the next rate went on from before it

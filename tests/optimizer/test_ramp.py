@@ -274,3 +274,34 @@ def test_a_window_whose_loss_did_not_fall_never_counts_as_better():
     assert window_progress(noisy) < 0
     step = ramp.observe(noisy)
     assert not step.restore and ramp.lr == pytest.approx(0.04) and "second look" in step.reason
+
+
+def test_a_failed_second_look_undoes_a_first_window_whose_loss_rose():
+    """A rate's first window whose loss rose was kept only as its transient: when the second look
+    finds the rate worse too, both windows are undone (`undo_look`) and the ramp forgets the
+    first one's iterations; a first window that fell short but lowered the loss stays."""
+    ramp = LrRamp(lr=0.08, window=20)
+    kept, steps = run_ramp(ramp, transient=lambda old, new: Rise(1.1))
+    assert ramp.done and ramp.lr == pytest.approx(0.32)
+    last = steps[-1]
+    assert last.restore and last.undo_look and "first window" in last.reason
+    assert not any(s.undo_look for s in steps[:-1])
+    assert ramp.windows == len(kept) - 1  # 0.64's first window no longer counts
+    assert ramp.iterations == 20 * (len(kept) - 1)
+    assert not ramp.second_look and not ramp.look_rose
+
+    fell_short = LrRamp(lr=0.08, window=20)
+    kept, steps = run_ramp(fell_short, transient=lambda old, new: old / 2)
+    assert steps[-1].restore and not steps[-1].undo_look
+    assert fell_short.windows == len(kept)
+
+
+def test_a_ramp_dict_from_before_the_undone_first_window_loads():
+    """The first window's rise is in the ramp's dict (a checkpoint's session); an older dict
+    without it loads as a first window that did not rise."""
+    ramp = LrRamp(lr=0.01, window=20)
+    run_ramp(ramp, transient=lambda old, new: Rise(1.1), max_windows=3)
+    assert ramp.second_look and ramp.look_rose and ramp.look_iterations == 20
+    assert LrRamp.from_dict(ramp.to_dict()) == ramp
+    old = {k: v for k, v in ramp.to_dict().items() if k not in ("look_rose", "look_iterations")}
+    assert LrRamp.from_dict(old).look_rose is False
