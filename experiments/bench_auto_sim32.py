@@ -8,9 +8,18 @@ mnist-sample at batch 8 (`--batch`), so that thousands of iterations cost a few 
 time; the clock is the model's, so the numbers are the same at any load. Each group of k workers
 computes as one device timed t_conv(k) (the shards' gradients sum to the batch gradient;
 `GroupDevices`). The fits are
-`DistributedCNN(engine="simulated", n_workers=32, max_wall_time=None)`, target **95% held-out
-accuracy** (the estimator's stratified 20% split, seeded by random_state; first evaluation at or
-above); a miss counts as the fit's end time and is marked.
+`DistributedCNN(engine="simulated", n_workers=32, max_wall_time=None)`, target **94% held-out
+accuracy** (`--target`; the estimator's stratified 20% split, 1,000 samples, seeded by
+random_state; first evaluation at or above); a miss counts as the fit's end time and is marked.
+The target sits below the plateau: plain async at its selected η, run 15 epochs with no reachable
+target, ends at 95.1-96.9% held-out (median of its last 5 evaluations; seeds 0-5), so 95% (the
+first target) sat at the plateau of seed 3 (95.1%, best 95.3%), where the 1,000 held-out samples'
+noise (±0.7 points, one standard error) decided it. 94% is 1.1 points (1.6 standard errors) below
+the lowest plain-async plateau, chosen from plain async's and sync's runs only (sync is limited by
+its 60 s budget, 1,137 iterations, not by a plateau). Each fit's time to target is also given as a
+lower bound, the evaluation before the one at or above the target (`seconds_lower`): fixed knobs
+are evaluated once an epoch and "auto" once a window, and the table's conservative ratio divides
+the fixed contender's lower bound by "auto"'s time.
 
 Contenders (µ = 0.9, Caffe's, for both fixed ones):
 - sync: g = 1 over the 32 workers; plain async: g = 32 (one worker a group);
@@ -62,7 +71,8 @@ from experiments.whatif_cpu_l import C4_GFLOPS, EFFICIENCY
 RESULTS = RESULTS_ROOT / "bench_auto_sim32"
 N_WORKERS = 32
 BATCH = 8
-TARGET = 0.95
+TARGET = 0.94
+"""Held-out target: below the plateau of plain async on every measured seed (module docstring)."""
 MOMENTUM = 0.9
 LRS = (0.001, 0.003, 0.01, 0.03)
 """The η grid of sync and plain async (µ = 0.9)."""
@@ -128,6 +138,15 @@ def time_to_target(history: list[dict], target: float) -> tuple[float, int, bool
     return float(row["time"]), int(row["iteration"]), bool(len(hit))
 
 
+def evaluation_before(history: list[dict], seconds: float) -> float:
+    """The time of the evaluation before the one at `seconds`: the target was crossed after it,
+    so it bounds the time to target from below (a fixed run is evaluated once an epoch, "auto"
+    once a window)."""
+    times = pd.DataFrame(history)["time"]
+    before = times[times < seconds]
+    return float(before.max()) if len(before) else 0.0
+
+
 def fit_one(est: DistributedCNN, X, y, target: float, **about) -> tuple[dict, pd.DataFrame | None]:
     """Fit `est` on (X, y): its time to `target` (simulated s), wall time and end configuration."""
     t0 = time.perf_counter()
@@ -138,9 +157,12 @@ def fit_one(est: DistributedCNN, X, y, target: float, **about) -> tuple[dict, pd
     row = {
         **about,
         "seconds": seconds,
+        "seconds_lower": evaluation_before(est.history_, seconds),
         "iterations": iterations,
         "reached": reached,
         "best_val_accuracy": float(pd.DataFrame(est.history_)["val_accuracy"].max()),
+        "final_val_accuracy": float(pd.DataFrame(est.history_)["val_accuracy"].iloc[-1]),
+        "last5_median_val_accuracy": float(pd.DataFrame(est.history_)["val_accuracy"].iloc[-5:].median()),
         "end_g": config.n_groups,
         "end_lr": config.lr,
         "end_momentum": config.momentum,
@@ -166,6 +188,7 @@ def contender(
     lr: float | None = None,
     batch: int = BATCH,
     max_epochs: float = MAX_EPOCHS,
+    target: float = TARGET,
 ) -> BenchCNN:
     """The estimator of one contender: "auto", "sync" (g = 1) or "async" (g = N) at `lr`."""
     knobs = {"tuner": "auto", "tuner_options": {"prior_cache": False}}
@@ -173,7 +196,7 @@ def contender(
         knobs = {"n_groups": 1 if name == "sync" else N_WORKERS, "learning_rate": lr, "momentum": MOMENTUM}
     est = BenchCNN(
         net=small_cnn(), batch_size=batch, engine="simulated", n_workers=N_WORKERS, backend="lowering",
-        time_budget=budget, max_epochs=max_epochs, max_wall_time=None, target_accuracy=TARGET,
+        time_budget=budget, max_epochs=max_epochs, max_wall_time=None, target_accuracy=target,
         validation_fraction=0.2, eval_size=500, random_state=seed, **knobs,
     )  # fmt: skip
     est.bench_engine = GroupDevices(model)
@@ -194,6 +217,8 @@ def main(argv: list[str] | None = None) -> dict:
         metavar=("SYNC_LR", "ASYNC_LR"),
         help="skip the selection pass: the η a previous one chose (it is deterministic)",
     )
+    cli.add_argument("--target", type=float, default=TARGET, help=f"held-out target (default {TARGET})")
+    cli.add_argument("--only", nargs="+", default=["auto", "sync", "async"], help="contenders to measure")
     cli.add_argument("--out", type=Path, default=RESULTS)
     args = cli.parse_args(argv)
     os.environ["DASKNN_PRIOR_CACHE"] = "off"  # and tuner_options: every "auto" fit starts cold
@@ -216,9 +241,10 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for seed in seeds:
         print(f"round random_state {seed}", flush=True)
-        for name in ("auto", "sync", "async"):
-            est = contender(name, seed, model, args.budget, best.get(name), batch, args.max_epochs)
-            row, decisions = fit_one(est, X, y, TARGET, run=name, lr=best.get(name), seed=seed)
+        for name in args.only:
+            lr = best.get(name)
+            est = contender(name, seed, model, args.budget, lr, batch, args.max_epochs, args.target)
+            row, decisions = fit_one(est, X, y, args.target, run=name, lr=best.get(name), seed=seed)
             rows.append(row)
             if name == "auto" and decisions is not None:
                 decisions.to_csv(args.out / f"decisions_auto_{seed}.csv", index=False)
@@ -228,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
     text = "\n".join(
         [
             f"# bench_auto_sim32: {N_WORKERS} simulated workers, small CNN on mnist-sample, b = {batch}, "
-            f"target {TARGET:.0%} held-out (simulated seconds)",
+            f"target {args.target:.0%} held-out (simulated seconds)",
             "",
             machine_line(),
             "",
@@ -247,8 +273,8 @@ def select(args, model: HEModel, X, y, batch: int) -> dict[str, float]:
     selection = []
     for name in ("sync", "async"):
         for lr in args.lrs:
-            est = contender(name, SELECT_SEED, model, args.budget, lr, batch, args.max_epochs)
-            row, _ = fit_one(est, X, y, TARGET, run=name, lr=lr, seed=SELECT_SEED)
+            est = contender(name, SELECT_SEED, model, args.budget, lr, batch, args.max_epochs, args.target)
+            row, _ = fit_one(est, X, y, args.target, run=name, lr=lr, seed=SELECT_SEED)
             selection.append(row)
     sel = pd.DataFrame(selection)
     sel.to_csv(args.out / "selection.csv", index=False)
@@ -265,7 +291,7 @@ def summarise(runs: pd.DataFrame, best: dict) -> pd.DataFrame:
     """Medians per contender, "auto"'s speed-up over each (ratio of medians, and per seed)."""
     auto = runs[runs["run"] == "auto"].set_index("seed")
     out = []
-    for name in ("auto", "sync", "async"):
+    for name in [n for n in ("auto", "sync", "async") if (runs["run"] == n).any()]:
         part = runs[runs["run"] == name].set_index("seed")
         per_seed = (part["seconds"] / auto["seconds"]).dropna()
         out.append(
@@ -276,6 +302,10 @@ def summarise(runs: pd.DataFrame, best: dict) -> pd.DataFrame:
                 "reached": f"{int(part['reached'].sum())}/{len(part)}",
                 "speed-up of auto (its s ÷ auto's)": float(
                     part["seconds"].median() / auto["seconds"].median()
+                ),
+                # the crossing lies between two evaluations: its lower bound ÷ auto's upper one
+                "conservative speed-up (its previous evaluation's s ÷ auto's s)": float(
+                    part["seconds_lower"].median() / auto["seconds"].median()
                 ),
                 "per seed": ", ".join(f"{v:.2f}" for v in per_seed),
                 "wall s (median)": float(part["wall_seconds"].median()),
