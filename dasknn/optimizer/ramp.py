@@ -248,7 +248,7 @@ class LrRamp:
         A second look that fails also undoes the rate's first window when that window's loss rose:
         it was kept only as the rate's transient, and the rate turned out worse, so the rise is
         damage, not a transient (on 32 simulated async groups, a first window at 4η that doubled
-        the loss left dead units that capped held-out accuracy 1.5 points below a fit without it).
+        the loss left a state whose fit peaked 1.5 points of held-out accuracy below one without it).
         A first window that fell short but still lowered the loss stays (it is training)."""
         undo_look = self.second_look and self.look_rose
         if undo_look:
