@@ -430,6 +430,14 @@ class AutoPolicy:
         if self.momentum is not None:
             return
         s = self.s
+        if config.n_groups == 1:  # one synchronous group: no implicit momentum, the total is µ itself
+            # (Omnivore §IV-B); a regressed total only adds its noise and bias (read low at g = 1 on
+            # CIFAR-10 quick, so every reading raised µ), so µ is the target itself
+            if config.momentum != s["target_momentum"]:
+                s["config"] = asdict(config.with_(momentum=s["target_momentum"]))
+                why = f"g = 1: no asynchrony, the total momentum is µ: µ {config.momentum:g} -> target"
+                self.fit.log.record("train", "momentum", RunConfig(**s["config"]), why, chosen=True)
+            return
         measured = trace_momentum(trace)
         mu, why = decide.steer_momentum(
             config.momentum, measured, s["target_momentum"], self.momentum_gain, self.momentum_tolerance

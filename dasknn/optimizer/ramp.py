@@ -28,8 +28,8 @@ the transient costs at most what undoing the window would) and the rate gets a s
 next window at the same η, judged against the same expectation (the old η's last window carried
 to the new loss level). A second window that also falls short, a larger rise, or a non-finite
 loss ends the ramp; then that window is undone and the previous η kept, and when the rate's first
-window raised the loss (beyond its noise) that one is undone too: it was kept only as the rate's
-transient, and a rate judged worse leaves its rise as damage (`RampStep.undo_look`; the policy
+window raised the loss (at all, within its noise too) that one is undone too: it was kept only as the
+rate's transient, and a rate judged worse leaves its rise as damage (`RampStep.undo_look`; the policy
 restores the state before the rate's first window).
 
 The first step may be larger (`first_factor`, × 4 for "auto": a prior from a solver tuned for long
@@ -154,7 +154,7 @@ class LrRamp:
     last_level: float = math.nan
     steps: int = 0
     second_look: bool = False  # the window being run is the second at this η (the first fell short)
-    look_rose: bool = False  # that first window's loss rose (beyond its noise)
+    look_rose: bool = False  # that first window's loss rose (at all: it made no progress)
     look_iterations: int = 0  # that first window's iterations
     done: bool = False
     final_progress: float = math.nan  # progress of the last kept window: the plateau rule's baseline
@@ -222,7 +222,7 @@ class LrRamp:
         if -p - self.z * se > expected:  # rose more than the old η would have lowered it: no transient
             return self._undo(p, f"{short}, more than the previous η's expected fall {expected:.3g}/it")
         if not self.second_look:  # the rate's first window: its transient, kept; the next one judges
-            self.second_look, self.look_rose, self.look_iterations = True, rose, n
+            self.second_look, self.look_rose, self.look_iterations = True, p < 0, n
             self.windows += 1
             self.iterations += n
             return RampStep(self.lr, False, False, f"{short}: kept, a second look at η = {self.lr:g}")

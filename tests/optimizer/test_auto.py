@@ -129,7 +129,8 @@ def test_a_rate_whose_first_window_rose_and_second_look_failed_leaves_no_trace_i
     """32 simulated asynchronous groups at batch 8 (experiments/bench_auto_sim32.py, seed 1): the
     first window at η × 4 doubles the loss, is kept for a second look, and the second falls short
     too. Both are undone: the next rate starts from the state before η × 4, and no iteration at it
-    stays in the model (kept, that window left a fit that peaked at 94.7% held-out, 96.4% without)."""
+    stays in the model (kept, that window left a fit that peaked at 94.7% held-out, 96.4% without).
+    A first window whose loss rose only within its noise is undone too when its second look fails."""
     from experiments.bench_auto_sim32 import N_WORKERS, contender
     from experiments.whatif_cpu_l import C4_GFLOPS, EFFICIENCY
 
@@ -139,7 +140,9 @@ def test_a_rate_whose_first_window_rose_and_second_look_failed_leaves_no_trace_i
     est.fit(np.asarray(X), np.asarray(y))
     d = est.decisions_
     undo = d[d["reason"].str.contains("first window \\(its loss rose\\) undone too")]
-    assert len(undo) == 1 and undo["action"].iloc[0] == "undo"
+    # η × 4's two windows undone; the next rate, η × 2, may fail the same way (its first window rose
+    # within its noise on this seed) and is undone likewise: the ramp then ends at the start η
+    assert len(undo) >= 1 and (undo["action"] == "undo").all()
     look = d[d["reason"].str.contains("kept, a second look")].iloc[0]
     assert look["lr"] == pytest.approx(0.04) and look["run"] < undo["run"].iloc[0]
     trace = est.trace_
