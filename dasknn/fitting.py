@@ -163,6 +163,11 @@ def _clock(state: TrainState | None) -> float | None:
     return None if sim is None else float(sim["clock"])
 
 
+def clock_unit(engine) -> str:
+    """The unit of a fit's clock on `engine`: "simulated s" on the simulator, else "s"."""
+    return getattr(engine, "time_unit", None) or "s"
+
+
 class Loop:
     """One fit's training: the engine runs a policy asks for, the clock, evaluation, rollback,
     checkpoints and callbacks (the module docstring).
@@ -281,7 +286,7 @@ class Loop:
             note = f" {fields['event']}" if fields.get("event") else ""
             val = f" val_accuracy={row['val_accuracy']:.2%}" if "val_accuracy" in row else ""
             logger.debug(
-                f"t={row['time']:7.1f} {self._unit()} it={state.iterations_done:6d} "
+                f"t={row['time']:7.1f} {clock_unit(self.engine)} it={state.iterations_done:6d} "
                 f"epoch={row['epoch']:5.2f} loss={row['loss']:.4f} accuracy={row['accuracy']:.2%}{val}{note}"
             )
         return row
@@ -319,19 +324,15 @@ class Loop:
         elif not self.stopped_by and late:
             self.stopped_by = (
                 f"max_wall_time={self.max_wall_time:g} s (real time) reached after {row['time']:.4g} "
-                f"{self._unit()}, at iteration {it}"
+                f"{clock_unit(self.engine)}, at iteration {it}"
             )
-            if self._unit() == "simulated s":
+            if clock_unit(self.engine) == "simulated s":
                 logger.warning(
                     "%s: the simulation runs slower than the cluster it models; lower time_budget "
                     "(simulated seconds) or raise max_wall_time (None: no bound)",
                     self.stopped_by,
                 )
         return bool(asked) or reached or late
-
-    def _unit(self) -> str:
-        """The unit of the fit's clock: "simulated s" on the simulator, else "s"."""
-        return getattr(self.engine, "time_unit", None) or "s"
 
     def recoveries(self, trace: pd.DataFrame, config: RunConfig) -> str:
         """The Dask engine's recoveries from lost workers in a run, as decision rows and a history note."""
@@ -365,7 +366,7 @@ class Loop:
             why = f"{c['workers']} {verb}: {c['n_workers']} workers"
             self.log.record("cluster", c["action"], config, why, time=c["time"], run=run,
                             workers=c["workers"], n_workers=c["n_workers"])  # fmt: skip
-            logger.info("t=%.4g %s: %s", c["time"], self._unit(), why)
+            logger.info("t=%.4g %s: %s", c["time"], clock_unit(self.engine), why)
             self.notify("on_cluster_change", c)
             notes.append(f"{c['action']}: {why}")
         return "; ".join(notes)

@@ -289,10 +289,10 @@ class AutoPolicy:
                     s["peak_lr"] = config.lr  # the cache remembers the rate before any plateau
             s["phase"], s["trial"] = "train", None
         s["before"] = rate
-        self._plateau(config, p, level, last)
+        observe_plateau(self, config, p, level, last)
         if s["stopped"]:
             return
-        self._momentum(RunConfig(**s["config"]), trace)
+        steer_momentum(self, RunConfig(**s["config"]), trace)
 
     def _observe_ramp(self, last: Outcome, config: RunConfig, p, se, level, loss_now) -> None:
         """A ramp window judged (`ramp.LrRamp.judge`): η doubled, kept, or the window undone."""
@@ -397,56 +397,10 @@ class AutoPolicy:
         s = self.s
         s["phase"], s["peak_lr"] = "train", config.lr
         gamma = ramp.gamma if math.isfinite(ramp.gamma) else ramp.gamma_prior
-        s["plateau"] = self._new_plateau(gamma).to_dict()
+        s["plateau"] = new_plateau(self, gamma).to_dict()
         self.fit.log.record(
             "ramp", "end", config, f"η = {config.lr:g} after {ramp.steps} doublings", chosen=True
         )
-
-    def _new_plateau(self, gamma: float = 1.0) -> Plateau:
-        """The plateau rule at the ramp's γ (without a ramp, a cached or pinned η: γ = 1, the
-        ramp's prior)."""
-        return Plateau(
-            span=self.span,
-            fraction=self.plateau_fraction,
-            max_drops=self.max_drops,
-            gamma=gamma,
-            patience=self.plateau_patience,
-        )
-
-    def _plateau(self, config: RunConfig, p: float, level: float, last: Outcome) -> None:
-        s = self.s
-        rule = self._new_plateau() if s["plateau"] is None else Plateau.from_dict(s["plateau"])
-        step = rule.observe(p, len(last.trace), held_out(self.fit), level)
-        s["plateau"] = rule.to_dict()
-        if step.action == "drop" and self.learning_rate is None:
-            s["config"] = asdict(config.with_(lr=config.lr / rule.factor))
-            self.fit.log.record(
-                "train", "plateau", RunConfig(**s["config"]), step.reason, chosen=True, run=last.run
-            )
-        elif step.action == "stop":
-            s["stopped"] = f"converged: {step.reason}"
-
-    def _momentum(self, config: RunConfig, trace: pd.DataFrame) -> None:
-        if self.momentum is not None:
-            return
-        s = self.s
-        if config.n_groups == 1:  # one synchronous group: no implicit momentum, the total is µ itself
-            # (Omnivore §IV-B); a regressed total only adds its noise and bias (read low at g = 1 on
-            # CIFAR-10 quick, so every reading raised µ), so µ is the target itself
-            if config.momentum != s["target_momentum"]:
-                s["config"] = asdict(config.with_(momentum=s["target_momentum"]))
-                why = f"g = 1: no asynchrony, the total momentum is µ: µ {config.momentum:g} -> target"
-                self.fit.log.record("train", "momentum", RunConfig(**s["config"]), why, chosen=True)
-            return
-        measured = trace_momentum(trace)
-        mu, why = decide.steer_momentum(
-            config.momentum, measured, s["target_momentum"], self.momentum_gain, self.momentum_tolerance
-        )
-        if mu != config.momentum:
-            s["config"] = asdict(config.with_(momentum=mu))
-            self.fit.log.record(
-                "train", "momentum", RunConfig(**s["config"]), why, chosen=True, total_momentum=measured
-            )
 
     # -- requests --------------------------------------------------------------------------------
     def _request(self) -> NextRun:
@@ -536,6 +490,58 @@ class AutoPolicy:
         return Stop(why, config, session={**s, "finished": True})
 
     # -- set-up ----------------------------------------------------------------------------------
+
+
+def new_plateau(policy: AutoPolicy, gamma: float = 1.0) -> Plateau:
+    """The plateau rule at the ramp's γ (without a ramp, a cached or pinned η: γ = 1, the ramp's
+    prior)."""
+    return Plateau(
+        span=policy.span,
+        fraction=policy.plateau_fraction,
+        max_drops=policy.max_drops,
+        gamma=gamma,
+        patience=policy.plateau_patience,
+    )
+
+
+def observe_plateau(policy: AutoPolicy, config: RunConfig, p: float, level: float, last: Outcome) -> None:
+    """Feed a kept training window to the plateau rule: η ÷ its factor on a plateau (unless η is
+    pinned), the fit's end on convergence."""
+    s = policy.s
+    rule = new_plateau(policy) if s["plateau"] is None else Plateau.from_dict(s["plateau"])
+    step = rule.observe(p, len(last.trace), held_out(policy.fit), level)
+    s["plateau"] = rule.to_dict()
+    if step.action == "drop" and policy.learning_rate is None:
+        s["config"] = asdict(config.with_(lr=config.lr / rule.factor))
+        policy.fit.log.record(
+            "train", "plateau", RunConfig(**s["config"]), step.reason, chosen=True, run=last.run
+        )
+    elif step.action == "stop":
+        s["stopped"] = f"converged: {step.reason}"
+
+
+def steer_momentum(policy: AutoPolicy, config: RunConfig, trace: pd.DataFrame) -> None:
+    """µ after a training window (unless pinned): YellowFin's feedback on the total momentum
+    regressed from the trace's sampled conv updates, toward the prior's µ. At g = 1 one synchronous
+    group has no implicit momentum and the total is µ itself (Omnivore §IV-B): a regressed total only
+    adds its noise and bias (it read low at g = 1 on CIFAR-10 quick, so every reading raised µ), so
+    µ is set to the target there."""
+    if policy.momentum is not None:
+        return
+    s, log = policy.s, policy.fit.log
+    if config.n_groups == 1:
+        if config.momentum != s["target_momentum"]:
+            s["config"] = asdict(config.with_(momentum=s["target_momentum"]))
+            why = f"g = 1: no asynchrony, the total momentum is µ: µ {config.momentum:g} -> target"
+            log.record("train", "momentum", RunConfig(**s["config"]), why, chosen=True)
+        return
+    measured = trace_momentum(trace)
+    mu, why = decide.steer_momentum(
+        config.momentum, measured, s["target_momentum"], policy.momentum_gain, policy.momentum_tolerance
+    )
+    if mu != config.momentum:
+        s["config"] = asdict(config.with_(momentum=mu))
+        log.record("train", "momentum", RunConfig(**s["config"]), why, chosen=True, total_momentum=measured)
 
 
 def regroup_on_change(policy: AutoPolicy, last: Outcome) -> None:
