@@ -54,8 +54,8 @@ from dasknn.callbacks import Callback  # noqa: E402
 from dasknn.data import load  # noqa: E402
 from dasknn.reports import time_to_accuracy  # noqa: E402
 from experiments import bench_tta  # noqa: E402
-from experiments.bench_tta_torch import caffe_lenet_loop  # noqa: E402
-from experiments.common import RESULTS_ROOT  # noqa: E402
+from experiments.bench_tta_torch import caffe_lenet_loop, rule_met  # noqa: E402
+from experiments.common import RESULTS_ROOT, markdown_table  # noqa: E402
 
 RESULTS = RESULTS_ROOT / "bench_main_job"
 TARGETS = (("95% first", 0.95, "first"), ("96% median5", 0.96, "median5"))
@@ -68,7 +68,7 @@ METRIC = bench_tta.METRIC
 
 
 class RuleStop(Callback):
-    """Stop the fit once `rule` holds at `target` on the held-out accuracy (`dasknn.reports.RULES`)."""
+    """Stop the fit once `rule` holds at `target` on the held-out accuracy (`rule_met`)."""
 
     def __init__(self, target: float, rule: str) -> None:
         self.target, self.rule = target, rule
@@ -83,8 +83,7 @@ class RuleStop(Callback):
         if value is None or not np.isfinite(value):
             return False
         self.values.append(float(value))
-        last = self.values[-5:] if self.rule == "median5" else self.values[-1:]
-        return len(last) == (5 if self.rule == "median5" else 1) and float(np.median(last)) >= self.target
+        return rule_met(self.values, self.target, self.rule)
 
 
 def measured(name: str, kind: str, hist: pd.DataFrame, budget: float, fit_wall: float, rnd: int) -> dict:
@@ -163,14 +162,6 @@ def summary(runs: pd.DataFrame, chosen: dict[str, tuple]) -> tuple[pd.DataFrame,
                 ]
                 lines.append(f"- {label}: {who} ÷ {other} = {ratio:.2f} (per round {per})")
     return table, lines
-
-
-def markdown(table: pd.DataFrame) -> str:
-    cols = list(table.columns)
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in table.itertuples(index=False):
-        out.append("| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row) + " |")
-    return "\n".join(out)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -287,13 +278,18 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         f"wall {time.perf_counter() - t_start:.0f} s",
         f"chosen: {', '.join(f'{k}: {fixed_name(*v)}' for k, v in chosen.items())}",
         "",
-        markdown(table),
+        markdown_table(table, ".2f"),
         "",
         *lines,
     ]
     if len(select):
         best = select.groupby("run")[[f"{t[0]} s" for t in TARGETS]].median().sort_values(f"{STOP[0]} s")
-        text += ["", "selection rounds (median seconds per grid point):", "", markdown(best.reset_index())]
+        text += [
+            "",
+            "selection rounds (median seconds per grid point):",
+            "",
+            markdown_table(best.reset_index(), ".2f"),
+        ]
     print("\n".join(text), flush=True)
     (args.out / "table.md").write_text("\n".join(text) + "\n")
     return runs

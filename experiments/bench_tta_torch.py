@@ -15,8 +15,22 @@ MOMENTUM = 0.9
 WEIGHT_DECAY = 5e-4
 
 
+def rule_met(scores: list[float], target: float, rule: str) -> bool:
+    """Whether a run's scores so far meet `target` by `rule`, as `dasknn.reports.time_to_accuracy`
+    reads them: "first" the last score at or above, "median5" the median of the last five."""
+    last = scores[-5:] if rule == "median5" else scores[-1:]
+    return len(last) == (5 if rule == "median5" else 1) and float(np.median(last)) >= target
+
+
 def caffe_lenet_loop(
-    X, y, budget: float, target: float, eval_size: int, seed: int, threads: int, validation=None,
+    X,
+    y,
+    budget: float,
+    target: float,
+    eval_size: int,
+    seed: int,
+    threads: int,
+    validation=None,
     rule: str = "first",
 ) -> pd.DataFrame:
     """A plain PyTorch loop with Caffe's LeNet solver, from dasknn's initial weights: its history.
@@ -80,13 +94,16 @@ def caffe_lenet_loop(
                 row["val_loss"] = float(loss_fn(val_logits, vy))
                 row["val_accuracy"] = acc = float((val_logits.argmax(1) == vy).float().mean())
             history.append(row)
-        if rule == "median5":
-            last = [r["val_accuracy" if vX is not None else "accuracy"] for r in history[-5:]]
-            return float(np.median(last)) if len(last) == 5 else 0.0
         return acc
 
     next_eval = chunk
-    if score() >= target:
+    metric = "val_accuracy" if vX is not None else "accuracy"
+
+    def done() -> bool:
+        return rule_met([r[metric] for r in history], target, rule)
+
+    score()
+    if done():
         return pd.DataFrame(history)
     while clock < budget:
         order = rng.permutation(n)
@@ -102,6 +119,7 @@ def caffe_lenet_loop(
             end_of_pass = b == n // BATCH - 1
             if clock >= next_eval or clock >= budget or end_of_pass:
                 next_eval = clock + chunk
-                if score() >= target or clock >= budget:
+                score()
+                if done() or clock >= budget:
                     return pd.DataFrame(history)
     return pd.DataFrame(history)

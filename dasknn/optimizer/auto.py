@@ -292,7 +292,7 @@ class AutoPolicy:
         observe_plateau(self, config, p, level, last)
         if s["stopped"]:
             return
-        steer_momentum(self, RunConfig(**s["config"]), trace)
+        adjust_momentum(self, RunConfig(**s["config"]), trace)
 
     def _observe_ramp(self, last: Outcome, config: RunConfig, p, se, level, loss_now) -> None:
         """A ramp window judged (`ramp.LrRamp.judge`): η doubled, kept, or the window undone."""
@@ -520,7 +520,7 @@ def observe_plateau(policy: AutoPolicy, config: RunConfig, p: float, level: floa
         s["stopped"] = f"converged: {step.reason}"
 
 
-def steer_momentum(policy: AutoPolicy, config: RunConfig, trace: pd.DataFrame) -> None:
+def adjust_momentum(policy: AutoPolicy, config: RunConfig, trace: pd.DataFrame) -> None:
     """µ after a training window (unless pinned): YellowFin's feedback on the total momentum
     regressed from the trace's sampled conv updates, toward the prior's µ. At g = 1 one synchronous
     group has no implicit momentum and the total is µ itself (Omnivore §IV-B): a regressed total only
