@@ -110,13 +110,14 @@ def deployment(tmp_path):
         stop(list(procs.values()))
 
 
-def train_until_first_checkpoint(address: str, tmp_path: Path) -> subprocess.Popen:
-    """`dasknn train` on the deployment, returned once it has written its first checkpoint (an epoch
-    done: the kill follows the run's own progress, not a guessed delay)."""
+def train_until_first_checkpoint(address: str, tmp_path: Path, *flags: str) -> subprocess.Popen:
+    """`dasknn train` (with `flags`) on the deployment, returned once it has written its first
+    checkpoint (an epoch done: the kill follows the run's own progress, not a guessed delay)."""
     ckpt = tmp_path / "ckpt"
     proc = subprocess.Popen(
         [sys.executable, "-m", "dasknn", "train", *FIXED, "--scheduler", address, "--time-budget", "600",
-         "--target-accuracy", "1.0", "--checkpoint-dir", str(ckpt), "--output", str(tmp_path / "out"), "-q"],
+         "--target-accuracy", "1.0", "--checkpoint-dir", str(ckpt), "--output", str(tmp_path / "out"), "-q",
+         *flags],
         cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + HANG
@@ -153,8 +154,10 @@ def test_killed_workers_are_a_cluster_failure_named_in_one_line(deployment, tmp_
 
 
 def test_a_killed_scheduler_is_a_cluster_failure_naming_it_within_bounded_time(deployment, tmp_path):
+    """The client spends its reconnection window, `--connect-timeout` (dask's
+    distributed.comm.timeouts.connect, 30 s by default), before the loss surfaces; 5 s here."""
     address, procs = deployment
-    proc = train_until_first_checkpoint(address, tmp_path)
+    proc = train_until_first_checkpoint(address, tmp_path, "--connect-timeout", "5")
     os.killpg(procs["scheduler"].pid, signal.SIGKILL)
     code, err, seconds = finish(proc)
     line = last_line(err)
