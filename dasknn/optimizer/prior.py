@@ -22,7 +22,10 @@ import hashlib
 import json
 import math
 import os
+import threading
+import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -190,11 +193,44 @@ class PriorCache:
             return None
 
     def put(self, key: str, n_groups: int, lr: float, momentum: float) -> None:
-        """Record a successful fit's end configuration (written atomically: a temporary file renamed)."""
-        data = self._read()
-        data[key] = asdict(Prior(int(n_groups), float(lr), float(momentum), "fit"))
-        del data[key]["source"]
+        """Record a successful fit's end configuration. The read, the change and the write are one
+        step under `_writing` (fits that end together, in threads or processes, each keep their
+        entry), and the file is written atomically: a temporary file of a name no other writer
+        uses, renamed into place."""
+        entry = asdict(Prior(int(n_groups), float(lr), float(momentum), "fit"))
+        del entry["source"]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, self.path)
+        with _writing(self.path):
+            data = self._read()
+            data[key] = entry
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            try:
+                tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+                os.replace(tmp, self.path)
+            finally:
+                tmp.unlink(missing_ok=True)
+
+
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def _writing(path: Path):
+    """Hold the cache file `path` for one writer: a lock per file among this process's threads,
+    and an advisory lock (`fcntl.flock`) on `<path>.lock` among processes where the system has
+    one (POSIX); elsewhere only the threads are serialised."""
+    with _THREAD_LOCKS_GUARD:
+        lock = _THREAD_LOCKS.setdefault(str(path.resolve()), threading.Lock())
+    with lock:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: the rename still keeps the file whole
+            yield
+            return
+        with open(path.with_name(path.name + ".lock"), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)

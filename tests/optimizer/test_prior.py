@@ -82,3 +82,40 @@ def test_a_corrupt_cache_file_counts_as_empty(tmp_path):
     assert cache.get("anything") is None
     cache.put("k", 1, 0.01, 0.9)
     assert cache.get("k").lr == 0.01
+
+
+def _put_many(path: str, prefix: str, n: int, errors: list | None = None) -> None:
+    try:
+        cache = PriorCache(path)
+        for i in range(n):
+            cache.put(f"{prefix}/{i}", 1 + i % 3, 0.01 * (i + 1), 0.9)
+    except BaseException as err:
+        if errors is None:
+            raise
+        errors.append(err)
+
+
+def test_fits_writing_the_cache_at_once_from_threads_and_processes_lose_no_entry(tmp_path):
+    """Fits that end together (threads of one process, as under GridSearchCV's threading backend,
+    and separate processes) each add their job's entry: none is lost, none fails to write, and no
+    temporary file is left behind."""
+    import multiprocessing
+    import threading
+
+    path, errors = str(tmp_path / "cache.json"), []
+    threads = [threading.Thread(target=_put_many, args=(path, f"thread{t}", 25, errors)) for t in range(4)]
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    procs = [ctx.Process(target=_put_many, args=(path, f"process{p}", 25)) for p in range(2)]
+    for worker in (*procs, *threads):  # processes first: none is forked while a thread writes
+        worker.start()
+    for worker in (*threads, *procs):
+        worker.join(timeout=120)
+    assert not errors and all(p.exitcode == 0 for p in procs)
+    cache = PriorCache(path)
+    for prefix in [f"thread{t}" for t in range(4)] + [f"process{p}" for p in range(2)]:
+        for i in range(25):
+            prior = cache.get(f"{prefix}/{i}")
+            assert prior is not None, f"{prefix}/{i} lost"
+            assert (prior.n_groups, prior.lr) == (1 + i % 3, pytest.approx(0.01 * (i + 1)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.json", "cache.json.lock"]
