@@ -125,7 +125,12 @@ def _unmerged_leave(role: str, how: str, digits):
 
 
 @pytest.mark.parametrize(
-    ("role", "how"), [("servers", "client.retire_workers"), ("shard server", "cluster.scale")]
+    ("role", "how"),
+    # the unmerged hand-off is one path whichever role leaves; the shard server's is slow
+    [
+        ("servers", "client.retire_workers"),
+        pytest.param("shard server", "cluster.scale", marks=pytest.mark.slow),
+    ],
 )
 def test_the_unmerged_map_hands_over_when_a_worker_is_retired_gracefully(role, how, digits):
     _unmerged_leave(role, how, digits)
@@ -225,7 +230,13 @@ def _sma_leave(role: str, how: str, digits, strategy: Strategy = SMA):
 
 
 @pytest.mark.parametrize(
-    ("role", "how"), [("average model", "client.retire_workers"), ("learner", "cluster.scale")]
+    ("role", "how"),
+    # SMA's hand-off (the average model stops, every learner hands its replica in) is one path
+    # whichever role leaves; the learner's is slow
+    [
+        ("average model", "client.retire_workers"),
+        pytest.param("learner", "cluster.scale", marks=pytest.mark.slow),
+    ],
 )
 def test_sma_hands_its_average_model_and_learners_over_when_a_worker_is_retired(role, how, digits):
     _sma_leave(role, how, digits)
