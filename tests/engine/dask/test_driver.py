@@ -32,11 +32,17 @@ def in_process(X, y, config, iterations, seed=0):
     return net
 
 
-def test_one_group_one_worker_equals_in_process_training(digits):
-    X, y = digits
+@pytest.fixture(scope="module")
+def client1():
+    """One worker process, shared by the tests that train one group on one worker."""
     with local_client(n_workers=1) as client:
-        net = zoo.lenet(seed=0)
-        result = DaskEngine(client).run(net, X, y, CFG, Budget(iterations=12))
+        yield client
+
+
+def test_one_group_one_worker_equals_in_process_training(client1, digits):
+    X, y = digits
+    net = zoo.lenet(seed=0)
+    result = DaskEngine(client1).run(net, X, y, CFG, Budget(iterations=12))
     ref = in_process(X, y, CFG, 12)
     for k, v in ref.params.items():
         np.testing.assert_array_equal(net.params[k], v, err_msg=k)
@@ -119,15 +125,15 @@ def test_four_groups_are_stale_by_about_three_and_still_learn(client2, digits):
     assert acc >= 0.9, f"training accuracy {acc:.3f} with 4 asynchronous groups"
 
 
-def test_continuing_from_a_state_equals_one_longer_run(digits):
+def test_continuing_from_a_state_equals_one_longer_run(client1, digits):
     X, y = digits
-    with local_client(n_workers=1) as client:
-        engine = DaskEngine(client)
-        a = zoo.lenet(seed=0)
-        first = engine.run(a, X, y, CFG, Budget(iterations=5))
-        second = engine.run(a, X, y, CFG, Budget(iterations=5), start=first.state)
-        b = zoo.lenet(seed=0)
-        engine.run(b, X, y, CFG, Budget(iterations=10))
+    engine = DaskEngine(client1)
+    a = zoo.lenet(seed=0)
+    first = engine.run(a, X, y, CFG, Budget(iterations=5))
+    second = engine.run(a, X, y, CFG, Budget(iterations=5), start=first.state)
+    b = zoo.lenet(seed=0)
+    engine.run(b, X, y, CFG, Budget(iterations=10))
+    engine.close()
     assert list(second.trace["iteration"]) == list(range(6, 11))
     for k in a.params:
         np.testing.assert_array_equal(a.params[k], b.params[k], err_msg=k)
