@@ -40,7 +40,15 @@ from dasknn.engine.dask.recovery import (
 )
 from dasknn.engine.dask.replica_run import run_replicas
 from dasknn.engine.dask.restart import run_restarting
-from dasknn.engine.dask.runs import Data, begin_run, cluster_workers, engine_client, persist_data, stream_data
+from dasknn.engine.dask.runs import (
+    Data,
+    begin_run,
+    cluster_workers,
+    engine_client,
+    forget_on_workers,
+    persist_data,
+    stream_data,
+)
 from dasknn.engine.dask.segment import Segment, SegmentFailed, await_data
 from dasknn.engine.dask.unmerged import run_unmerged
 from dasknn.engine.strategy import Strategy
@@ -446,7 +454,7 @@ class _GroupsRun:
             if self.bar is not None:
                 self.bar.close()
             if not self.kept:  # no later run uses the workers' copies of its net
-                self.client.run(tasks.forget_run, self.run_id, on_error="ignore")
+                forget_on_workers(self.client, self.run_id)
             if self.elastic_on:
                 elastic.forget(self.client, self.run_id)
             self.template = self.seg = None

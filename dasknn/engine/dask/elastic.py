@@ -157,7 +157,10 @@ def use(client, run_id: str, workers: Iterable[str]) -> None:
 
 def forget(client, run_id: str) -> None:
     """Tell the scheduler run `run_id` ended (nothing when the scheduler is gone: the run's own error
-    says so)."""
+    says so; a client that has lost its scheduler is not asked: it would wait out its reconnection
+    window)."""
+    if client.status != "running":
+        return
     try:
         use(client, run_id, [])
     except Exception:  # the scheduler is unreachable: nothing there to tell

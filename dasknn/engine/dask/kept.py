@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from dasknn.engine.dask import tasks
 from dasknn.engine.dask.placement import Placement
+from dasknn.engine.dask.runs import forget_on_workers
 from dasknn.engine.dask.segment import Servers
 from dasknn.engine.trace import RunConfig
 from dasknn.nn.net import Net
@@ -64,6 +64,6 @@ def release_kept(kept: Kept | None) -> None:
         return
     try:
         kept.client.cancel([f for f in kept.servers.futures() if f is not None])
-        kept.client.run(tasks.forget_run, kept.run_id, on_error="ignore")
+        forget_on_workers(kept.client, kept.run_id)
     except Exception:  # the cluster is gone: nothing of the run is left there
         pass

@@ -19,7 +19,7 @@ import dask.array as da
 import numpy as np
 
 from dasknn.data.stream import StreamSource
-from dasknn.engine.dask.recovery import WorkerLostError
+from dasknn.engine.dask.recovery import SchedulerError, WorkerLostError
 from dasknn.engine.strategy import split_layer
 from dasknn.engine.trace import Budget, RunConfig, TrainState
 from dasknn.nn.net import Net
@@ -33,6 +33,7 @@ __all__ = [
     "cluster_workers",
     "data_mode",
     "engine_client",
+    "forget_on_workers",
     "loop_result",
     "persist_data",
     "stream_data",
@@ -85,13 +86,26 @@ def cluster_workers(client) -> dict[str, dict[str, Any]]:
     Asks the scheduler directly. `client.scheduler_info()` returns the client's shared cache, which
     a periodic callback on the client's event loop rewrites with no per-worker entries
     (n_workers=0): read just after such a rewrite, or after a failed fetch it swallows, it shows
-    an empty cluster, and a run would take its live workers for lost.
+    an empty cluster, and a run would take its live workers for lost. A client that has lost its
+    scheduler raises SchedulerError at once: asked, it would wait out its whole reconnection window
+    (`distributed.comm.timeouts.connect`) before failing, and the run's error with it.
     """
+    if client.status not in ("running", "newly-created"):
+        raise SchedulerError(f"the connection to the scheduler is closed (client status {client.status!r})")
     try:
         info = client.sync(client.scheduler.identity, n_workers=-1)
     except TypeError:  # distributed < 2025: identity() takes no n_workers and lists every worker
         info = client.sync(client.scheduler.identity)
     return dict(info["workers"])
+
+
+def forget_on_workers(client, run_id: str) -> None:
+    """Let the workers drop run `run_id`'s cached nets (`tasks.forget_run`); nothing when the client
+    has lost its scheduler (it would hold the call for its whole reconnection window)."""
+    from dasknn.engine.dask.tasks import forget_run
+
+    if client.status == "running":
+        client.run(forget_run, run_id, on_error="ignore")
 
 
 @dataclass(frozen=True)

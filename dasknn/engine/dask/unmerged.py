@@ -21,7 +21,7 @@ from dasknn.engine.dask import elastic, iteration, tasks
 from dasknn.engine.dask.actors import submit_actor, submit_pinned
 from dasknn.engine.dask.batches import BatchReader
 from dasknn.engine.dask.placement import Placement, plan
-from dasknn.engine.dask.runs import begin_run, engine_client, persist_data, wait_for_loops
+from dasknn.engine.dask.runs import begin_run, engine_client, forget_on_workers, persist_data, wait_for_loops
 from dasknn.engine.dask.segment import await_data
 from dasknn.engine.servers import ConvModelServer
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
@@ -168,7 +168,7 @@ class _UnmergedRun:
             raise
         finally:
             self._release()
-            self.client.run(tasks.forget_run, self.run_id, on_error="ignore")
+            forget_on_workers(self.client, self.run_id)
             if self.elastic_on:
                 elastic.forget(self.client, self.run_id)
 
