@@ -22,8 +22,9 @@ from the first iteration and only ever spends a bounded share of the run on anyt
    clusters"): after a run that ended on another number of conv workers, the prior's rule on the
    HE model at the new count (a pinned `n_groups` stays); a trial under way is abandoned.
 5. Capped trials (`optimizer.trials`): η × 2, η ÷ 2, g one step up or down, A-B-A (the current
-   configuration's window before and after, `decide.judge_trial`), started only while the trials'
-   time on the trace's clock stays within 5% of the elapsed time, and cut to what is left of it.
+   configuration's window before and after, `decide.judge_trial`; adopted only beyond the standard
+   error of the difference, `trials.trial_noise`), started only while the trials' time on the
+   trace's clock stays within 5% of the elapsed time, and cut to what is left of it.
 
 It is a policy of the training loop (`dasknn.policy.Policy`): it never calls the engine; each answer
 is one run (a window, a trial) or a stop. Its state is JSON-able (`session`), carried by the
@@ -58,7 +59,7 @@ from dasknn.optimizer.plateau import Plateau
 from dasknn.optimizer.prior import Prior, PriorCache, default_cache_path, groups_prior, solver_prior
 from dasknn.optimizer.ramp import LrRamp, progress_and_error, window_level
 from dasknn.optimizer.search import check, group_candidates
-from dasknn.optimizer.trials import TRIAL_FRACTION, neighbours, trial_seconds
+from dasknn.optimizer.trials import TRIAL_FRACTION, neighbours, trial_noise, trial_seconds
 from dasknn.policy import CURRENT, START, NextRun, Outcome, Stop
 from dasknn.rules import Custom, Number, Option, checked_options
 from dasknn.tradeoff.hardware import HEModel
@@ -250,12 +251,13 @@ class AutoPolicy:
         s["last_kept"] = last.snapshot
         s["eval_loss"] = loss_now
         rate = p * n / last.seconds if last.seconds > 0 and math.isfinite(p) else math.nan  # per second
+        rate_se = se * n / last.seconds if last.seconds > 0 and math.isfinite(se) else 0.0
         tpi = measure.seconds_per_iteration(trace)
         if math.isfinite(tpi) and len(trace):  # what a run costs beyond its iterations (in flight, start-up)
             s["tpi"], s["overhead"] = tpi, max(0.0, last.seconds - len(trace) * tpi)
         if phase == "trial":
             s["explored"] += last.seconds
-            s["trial"]["progress"] = rate
+            s["trial"]["progress"], s["trial"]["progress_se"] = rate, rate_se
             s["phase"] = "after"
             log.record(
                 "explore",
@@ -271,7 +273,9 @@ class AutoPolicy:
             return
         if phase == "after":
             trial = s["trial"]
-            adopt, why = decide.judge_trial(trial["progress"], s["before"] or math.nan, rate)
+            before = s["before"] if s["before"] is not None else math.nan
+            noise = trial_noise(trial.get("progress_se", 0.0), s.get("before_se", 0.0), rate_se, before)
+            adopt, why = decide.judge_trial(trial["progress"], before, rate, noise=noise)
             s["rejected"][trial["key"]] = 0 if adopt else s["rejected"].get(trial["key"], 0) + 1
             trial_config = RunConfig(**trial["config"])
             log.record(
@@ -288,7 +292,7 @@ class AutoPolicy:
                 if s["plateau"] is None or not Plateau.from_dict(s["plateau"]).drops:
                     s["peak_lr"] = config.lr  # the cache remembers the rate before any plateau
             s["phase"], s["trial"] = "train", None
-        s["before"] = rate
+        s["before"], s["before_se"] = rate, rate_se
         observe_plateau(self, config, p, level, last)
         if s["stopped"]:
             return

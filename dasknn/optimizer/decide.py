@@ -121,17 +121,22 @@ def scale_lr(lr: float, noise_scale: float, batch_size: int, g_from: int, g_to: 
     return float(lr) * gain / s
 
 
-def judge_trial(trial: float, before: float, after: float, margin: float = 0.1) -> tuple[bool, str]:
+def judge_trial(
+    trial: float, before: float, after: float, margin: float = 0.1, noise: float = 0.0
+) -> tuple[bool, str]:
     """Adopt a trial configuration when its progress per second beats the mean of the current
     configuration's runs before and after it (A-B-A, so the slowing of progress over time does
-    not favour either) by `margin` of that mean."""
+    not favour either) by `margin` of that mean and by `noise`: the standard error of the
+    difference (0: not measured), as the ramp judges a window only beyond its noise."""
     around = [r for r in (before, after) if math.isfinite(r)]
     if not math.isfinite(trial) or not around:
         return False, "progress not measured: keep the current configuration"
     base = sum(around) / len(around)
-    better = trial > base + margin * abs(base)
+    noise = noise if math.isfinite(noise) and noise > 0 else 0.0
+    better = trial > base + margin * abs(base) + noise
     verb = "adopt" if better else "keep the current configuration"
-    return better, f"progress {trial:.4g}/s on trial vs {base:.4g}/s around it: {verb}"
+    within = f" ± {noise:.4g}" if noise else ""
+    return better, f"progress {trial:.4g}/s on trial vs {base:.4g}{within}/s around it: {verb}"
 
 
 def explore_allowed(explored: float, trial_seconds: float, time_to_target: float, fraction: float) -> bool:

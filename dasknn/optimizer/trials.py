@@ -9,6 +9,14 @@ elapsed time (the trial's own time included), and it is given exactly the second
 cap, so one that would overrun is cut short. A 5-second job explores almost nothing; an hour-long
 one explores for minutes (the issue's rule; Omnivore's Algorithm 1 spends ~10% on search only
 because its epochs last an hour).
+
+A trial is short (the cap gives it tens of iterations where a training run has hundreds), so its
+progress per second is noisy: it is adopted only when it beats the runs around it beyond the
+standard error of the difference (`trial_noise`), as the ramp keeps a doubled rate only beyond a
+window's noise. On 32 simulated asynchronous groups at batch 8 (experiments/bench_auto_sim32.py)
+trials of 36 iterations were adopted on swings such as +14/s against −4.5/s around them (the loss
+of the runs around a trial rising and falling at a steady η), and switching the trials off made
+"auto" faster on 5 of 6 seeds (experiments/README.md, "Simulated 32 workers, fifth session").
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["TRIAL_FRACTION", "neighbours", "trial_seconds"]
+__all__ = ["TRIAL_FRACTION", "neighbours", "trial_noise", "trial_seconds"]
 
 TRIAL_FRACTION = 0.05
 """Trials' share of the elapsed time, at most."""
@@ -32,6 +40,16 @@ def trial_seconds(elapsed: float, explored: float, fraction: float = TRIAL_FRACT
     if not (math.isfinite(elapsed) and elapsed >= 0 and math.isfinite(explored) and explored >= 0):
         raise ValueError(f"elapsed and explored must be finite and >= 0, got {elapsed}, {explored}")
     return max(0.0, (fraction * elapsed - explored) / (1 - fraction))
+
+
+def trial_noise(trial_se: float, before_se: float, after_se: float, before: float = math.nan) -> float:
+    """The standard error of (trial − the mean of the runs before and after it), from each run's
+    progress standard error (per second; 0 or NaN: not measured); `before` NaN means no run
+    before was measured, and the mean is the run after alone."""
+    errs = [e if math.isfinite(e) and e > 0 else 0.0 for e in (trial_se, before_se, after_se)]
+    around = errs[1:] if math.isfinite(before) else errs[2:]
+    base = math.sqrt(sum(e * e for e in around)) / len(around)
+    return math.sqrt(errs[0] ** 2 + base**2)
 
 
 def neighbours(

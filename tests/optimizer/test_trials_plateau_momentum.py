@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from dasknn.engine.servers import ParameterSample
+from dasknn.optimizer.decide import judge_trial
 from dasknn.optimizer.momentum import regressed_momentum, steer_from_trajectory, trace_momentum
 from dasknn.optimizer.plateau import Plateau
-from dasknn.optimizer.trials import neighbours, trial_seconds
+from dasknn.optimizer.trials import neighbours, trial_noise, trial_seconds
 
 
 # -- capped trials --------------------------------------------------------------------------------
@@ -38,6 +39,22 @@ def test_trials_stay_within_five_percent_of_the_elapsed_time_short_and_long_jobs
     assert trial_seconds(100.0, 0.0) == pytest.approx(5 / 0.95)  # its own time counts as elapsed
     with pytest.raises(ValueError, match="fraction"):
         trial_seconds(1.0, 0.0, fraction=1.0)
+
+
+def test_a_trial_is_adopted_only_beyond_the_noise_of_its_difference():
+    """Planted from the 32-worker benchmark (seed 3, shifted digits): a 36-iteration trial at
+    η × 2 made +14.18/s (± 19/s: its batch losses' slope over so few iterations) against −4.45/s
+    around it (± 2/s each, 250-iteration runs). Without the noise it is adopted; with the standard
+    error of the difference (19.17/s) it is not. A trial beyond that noise still is."""
+    noise = trial_noise(19.0, 2.0, 2.0, before=-4.45)
+    assert noise == pytest.approx(math.sqrt(19.0**2 + 2.0))
+    assert judge_trial(14.18, -4.45, -4.45)[0]
+    adopt, why = judge_trial(14.18, -4.45, -4.45, noise=noise)
+    assert not adopt and "± 19.05/s" in why and "keep the current configuration" in why
+    assert judge_trial(20.0, -4.45, -4.45, noise=noise)[0]
+    assert trial_noise(3.0, 5.0, 4.0, before=math.nan) == pytest.approx(5.0)  # no run before: after alone
+    assert trial_noise(math.nan, 0.0, math.nan) == 0.0  # nothing measured: the plain margin
+    assert judge_trial(0.02, 0.01, 0.012, noise=0.0) == judge_trial(0.02, 0.01, 0.012)
 
 
 def test_neighbours_cycle_through_the_rate_and_the_group_count():
