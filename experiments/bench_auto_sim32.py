@@ -47,9 +47,10 @@ decisions_auto_SEED.csv}.
 
 Found (2026-11-26, fifth session, main bf3f0c1, shifted digits, seeds 0-5; the clock does not
 depend on the machine's load): selection chose η = 0.01 for sync (every η missed in 60 s) and
-η = 0.003 for plain async (1.21 s; 0.001 1.70 s, 0.01 2.44 s, 0.03 at chance); "auto" 1.16 s
-median (6 of 6), plain async 1.23 s refined (**1.07×**; per seed 0.36-1.76), 2,531 iterations
-(refined median), sync 42 s (seeds 0-2, 2 of 3). On unshifted digits (fourth session, main
+η = 0.003 for plain async (1.21 s; 0.001 1.70 s, 0.01 2.44 s, 0.03 at chance); plain async
+1.23 s refined, 2,531 iterations (refined median), sync 42 s (seeds 0-2, 2 of 3); "auto" 1.16 s
+median on bf3f0c1 (1.07×) and 1.06 s with trials judged beyond their noise (8ccf8e1: **1.17×**,
+per seed 0.53-1.81; 6 of 6 reached): the 1.2× is not met. On unshifted digits (fourth session, main
 98ef34a): "auto" 0.67 s, plain async η = 0.01 0.84 s refined (1.25×), 1,719 iterations. Details:
 experiments/README.md, "Simulated 32 workers, fifth session (2026-11-26)" and the sections before it.
 """
