@@ -82,7 +82,9 @@ class KeepEveryCheckpoint(Callback):
 
 def test_an_auto_fit_stopped_mid_span_of_the_plateau_rule_resumes_exactly(tmp_path, digits):
     X, y = digits
-    params = {**COMMON, "max_epochs": 30, "validation_fraction": 0.2}
+    # patience 1: the first span below the expectation drops η, so a drop comes within 20 epochs
+    options = {"plateau_patience": 1}
+    params = {**COMMON, "max_epochs": 20, "validation_fraction": 0.2, "tuner_options": options}
     (tmp_path / "all").mkdir()
     keeper = KeepEveryCheckpoint(tmp_path / "a", tmp_path / "all")
     whole = DistributedCNN(**params, checkpoint_dir=tmp_path / "a", callbacks=[keeper]).fit(X, y)

@@ -59,7 +59,15 @@ from dasknn.optimizer.plateau import Plateau
 from dasknn.optimizer.prior import Prior, PriorCache, default_cache_path, groups_prior, solver_prior
 from dasknn.optimizer.ramp import LrRamp, progress_and_error, window_level
 from dasknn.optimizer.search import check, group_candidates
-from dasknn.optimizer.trials import TRIAL_FRACTION, neighbours, trial_noise, trial_seconds
+from dasknn.optimizer.trials import (
+    MAX_TRIAL_GAIN,
+    TRIAL_FRACTION,
+    neighbours,
+    predicted_noise,
+    resolvable,
+    trial_noise,
+    trial_seconds,
+)
 from dasknn.policy import CURRENT, START, NextRun, Outcome, Stop
 from dasknn.rules import Custom, Number, Option, checked_options
 from dasknn.tradeoff.hardware import HEModel
@@ -292,7 +300,7 @@ class AutoPolicy:
                 if s["plateau"] is None or not Plateau.from_dict(s["plateau"]).drops:
                     s["peak_lr"] = config.lr  # the cache remembers the rate before any plateau
             s["phase"], s["trial"] = "train", None
-        s["before"], s["before_se"] = rate, rate_se
+        s["before"], s["before_se"], s["before_n"] = rate, rate_se, n
         observe_plateau(self, config, p, level, last)
         if s["stopped"]:
             return
@@ -437,6 +445,20 @@ class AutoPolicy:
         tpi = s["tpi"]
         if not (tpi is not None and allowed >= tpi * self.w / 2):
             return None
+        n_trial = min(self.run_length, int(allowed / tpi))
+        noise = predicted_noise(s.get("before_se", 0.0), s.get("before_n", 0), n_trial, s["before"])
+        if not resolvable(noise, s["before"]):  # it could be adopted only on noise: train instead
+            if not s.get("unresolvable"):
+                why = (
+                    f"no trial: {n_trial} iterations would measure ±{noise:.3g}/s against "
+                    f"{s['before']:.4g}/s, adoptable only beyond {MAX_TRIAL_GAIN:g}× it"
+                    if s["before"] > 0
+                    else f"no trial: no progress to compare one against ({s['before']:.4g}/s)"
+                )
+                fit.log.record("explore", "skip", config, why)
+            s["unresolvable"] = True
+            return None
+        s["unresolvable"] = False
         for key, g, lr in neighbours(config.n_groups, config.lr, self.candidates, s["turn"], 2.0):
             s["turn"] += 1
             if s["rejected"].get(key, 0) >= 2:

@@ -7,7 +7,7 @@ unless it diverges), but its time is exploration, and exploration is capped on t
 a trial may start only while the exploration so far plus the trial stays within `fraction` of the
 elapsed time (the trial's own time included), and it is given exactly the seconds left under that
 cap, so one that would overrun is cut short. A 5-second job explores almost nothing; an hour-long
-one explores for minutes (the issue's rule; Omnivore's Algorithm 1 spends ~10% on search only
+one explores for minutes (Omnivore's Algorithm 1 spends ~10% on search only
 because its epochs last an hour).
 
 A trial is short (the cap gives it tens of iterations where a training run has hundreds), so its
@@ -17,6 +17,9 @@ window's noise. On 32 simulated asynchronous groups at batch 8 (experiments/benc
 trials of 36 iterations were adopted on swings such as +14/s against −4.5/s around them (the loss
 of the runs around a trial rising and falling at a steady η), and switching the trials off made
 "auto" faster on 5 of 6 seeds (experiments/README.md, "Simulated 32 workers, fifth session").
+So a trial is not started at all when the noise it would have (`predicted_noise`: the last run's,
+scaled to the trial's length) lets it be adopted only above `MAX_TRIAL_GAIN` times the current
+progress (`resolvable`): it would cost its time and could be adopted only on noise.
 """
 
 from __future__ import annotations
@@ -24,10 +27,24 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["TRIAL_FRACTION", "neighbours", "trial_noise", "trial_seconds"]
+__all__ = [
+    "MAX_TRIAL_GAIN",
+    "TRIAL_FRACTION",
+    "neighbours",
+    "predicted_noise",
+    "resolvable",
+    "trial_noise",
+    "trial_seconds",
+]
 
 TRIAL_FRACTION = 0.05
 """Trials' share of the elapsed time, at most."""
+MAX_TRIAL_GAIN = 2.0
+"""A trial starts only if it could be adopted below this gain over the current progress per
+second. Larger gains are not what trials are for: a rate twice as good is what the ramp finds
+(it doubles η while windows pay) and the plateau rule corrects (η ÷ 3 when progress stalls), a g
+twice as fast is what the prior's HE model sees; a trial that must beat that is adopted, if ever,
+on noise (`resolvable`)."""
 
 
 def trial_seconds(elapsed: float, explored: float, fraction: float = TRIAL_FRACTION) -> float:
@@ -50,6 +67,25 @@ def trial_noise(trial_se: float, before_se: float, after_se: float, before: floa
     around = errs[1:] if math.isfinite(before) else errs[2:]
     base = math.sqrt(sum(e * e for e in around)) / len(around)
     return math.sqrt(errs[0] ** 2 + base**2)
+
+
+def predicted_noise(before_se: float, before_iterations: int, trial_iterations: int, before: float) -> float:
+    """The standard error `trial_noise` will give a trial of `trial_iterations` judged between two
+    runs like the last one (`before_iterations` long, progress error `before_se` per second): a
+    fitted slope's error grows as n^-1.5 with fewer equally spaced losses of the same spread."""
+    if not (before_iterations > 0 and trial_iterations > 0 and math.isfinite(before_se) and before_se > 0):
+        return 0.0
+    trial_se = before_se * (before_iterations / trial_iterations) ** 1.5
+    return trial_noise(trial_se, before_se, before_se, before)
+
+
+def resolvable(noise: float, base: float, margin: float = 0.1, gain: float = MAX_TRIAL_GAIN) -> bool:
+    """Whether a trial could be adopted on its merit: `decide.judge_trial` adopts above base +
+    margin·|base| + noise, and that must stay below `gain` × base (`MAX_TRIAL_GAIN`); with no
+    progress to compare against (base ≤ 0: the plateau rule's case) a trial is not started."""
+    if not math.isfinite(base) or base <= 0:
+        return False
+    return base + margin * base + max(0.0, noise) < gain * base
 
 
 def neighbours(

@@ -11,7 +11,14 @@ from dasknn.engine.servers import ParameterSample
 from dasknn.optimizer.decide import judge_trial
 from dasknn.optimizer.momentum import regressed_momentum, steer_from_trajectory, trace_momentum
 from dasknn.optimizer.plateau import Plateau
-from dasknn.optimizer.trials import neighbours, trial_noise, trial_seconds
+from dasknn.optimizer.trials import (
+    MAX_TRIAL_GAIN,
+    neighbours,
+    predicted_noise,
+    resolvable,
+    trial_noise,
+    trial_seconds,
+)
 
 
 # -- capped trials --------------------------------------------------------------------------------
@@ -55,6 +62,21 @@ def test_a_trial_is_adopted_only_beyond_the_noise_of_its_difference():
     assert trial_noise(3.0, 5.0, 4.0, before=math.nan) == pytest.approx(5.0)  # no run before: after alone
     assert trial_noise(math.nan, 0.0, math.nan) == 0.0  # nothing measured: the plain margin
     assert judge_trial(0.02, 0.01, 0.012, noise=0.0) == judge_trial(0.02, 0.01, 0.012)
+
+
+def test_a_trial_too_short_to_tell_is_not_started():
+    """The noise a trial will have is predicted from the last run's (a slope's error grows as
+    n^-1.5 over fewer losses): a 250-iteration run at 10/s ± 0.5/s leaves a 36-iteration trial
+    ±9.2/s, which it could beat only at 2.1× the progress; a 125-iteration trial could be told."""
+    short = predicted_noise(0.5, 250, 36, before=10.0)
+    assert short == pytest.approx(math.sqrt((0.5 * (250 / 36) ** 1.5) ** 2 + 0.5**2 / 2))
+    assert not resolvable(short, 10.0)  # adopted only above 10 + 1 + 9.2 = 20.2/s > 2 × 10
+    longer = predicted_noise(0.5, 250, 125, before=10.0)
+    assert longer < short and resolvable(longer, 10.0)
+    assert resolvable(8.9, 10.0) and not resolvable(9.0, 10.0)  # the line: base + 10% + noise = 2 × base
+    assert not resolvable(0.0, 0.0) and not resolvable(0.0, -3.0)  # nothing to compare a trial against
+    assert predicted_noise(0.0, 250, 36, before=10.0) == 0.0  # no error measured: the plain margin
+    assert resolvable(0.0, 10.0, gain=MAX_TRIAL_GAIN)
 
 
 def test_neighbours_cycle_through_the_rate_and_the_group_count():
