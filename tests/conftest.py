@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("DASKNN_PRIOR_CACHE", "off")  # a fit must not start from an earlier test's fit
+# the OpenMP wait policy dasknn sets when it loads oneDNN (nn.onednn.capi.WAIT_POLICY), set before
+# collection: the PyTorch cross-checks import torch then, whose libgomp oneDNN would share
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -270,6 +270,38 @@ def test_threads_follow_the_blas_setting():
         assert threads() == 2
 
 
+WAIT_PROBE = """
+import ctypes
+from dasknn.nn.onednn import capi
+capi.library()
+gomp = ctypes.CDLL("libgomp.so.1")
+gomp.omp_display_env.argtypes = [ctypes.c_int]
+gomp.omp_display_env(1)  # verbose: GNU extensions too (GOMP_SPINCOUNT)
+"""
+
+
+@pytest.mark.parametrize("given, spin", [(None, "0"), ("ACTIVE", "30000000000")])
+def test_openmp_threads_wait_passively_unless_the_user_chose(given, spin):
+    """GNU OpenMP reads OMP_WAIT_POLICY once, when it starts with libdnnl. Unset, its idle threads
+    spin GOMP_SPINCOUNT = 300,000 times after each parallel region (on the cores that numpy and
+    Python need between kernels); read back from the runtime itself (omp_display_env) in a fresh
+    process, dasknn's PASSIVE makes that 0, and a user's own policy stays theirs (ACTIVE: spin
+    without end, 3·10^10)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    out = subprocess.run(
+        [sys.executable, "-c", WAIT_PROBE], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    shown = out.stderr + out.stdout
+    assert f"OMP_WAIT_POLICY = '{given or 'PASSIVE'}'" in shown
+    assert f"GOMP_SPINCOUNT = '{spin}'" in shown, shown
+
+
 def cpu_over_wall(batch: int = 16, repeats: int = 3) -> float:
     """Process CPU time / wall time of CaffeNet conv2 (forward and backward) with oneDNN."""
     layer = Convolution("conv2", 256, 5, pad=2, group=2, backend="onednn")
