@@ -37,11 +37,12 @@ def test_streamed_uint8_digits_train_to_95_percent_with_shifts(zarr_digits):
     scaled = X.astype(np.float32) / 255  # what the workers read: uint8 chunks, scaled after the read
     est = DistributedCNN(
         engine="dask", n_workers=2, time_budget=None, max_epochs=10, data="stream", augment="shift",
-        eval_size=500, validation_fraction=0.2, **FIXED,
+        eval_size=500, validation_fraction=0.2, target_accuracy=0.95, **FIXED,
     )  # fmt: skip
     est.fit(scaled, y)
     assert est.data_ == "stream" and est.augment_ == Augment(shift=2)
-    assert est.history_[-1]["val_accuracy"] >= 0.93
+    assert est.stopped_by_.startswith("target_accuracy"), est.stopped_by_  # reached within 10 epochs
+    assert est.history_[-1]["val_accuracy"] >= 0.95
     assert est.score(scaled, y) >= 0.93
 
 
