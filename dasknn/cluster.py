@@ -117,7 +117,9 @@ def connect(address: str, security):
 
 def scheduler_answers(client, timeout: float = 10.0) -> bool:
     """True when the client's scheduler still answers (a bounded identity call)."""
-    if client.status not in ("running", "newly-created"):
+    from dasknn.engine.dask.recovery import scheduler_connected
+
+    if not scheduler_connected(client):
         return False
     try:
         client.sync(client.scheduler.identity, callback_timeout=timeout)

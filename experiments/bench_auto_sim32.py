@@ -96,9 +96,9 @@ on the simulated clock)."""
 class GroupDevices:
     """The simulated cluster with each group of k = N / g workers computing as one device.
 
-        `SimulatedEngine` with n_workers = g (one device a group) and the mean conv time t_conv(N / g)
-        of `model` (Omnivore §IV-B): the clock of N workers, the maths of one batch per group (k shards'
-        gradients sum to it), k times cheaper in real time. Traces record the N conv workers. `augment`
+    `SimulatedEngine` with n_workers = g (one device a group) and the mean conv time t_conv(N / g)
+    of `model` (Omnivore §IV-B): the clock of N workers, the maths of one batch per group (k shards'
+    gradients sum to it), k times cheaper in real time. Traces record the N conv workers. `augment`
     (a name or `Augment`, as `DistributedCNN(augment=...)`) shapes the training batches as the
     simulated engine does (`SimulatedEngine(augment=...)`)."""
 

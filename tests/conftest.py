@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from dasknn.nn.onednn.capi import WAIT_POLICY
+
 os.environ.setdefault("DASKNN_PRIOR_CACHE", "off")  # a fit must not start from an earlier test's fit
-# the OpenMP wait policy dasknn sets when it loads oneDNN (nn.onednn.capi.WAIT_POLICY), set before
-# collection: the PyTorch cross-checks import torch then, whose libgomp oneDNN would share
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# the OpenMP wait policy dasknn sets when it loads oneDNN, set before collection: the PyTorch
+# cross-checks import torch then, whose libgomp oneDNN would share
+os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -31,6 +31,7 @@ __all__ = [
     "explore_allowed",
     "goodput",
     "judge_trial",
+    "trial_bar",
     "regroup",
     "scale_lr",
     "steer_momentum",
@@ -121,8 +122,20 @@ def scale_lr(lr: float, noise_scale: float, batch_size: int, g_from: int, g_to: 
     return float(lr) * gain / s
 
 
+TRIAL_MARGIN = 0.1
+"""The share of the current progress a trial must beat it by (beyond its noise) to be adopted."""
+
+
+def trial_bar(base: float, margin: float = TRIAL_MARGIN, noise: float = 0.0) -> float:
+    """The progress per second a trial must exceed to be adopted over `base`, the current
+    configuration's: `margin` of it and the standard error of the difference (`noise`; 0, NaN or
+    negative: not measured) above it."""
+    noise = noise if math.isfinite(noise) and noise > 0 else 0.0
+    return base + margin * abs(base) + noise
+
+
 def judge_trial(
-    trial: float, before: float, after: float, margin: float = 0.1, noise: float = 0.0
+    trial: float, before: float, after: float, margin: float = TRIAL_MARGIN, noise: float = 0.0
 ) -> tuple[bool, str]:
     """Adopt a trial configuration when its progress per second beats the mean of the current
     configuration's runs before and after it (A-B-A, so the slowing of progress over time does
@@ -133,7 +146,7 @@ def judge_trial(
         return False, "progress not measured: keep the current configuration"
     base = sum(around) / len(around)
     noise = noise if math.isfinite(noise) and noise > 0 else 0.0
-    better = trial > base + margin * abs(base) + noise
+    better = trial > trial_bar(base, margin, noise)
     verb = "adopt" if better else "keep the current configuration"
     within = f" ± {noise:.4g}" if noise else ""
     return better, f"progress {trial:.4g}/s on trial vs {base:.4g}{within}/s around it: {verb}"

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from dasknn.optimizer.decide import TRIAL_MARGIN, trial_bar
+
 __all__ = [
     "MAX_TRIAL_GAIN",
     "TRIAL_FRACTION",
@@ -79,13 +81,13 @@ def predicted_noise(before_se: float, before_iterations: int, trial_iterations: 
     return trial_noise(trial_se, before_se, before_se, before)
 
 
-def resolvable(noise: float, base: float, margin: float = 0.1, gain: float = MAX_TRIAL_GAIN) -> bool:
-    """Whether a trial could be adopted on its merit: `decide.judge_trial` adopts above base +
-    margin·|base| + noise, and that must stay below `gain` × base (`MAX_TRIAL_GAIN`); with no
-    progress to compare against (base ≤ 0: the plateau rule's case) a trial is not started."""
+def resolvable(noise: float, base: float, margin: float = TRIAL_MARGIN, gain: float = MAX_TRIAL_GAIN) -> bool:
+    """Whether a trial could be adopted on its merit: the bar `decide.judge_trial` adopts above
+    (`decide.trial_bar`) must stay below `gain` × base (`MAX_TRIAL_GAIN`); with no progress to
+    compare against (base ≤ 0: the plateau rule's case) a trial is not started."""
     if not math.isfinite(base) or base <= 0:
         return False
-    return base + margin * base + max(0.0, noise) < gain * base
+    return trial_bar(base, margin, noise) < gain * base
 
 
 def neighbours(

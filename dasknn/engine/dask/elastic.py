@@ -33,7 +33,7 @@ import numpy as np
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dasknn.engine.dask.placement import Placement, plan, replan
-from dasknn.engine.dask.recovery import WorkerLostError
+from dasknn.engine.dask.recovery import WorkerLostError, scheduler_connected
 from dasknn.engine.dask.runs import cluster_workers
 
 logger = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ def forget(client, run_id: str) -> None:
     """Tell the scheduler run `run_id` ended (nothing when the scheduler is gone: the run's own error
     says so; a client that has lost its scheduler is not asked: it would wait out its reconnection
     window)."""
-    if client.status != "running":
+    if not scheduler_connected(client):
         return
     try:
         use(client, run_id, [])

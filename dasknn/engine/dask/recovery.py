@@ -48,6 +48,13 @@ class SchedulerError(ClusterError):
     """The scheduler cannot be reached, or stopped answering during the fit (its address is named)."""
 
 
+def scheduler_connected(client) -> bool:
+    """Whether `client` still holds its connection to the scheduler. A client that lost it
+    ("connecting", "closing", "closed", "failed") would hold any call for its whole reconnection
+    window (`distributed.comm.timeouts.connect`) before failing, so callers ask this first."""
+    return client.status in ("running", "newly-created")
+
+
 def lost_error(
     lost: dict[str, list[str]],
     version: int,

@@ -19,7 +19,7 @@ import dask.array as da
 import numpy as np
 
 from dasknn.data.stream import StreamSource
-from dasknn.engine.dask.recovery import SchedulerError, WorkerLostError
+from dasknn.engine.dask.recovery import SchedulerError, WorkerLostError, scheduler_connected
 from dasknn.engine.strategy import split_layer
 from dasknn.engine.trace import Budget, RunConfig, TrainState
 from dasknn.nn.net import Net
@@ -90,7 +90,7 @@ def cluster_workers(client) -> dict[str, dict[str, Any]]:
     scheduler raises SchedulerError at once: asked, it would wait out its whole reconnection window
     (`distributed.comm.timeouts.connect`) before failing, and the run's error with it.
     """
-    if client.status not in ("running", "newly-created"):
+    if not scheduler_connected(client):
         raise SchedulerError(f"the connection to the scheduler is closed (client status {client.status!r})")
     try:
         info = client.sync(client.scheduler.identity, n_workers=-1)
@@ -104,7 +104,7 @@ def forget_on_workers(client, run_id: str) -> None:
     has lost its scheduler (it would hold the call for its whole reconnection window)."""
     from dasknn.engine.dask.tasks import forget_run
 
-    if client.status == "running":
+    if scheduler_connected(client):
         client.run(forget_run, run_id, on_error="ignore")
 
 
