@@ -16,12 +16,11 @@ WEIGHT_DECAY = 5e-4
 
 
 def rule_met(scores: list[float], target: float, rule: str) -> bool:
-    """Whether a run's scores so far have met `target` by `rule` ("first", "median5"), read by
-    `dasknn.reports.time_to_accuracy` itself (a loop that stops at once stops at the first)."""
-    from dasknn.reports import time_to_accuracy
-
-    history = [{"time": float(i), "accuracy": float(s)} for i, s in enumerate(scores)]
-    return bool(len(history)) and bool(time_to_accuracy(history, [target], rule)["reached"].iloc[0])
+    """Whether a run's scores meet `target` by `rule` now, as `dasknn.reports.time_to_accuracy`
+    reads them: "first" the last score at or above, "median5" the median of the last five (a rule
+    that holds now, not one that held once: a stop callback asked again answers for the present)."""
+    last = scores[-5:] if rule == "median5" else scores[-1:]
+    return len(last) == (5 if rule == "median5" else 1) and float(np.median(last)) >= target
 
 
 def caffe_lenet_loop(
