@@ -44,13 +44,13 @@ FIXED = {"n_groups": 2, "learning_rate": 0.1, "momentum": 0.9}
 CASES: dict[str, dict] = {
     "fixed": {**FIXED, "max_epochs": 3},
     "fixed_diverges": {**FIXED, "learning_rate": 50.0, "max_epochs": 3},
-    "grid": {"optimizer": "grid", "max_epochs": 8},
-    "grid_diverges": {"optimizer": "grid", "max_epochs": 8, "poison_row": 1500},
-    "grid_budget_mid_search": {"optimizer": "grid", "time_budget": 0.05},
+    "grid": {"tuner": "grid", "max_epochs": 8},
+    "grid_diverges": {"tuner": "grid", "max_epochs": 8, "poison_row": 1500},
+    "grid_budget_mid_search": {"tuner": "grid", "time_budget": 0.05},
     "auto": {"max_epochs": 8},
-    "online": {"optimizer": "online", "max_epochs": 6},
-    "online_diverges": {"optimizer": "online", "max_epochs": 6, "optimizer_options": {"initial_lr": 1000.0}},
-    "online_diverges_always": {"optimizer": "online", "max_epochs": 6, "poison_row": 700},
+    "online": {"tuner": "online", "max_epochs": 6},
+    "online_diverges": {"tuner": "online", "max_epochs": 6, "tuner_options": {"initial_lr": 1000.0}},
+    "online_diverges_always": {"tuner": "online", "max_epochs": 6, "poison_row": 700},
 }
 RESUMED = ("fixed", "grid", "online")
 """Cases also fitted with checkpoints, then resumed from their first checkpoint alone.
