@@ -271,6 +271,16 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
         return load(path, cls)
 
+    def to_onnx(self, path: str | os.PathLike) -> Path:
+        """Write the fitted net to the ONNX file `path` (`dasknn.nn.export`): its input is X as
+        predict_proba takes it, its outputs `logits` and `probabilities` (columns: `classes_`).
+        Needs onnx: `pip install "dasknn[export]"`."""
+        from dasknn.nn.export import export_net
+
+        self._check_fitted()
+        features = self.n_features_in_ if self.input_shape is not None else None
+        return export_net(self.net_, path, features, self.classes_)
+
     def _check_labels(self, labels, context: str) -> None:
         unseen = np.setdiff1d(labels, self.classes_)
         if unseen.size:
