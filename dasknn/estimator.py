@@ -47,6 +47,7 @@ from dasknn.estimator_input import (
     check_fit_input,
     check_net_on_data,
     check_validation_data,
+    row_shape,
     smallest_rate,
 )
 from dasknn.estimator_params import SIMULATED_GFLOPS, check_params, parameters_doc
@@ -278,8 +279,9 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         from dasknn.nn.export import export_net
 
         self._check_fitted()
-        features = self.n_features_in_ if self.input_shape is not None else None
-        return export_net(self.net_, path, features, self.classes_)
+        crop = getattr(self, "augment_", None) is not None and self.augment_.crop_size is not None
+        rows = row_shape(self.input_shape, self.n_features_in_)
+        return export_net(self.net_, path, rows, crop, self.classes_)
 
     def _check_labels(self, labels, context: str) -> None:
         unseen = np.setdiff1d(labels, self.classes_)

@@ -101,6 +101,22 @@ def test_a_trained_zoo_net_round_trips_through_onnxruntime(name, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["model.onnx"]
 
 
+def test_a_model_trained_on_crops_takes_the_whole_images(tmp_path):
+    """With Caffe's crop (augment "crop_mirror:29" on 31×31 digits-sized images) predict_proba cuts
+    the centre of what it is given; the graph does the same, at any size from the crop up."""
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(0.0, 1.0, (32, 1, 31, 31)).astype(np.float32), rng.integers(0, 3, 32)
+    est = DistributedCNN(
+        net="lenet", augment="crop_mirror:29", engine="simulated", n_workers=1, n_groups=1,
+        learning_rate=0.01, momentum=0.9, batch_size=8, eval_size=8, max_epochs=1, time_budget=None,
+        verbose=0,
+    ).fit(X, y)  # fmt: skip
+    run = session(est.to_onnx(tmp_path / "model.onnx"))
+    for images in (X[:4], X[:4, :, 1:30, 1:30], rng.uniform(0.0, 1.0, (2, 1, 33, 36)).astype(np.float32)):
+        (proba,) = run.run([PROBABILITIES], {INPUT: images})
+        assert np.abs(proba - est.predict_proba(images)).max() <= TOLERANCE
+
+
 def test_to_onnx_refuses_before_writing(tmp_path):
     with pytest.raises(NotFittedError):
         DistributedCNN(net="mlp").to_onnx(tmp_path / "model.onnx")

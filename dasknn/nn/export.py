@@ -17,7 +17,9 @@ Each layer type has one small emitter that writes the operators computing exactl
 - BatchNorm: BatchNormalization with the running statistics divided by the scale factor blob
   (Caffe's), unit scale and zero shift; Scale: Mul (and Add for its bias) per channel.
 
-Only the layers the main output depends on are written: auxiliary loss heads (GoogLeNet's) are
+In front of the net, the graph can take X as DistributedCNN.predict_proba does: rows of
+features reshaped to (C, H, W), and images cut to the net's size at their centre (Caffe's test-time
+crop, for a model trained on crops). Only the layers the main output depends on are written: auxiliary loss heads (GoogLeNet's) are
 training aids. Everything is float32. `REFUSED` lists what has no faithful graph, with the reason;
 the refusal names the layer. The onnx package builds the graph: it is an optional dependency
 (`pip install "dasknn[export]"`), imported only here.
@@ -283,7 +285,7 @@ EMITTERS: dict[str, Callable[..., None]] = {
 """Each layer type's emitter: the ONNX operators of its test-phase forward."""
 
 
-def net_to_onnx(net: Net, features: int | None = None, classes=None):
+def net_to_onnx(net: Net, rows: tuple[int, ...] | None = None, crop: bool = False, classes=None):
     """`net` as an `onnx.ModelProto` (not yet written): input `INPUT`, outputs `LOGITS` and
     `PROBABILITIES`, each of shape (N, classes), N free.
 
@@ -291,9 +293,12 @@ def net_to_onnx(net: Net, features: int | None = None, classes=None):
     ----------
     net : Net
         A whole net (not one phase of a split); its parameters become the graph's weights.
-    features : int, optional
-        Take N rows of this many features (2-D input) and reshape them to the net's (C, H, W), as
-        DistributedCNN does for an `input_shape`; by default the input is (N, C, H, W).
+    rows : tuple of int, optional
+        Take N rows of features (2-D input) and reshape each to this (C, H, W), as DistributedCNN
+        does for an `input_shape`; by default the input is (N, C, H, W).
+    crop : bool, default False
+        Cut every image to the net's H × W at its centre (Caffe's test-time crop, as
+        `Augment.test`): the input's H and W are then free, at least the net's.
     classes : array-like, optional
         The label of each output column, written as the model's metadata property "classes" (a
         JSON list).
@@ -314,14 +319,7 @@ def net_to_onnx(net: Net, features: int | None = None, classes=None):
     if len(net.inputs) != 1:
         raise ExportError(f"net {net.name!r} cannot be exported: {REFUSED['a phase of a split net']}")
     g = _Graph(onnx)
-    blob, shape = net.inputs[0]
-    if features is not None:
-        if features != math.prod(shape):
-            raise ValueError(f"{features} features do not fill net {net.name!r}'s input {shape}")
-        target = g.constant("input_shape", np.array([-1, *shape], dtype=np.int64))
-        g.node("Reshape", [INPUT, target], blob, "input_shape")
-    else:
-        g.node("Identity", [INPUT], blob, "input")
+    input_dims = _input(g, net, rows, crop)
     _emit_main_path(g, net)
     scores = net.outputs[0]
     g.node("Flatten" if len(net.blob_shapes[scores]) > 1 else "Identity", [scores], LOGITS, "logits")
@@ -330,7 +328,7 @@ def net_to_onnx(net: Net, features: int | None = None, classes=None):
     graph = helper.make_graph(
         g.nodes,
         net.name,
-        [helper.make_tensor_value_info(INPUT, f32, ["N", features] if features else ["N", *shape])],
+        [helper.make_tensor_value_info(INPUT, f32, input_dims)],
         [helper.make_tensor_value_info(name, f32, ["N", n]) for name in (LOGITS, PROBABILITIES)],
         initializer=g.initializers,
     )
@@ -341,6 +339,35 @@ def net_to_onnx(net: Net, features: int | None = None, classes=None):
         helper.set_model_props(model, {"classes": json.dumps(np.asarray(classes).tolist())})
     onnx.checker.check_model(model)
     return model
+
+
+def _input(g: _Graph, net: Net, rows: tuple[int, ...] | None, crop: bool) -> list:
+    """The operators from `INPUT` to the net's input blob (a reshape of rows, a centre crop), and
+    the input's dimensions (names for the free ones)."""
+    blob, shape = net.inputs[0]
+    x, dims = INPUT, ["N", *shape]
+    if crop:
+        dims = ["N", shape[0], "H", "W"]
+    if rows is not None:
+        rows = tuple(int(r) for r in rows)
+        if len(rows) != 3 or rows[0] != shape[0] or (not crop and rows != shape):
+            raise ValueError(f"rows of shape {rows} do not make net {net.name!r}'s input {shape}")
+        target = g.constant("input_shape", np.array([-1, *rows], dtype=np.int64))
+        x, dims = g.node("Reshape", [x, target], f"{blob}/rows", "input_shape"), ["N", math.prod(rows)]
+    if crop:  # offsets ((H − h) // 2, (W − w) // 2), as dasknn.data.augment.centre_crop
+        size = g.constant("crop/size", np.array(shape[1:], dtype=np.int64))
+        hw = g.node("Shape", [x], "crop/hw", "crop/hw", start=2)
+        offset = g.node(
+            "Div",
+            [g.node("Sub", [hw, size], "crop/spare", "crop/spare"), g.constant("crop/two", np.int64(2))],
+            "crop/offset",
+            "crop/offset",
+        )
+        end = g.node("Add", [offset, size], "crop/end", "crop/end")
+        axes = g.constant("crop/axes", np.array([2, 3], dtype=np.int64))
+        x = g.node("Slice", [x, offset, end, axes], f"{blob}/crop", "crop")
+    g.node("Identity", [x], blob, "input")
+    return dims
 
 
 def _emit_main_path(g: _Graph, net: Net) -> None:
@@ -382,7 +409,9 @@ def write_onnx(model, path: str | os.PathLike) -> Path:
     return path
 
 
-def export_net(net: Net, path: str | os.PathLike, features: int | None = None, classes=None) -> Path:
+def export_net(
+    net: Net, path: str | os.PathLike, rows: tuple[int, ...] | None = None, crop: bool = False, classes=None
+) -> Path:
     """Write `net` as an ONNX file at `path` (`net_to_onnx`, then `write_onnx`); returns the path.
 
     A `path` whose folder does not exist, or that is a folder, is refused before the graph is built."""
@@ -393,4 +422,4 @@ def export_net(net: Net, path: str | os.PathLike, features: int | None = None, c
         )
     if not path.resolve().parent.is_dir():
         raise FileNotFoundError(f"cannot write {path}: its folder {path.resolve().parent} does not exist")
-    return write_onnx(net_to_onnx(net, features, classes), path)
+    return write_onnx(net_to_onnx(net, rows, crop, classes), path)

@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 import pytest
 
+from dasknn.data.augment import Augment
 from dasknn.nn import zoo
 from dasknn.nn.base import Layer
 from dasknn.nn.export import INPUT, LOGITS, PROBABILITIES, REFUSED, ExportError, net_to_onnx
@@ -171,7 +172,7 @@ def test_batch_norm_uses_the_running_statistics_and_scale_its_bias():
 
 def test_the_graph_takes_rows_of_features_and_names_its_classes():
     net = with_statistics(Net([Convolution("conv", 5, 1), ReLU("relu"), InnerProduct("ip", 3)], (12, 1, 1)))
-    model = net_to_onnx(net, features=12, classes=np.array(["cat", "dog", "eel"]))
+    model = net_to_onnx(net, rows=(12, 1, 1), classes=np.array(["cat", "dog", "eel"]))
     x = images((12, 1, 1), n=4)
     logits, proba = run_onnx(model, x.reshape(4, 12))
     expected, _ = net.forward(x, train=False)
@@ -179,8 +180,23 @@ def test_the_graph_takes_rows_of_features_and_names_its_classes():
         np.abs(logits - expected).max() <= TOLERANCE and np.abs(proba - softmax(expected)).max() <= TOLERANCE
     )
     assert json.loads({p.key: p.value for p in model.metadata_props}["classes"]) == ["cat", "dog", "eel"]
-    with pytest.raises(ValueError, match="13 features do not fill"):
-        net_to_onnx(net, features=13)
+    with pytest.raises(ValueError, match=r"rows of shape \(13, 1, 1\) do not make"):
+        net_to_onnx(net, rows=(13, 1, 1))
+
+
+@pytest.mark.parametrize("rows", [None, (2, 11, 10)])
+def test_the_graph_cuts_images_at_their_centre_as_augment_test(rows):
+    layers = [Convolution("conv", 3, 3), Pooling("pool", "max", 3, stride=2), InnerProduct("ip", 3)]
+    net = with_statistics(Net(layers, (2, 7, 7)))
+    model = net_to_onnx(net, rows=rows, crop=True)
+    for h, w in [(11, 10), (7, 7), (12, 9)] if rows is None else [(11, 10)]:
+        x = images((2, h, w), n=3)
+        logits, proba = run_onnx(model, x if rows is None else x.reshape(3, -1))
+        expected, _ = net.forward(Augment(crop_size=7).test(x), train=False)
+        assert (
+            np.abs(logits - expected).max() <= TOLERANCE
+            and np.abs(proba - softmax(expected)).max() <= TOLERANCE
+        )
 
 
 # -- refusals -----------------------------------------------------------------------------------
