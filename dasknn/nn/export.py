@@ -17,12 +17,12 @@ Each layer type has one small emitter that writes the operators computing exactl
 - BatchNorm: BatchNormalization with the running statistics divided by the scale factor blob
   (Caffe's), unit scale and zero shift; Scale: Mul (and Add for its bias) per channel.
 
-In front of the net, the graph can take X as DistributedCNN.predict_proba does: rows of
-features reshaped to (C, H, W), and images cut to the net's size at their centre (Caffe's test-time
-crop, for a model trained on crops). Only the layers the main output depends on are written: auxiliary loss heads (GoogLeNet's) are
-training aids. Everything is float32. `REFUSED` lists what has no faithful graph, with the reason;
-the refusal names the layer. The onnx package builds the graph: it is an optional dependency
-(`pip install "dasknn[export]"`), imported only here.
+In front of the net, the graph can take X as DistributedCNN.predict_proba does: rows of features
+reshaped to (C, H, W), and images cut to the net's size at their centre (Caffe's test-time crop,
+for a model trained on crops). Only the layers the main output depends on are written: auxiliary
+loss heads (GoogLeNet's) are training aids. Everything is float32. `REFUSED` lists what has no
+faithful graph, with the reason; the refusal names the layer. The onnx package builds the graph:
+it is an optional dependency (`pip install "dasknn[export]"`), imported only here.
 """
 
 from __future__ import annotations
