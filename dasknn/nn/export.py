@@ -322,7 +322,8 @@ def net_to_onnx(net: Net, rows: tuple[int, ...] | None = None, crop: bool = Fals
     input_dims = _input(g, net, rows, crop)
     _emit_main_path(g, net)
     scores = net.outputs[0]
-    g.node("Flatten" if len(net.blob_shapes[scores]) > 1 else "Identity", [scores], LOGITS, "logits")
+    flat = len(net.blob_shapes[scores]) > 1
+    g.node("Flatten" if flat else "Identity", [_value(scores)], LOGITS, "logits")
     g.node("Softmax", [LOGITS], PROBABILITIES, "probabilities", axis=1)
     helper, f32, n = onnx.helper, onnx.TensorProto.FLOAT, net.num_classes
     graph = helper.make_graph(
@@ -344,7 +345,7 @@ def net_to_onnx(net: Net, rows: tuple[int, ...] | None = None, crop: bool = Fals
 def _input(g: _Graph, net: Net, rows: tuple[int, ...] | None, crop: bool) -> list:
     """The operators from `INPUT` to the net's input blob (a reshape of rows, a centre crop), and
     the input's dimensions (names for the free ones)."""
-    blob, shape = net.inputs[0]
+    blob, shape = _value(net.inputs[0][0]), net.inputs[0][1]
     x, dims = INPUT, ["N", *shape]
     if crop:
         dims = ["N", shape[0], "H", "W"]
@@ -370,6 +371,11 @@ def _input(g: _Graph, net: Net, rows: tuple[int, ...] | None, crop: bool) -> lis
     return dims
 
 
+def _value(blob: str) -> str:
+    """The graph's name for a net's blob: its own, unless it is one of the graph's input or outputs."""
+    return f"net/{blob}" if blob in (INPUT, LOGITS, PROBABILITIES) else blob
+
+
 def _emit_main_path(g: _Graph, net: Net) -> None:
     """The operators of every layer the main output depends on, in the net's order."""
     params = net.get_params()
@@ -384,7 +390,7 @@ def _emit_main_path(g: _Graph, net: Net) -> None:
                 f"{REFUSED['a layer type of its own']}"
             )
         own = {k: params[f"{layer.name}.{k}"] for k in layer.params}
-        emit(g, layer, own, list(net.bottoms[i]), net.tops[i])
+        emit(g, layer, own, [_value(b) for b in net.bottoms[i]], _value(net.tops[i]))
 
 
 def write_onnx(model, path: str | os.PathLike) -> Path:

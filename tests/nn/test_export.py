@@ -184,6 +184,16 @@ def test_the_graph_takes_rows_of_features_and_names_its_classes():
         net_to_onnx(net, rows=(13, 1, 1))
 
 
+def test_blobs_named_as_the_graph_input_and_outputs_are_renamed():
+    entries = [
+        (Convolution("conv", 3, 3), "input", "logits"),
+        (ReLU("relu"), "logits", "logits"),
+        (InnerProduct("ip", 3), "logits", "probabilities"),
+    ]
+    net = with_statistics(Net(entries, (2, 5, 5), input_blob="input"))
+    assert_same_as_dasknn(net, images((2, 5, 5)))
+
+
 @pytest.mark.parametrize("rows", [None, (2, 11, 10)])
 def test_the_graph_cuts_images_at_their_centre_as_augment_test(rows):
     layers = [Convolution("conv", 3, 3), Pooling("pool", "max", 3, stride=2), InnerProduct("ip", 3)]
