@@ -166,3 +166,10 @@ def test_dasknn_export_to_a_full_disk_is_exit_5_and_leaves_nothing(saved_lenet, 
     (line,) = err.strip().splitlines()
     assert "No space left on device" in line and str(out) in line
     assert list(full_folder.iterdir()) == []
+
+
+def test_dasknn_export_without_onnx_is_exit_2_naming_the_extra(saved_lenet, tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "onnx", None)
+    code, err = cli("export", "--model", str(saved_lenet), "--output", str(tmp_path / "m.onnx"))
+    assert code == cli_module.EXIT_BAD_INPUT and 'pip install "dasknn[export]"' in err
+    assert not (tmp_path / "m.onnx").exists()
