@@ -65,7 +65,10 @@ REFUSED: dict[str, str] = {
         "scores depend on the other images it is scored with; a deployed graph needs the running "
         "statistics (use_global_stats unset or True)"
     ),
-    "a phase of a split net": "it has several inputs; export the whole net",
+    "a phase of a split net": (
+        "its conv phase outputs the features the FC phase reads, not class scores, and an FC phase "
+        "with several inputs has no one input to give; export the whole net"
+    ),
     "a layer type of its own": "only dasknn's layer types have ONNX operators (`EMITTERS`)",
 }
 """What cannot be exported, and why. No net of the zoo and no shared Caffe file is refused: the
@@ -316,7 +319,7 @@ def net_to_onnx(net: Net, rows: tuple[int, ...] | None = None, crop: bool = Fals
         A layer in `REFUSED`; the message names the layer and the reason.
     """
     onnx = _onnx()
-    if len(net.inputs) != 1:
+    if len(net.inputs) != 1 or net.outputs[0] not in net.loss_weights:
         raise ExportError(f"net {net.name!r} cannot be exported: {REFUSED['a phase of a split net']}")
     g = _Graph(onnx)
     input_dims = _input(g, net, rows, crop)

@@ -14,7 +14,6 @@ import pytest
 
 from dasknn.data.augment import Augment
 from dasknn.nn import zoo
-from dasknn.nn.base import Layer
 from dasknn.nn.export import INPUT, LOGITS, PROBABILITIES, REFUSED, ExportError, net_to_onnx
 from dasknn.nn.layers import LRN, Convolution, Dropout, Flatten, InnerProduct, Pooling, ReLU
 from dasknn.nn.loss import softmax
@@ -220,14 +219,14 @@ class _Doubled(ReLU):
         return 2 * y, cache
 
 
-def _split_with_two_inputs() -> Net:
+def _split_phases() -> tuple[Net, Net]:
     entries = [
         (Convolution("conv1", 4, 3), "data", "conv1"),
         (Convolution("conv2", 4, 3), "conv1", "conv2"),
         (InnerProduct("aux", 3), "conv1", "aux"),
         (InnerProduct("main", 3), "conv2", "main"),
     ]
-    return Net(entries, (2, 9, 9), loss_weights={"aux": 0.3}).split_phases()[1]
+    return Net(entries, (2, 9, 9), loss_weights={"aux": 0.3}).split_phases()
 
 
 REFUSED_CASES = {
@@ -235,7 +234,7 @@ REFUSED_CASES = {
         lambda: Net([BatchNorm("bn", use_global_stats=False), InnerProduct("ip", 3)], (2, 4, 4)),
         "'bn'",
     ),
-    "a phase of a split net": (_split_with_two_inputs, "'net/fc'"),
+    "a phase of a split net": (lambda: _split_phases()[1], "'net/fc'"),
     "a layer type of its own": (
         lambda: Net([_Doubled("doubled"), InnerProduct("ip", 3)], (2, 4, 4)),
         "'doubled'",
@@ -256,8 +255,15 @@ def test_a_refusal_names_the_layer_and_the_reason(case):
     assert name in str(refused.value) and REFUSED[case] in str(refused.value)
 
 
-def test_a_layer_subclass_is_not_taken_for_its_base():
-    assert issubclass(_Doubled, ReLU) and _Doubled.type == "ReLU" and isinstance(_Doubled("x"), Layer)
+def test_a_conv_phase_is_refused_and_a_chain_s_fc_phase_exported():
+    with pytest.raises(ExportError, match="'net/conv'.*conv phase outputs the features"):
+        net_to_onnx(_split_phases()[0])
+    net = with_statistics(
+        Net([Convolution("conv", 3, 3), InnerProduct("ip1", 5), InnerProduct("ip2", 3)], (2, 6, 6))
+    )
+    fc = net.split_phases()[1]  # features (3, 4, 4) -> class scores
+    assert fc.inputs == [("conv", (3, 4, 4))]
+    assert_same_as_dasknn(fc, images((3, 4, 4)))
 
 
 def test_without_onnx_the_error_says_how_to_install_it(monkeypatch):
