@@ -1,4 +1,4 @@
-"""The `dasknn` command: `dasknn train`, `predict`, `experiment`, `info`, `summary`.
+"""The `dasknn` command: `dasknn train`, `predict`, `export`, `experiment`, `info`, `summary`.
 
 `dasknn train` is the main job: DistributedCNN on a LocalCluster sized to the machine (or on a
 running scheduler), the tuner (`--tuner auto` by default; `grid` is Omnivore's Algorithm 1) choosing
@@ -7,7 +7,8 @@ convergence (exit 0; with a target it did not reach, exit 1 as a spent budget). 
 the tuner's decisions and the time-to-accuracy table, and writes the experiment (.nc), the report
 (.csv), a plot (.png) and the model (model/, `DistributedCNN.save`) to an output folder it names.
 `dasknn predict --model <run>/model` scores a dataset with it or writes its predictions, in its own
-process, with no cluster.
+process, with no cluster; `dasknn export --model <run>/model --output model.onnx` writes it as an
+ONNX graph to serve elsewhere.
 
 Every failure ends with one line on stderr, `dasknn <command>: <what failed>: <what to do>`, and
 one of the exit codes below; `--debug` prints the traceback before that line.
@@ -308,6 +309,16 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """Write a saved model's net as an ONNX file (`DistributedCNN.to_onnx`)."""
+    from dasknn.estimator import DistributedCNN
+
+    est = DistributedCNN.load(args.model)
+    path = est.to_onnx(args.output)
+    print(f"wrote {path}: outputs logits and probabilities of {len(est.classes_)} classes")
+    return 0
+
+
 def _security(args):
     """The TLS credentials of `--tls-ca-file/--tls-cert/--tls-key` (None: the dask config's, if any)."""
     files = (args.tls_ca_file, args.tls_cert, args.tls_key)
@@ -480,6 +491,17 @@ def _predictions_file(text: str) -> str:
     return text
 
 
+def _onnx_file(text: str) -> str:
+    """An argparse type: a .onnx file in a writable folder."""
+    path = Path(text)
+    if path.suffix != ".onnx":
+        raise argparse.ArgumentTypeError(f"the ONNX file must end in .onnx, got {text!r}")
+    folder = path.resolve().parent
+    if not (folder.is_dir() and os.access(folder, os.W_OK)) or path.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {folder} is not a writable folder")
+    return text
+
+
 def _output(text: str) -> str:
     """An argparse type: a folder that exists or can be created (checked before any training)."""
     path = Path(text).resolve()
@@ -635,6 +657,18 @@ def build_parser() -> argparse.ArgumentParser:
             "the model predicts in this process.",
         )
     )
+
+    x = sub.add_parser(
+        "export",
+        parents=[debug],
+        help="write a saved model as an ONNX file",
+        description="Write the net of a model saved by `dasknn train` (<run folder>/model) or "
+        "DistributedCNN.save as an ONNX graph (outputs `logits` and `probabilities`), to serve it "
+        'with onnxruntime or any ONNX runtime. Needs onnx: pip install "dasknn[export]".',
+    )
+    x.add_argument("--model", required=True, help="the saved model's folder (model.json, arrays.npz)")
+    x.add_argument("--output", required=True, type=_onnx_file, help="the ONNX file to write (FILE.onnx)")
+    x.set_defaults(func=cmd_export)
 
     e = sub.add_parser(
         "experiment",

@@ -47,6 +47,7 @@ from dasknn.estimator_input import (
     check_fit_input,
     check_net_on_data,
     check_validation_data,
+    row_shape,
     smallest_rate,
 )
 from dasknn.estimator_params import SIMULATED_GFLOPS, check_params, parameters_doc
@@ -270,6 +271,17 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         from dasknn.saving import load
 
         return load(path, cls)
+
+    def to_onnx(self, path: str | os.PathLike) -> Path:
+        """Write the fitted net to the ONNX file `path` (`dasknn.nn.export`): its input is X as
+        predict_proba takes it, its outputs `logits` and `probabilities` (columns: `classes_`).
+        Needs onnx: `pip install "dasknn[export]"`."""
+        from dasknn.nn.export import export_net
+
+        self._check_fitted()
+        crop = getattr(self, "augment_", None) is not None and self.augment_.crop_size is not None
+        rows = row_shape(self.input_shape, self.n_features_in_)
+        return export_net(self.net_, path, rows, crop, self.classes_)
 
     def _check_labels(self, labels, context: str) -> None:
         unseen = np.setdiff1d(labels, self.classes_)

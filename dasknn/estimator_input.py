@@ -32,6 +32,14 @@ __all__ = [
 ]
 
 
+def row_shape(input_shape, n_features: int) -> tuple[int, ...] | None:
+    """The (C, H, W) that `input_shape` ("flat" or (C, H, W)) makes of a row of `n_features`
+    (None for None)."""
+    if input_shape is None:
+        return None
+    return (n_features, 1, 1) if input_shape == "flat" else tuple(int(s) for s in input_shape)
+
+
 def shape_X(X, input_shape):
     """X reshaped by `input_shape` ("flat" or (C, H, W)) from 2-D (n_samples, n_features); X as it
     is when `input_shape` is None."""
@@ -42,7 +50,7 @@ def shape_X(X, input_shape):
             f"input_shape={input_shape!r} reshapes 2-D X (n_samples, n_features); X is {np.ndim(X)}-D"
         )
     n_features = X.shape[1]
-    target = (n_features, 1, 1) if input_shape == "flat" else tuple(int(s) for s in input_shape)
+    target = row_shape(input_shape, n_features)
     if len(target) != 3 or math.prod(target) != n_features:
         raise ValueError(f"input_shape {input_shape!r} does not hold {n_features} features per sample")
     return X.reshape((X.shape[0], *target))

@@ -63,3 +63,11 @@ def test_importing_dasknn_does_not_import_cupy_or_dask_distributed():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_environment_yml_installs_the_export_extra():
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    pip = next(dep["pip"] for dep in env["dependencies"] if isinstance(dep, dict) and "pip" in dep)
+    assert set(extras["export"]) <= set(pip)
+    assert set(extras["export"]) <= set(extras["test"]) and any("onnxruntime" in d for d in extras["test"])
