@@ -38,6 +38,13 @@ from dasknn.engine.checkpoint import decode, decode_table, encode, encode_table
 __all__ = ["FORMAT", "VERSION", "load", "save"]
 
 FORMAT, VERSION = "dasknn-model", 1
+FILES = ("model.json", "arrays.npz")
+
+
+class SavedModelError(ValueError):
+    pass
+
+
 UNSAVEABLE = {
     "callbacks": "callback objects are code, not data; set callbacks=None and pass them again after loading",
     "security": "TLS settings hold credentials; set security=None and pass them again after loading",
