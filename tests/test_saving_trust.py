@@ -23,8 +23,6 @@ from dasknn.estimator import DistributedCNN
 from dasknn.saving import FILES, SavedModelError
 from tests.test_bad_input import cli
 
-pytestmark = pytest.mark.xfail(strict=True, reason="model.json is trusted as it is")
-
 QUICK = {"engine": "simulated", "n_workers": 1, "time_budget": None, "eval_size": 64, "n_groups": 1,
          "learning_rate": 0.01, "momentum": 0.9}  # fmt: skip
 
@@ -189,7 +187,9 @@ def test_a_version_1_model_has_no_manifest_and_loads_through_the_schema(saved, m
     (model / manifest.NAME).unlink()
     tamper(model, lambda doc, a: doc.update(version=1))
     loaded = DistributedCNN.load(model)
-    np.testing.assert_array_equal(loaded.predict_proba(digits[0][:16]), saved[1].predict_proba(digits[0][:16]))
+    np.testing.assert_array_equal(
+        loaded.predict_proba(digits[0][:16]), saved[1].predict_proba(digits[0][:16])
+    )
 
 
 def test_a_version_2_model_without_its_manifest_is_refused(model):
@@ -217,7 +217,9 @@ DAMAGE = {
     "arrays.npz bit-flipped": lambda p: _flip(p / "arrays.npz", 0.5),
     "arrays.npz not a zip": lambda p: (p / "arrays.npz").write_bytes(b"not a zip file at all"),
     "model.json bit-flipped": lambda p: _flip(p / "model.json", 0.5),
-    "model.json one space added": lambda p: (p / "model.json").write_text((p / "model.json").read_text() + " "),
+    "model.json one space added": lambda p: (p / "model.json").write_text(
+        (p / "model.json").read_text() + " "
+    ),
 }
 
 
