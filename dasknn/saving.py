@@ -114,12 +114,7 @@ def _without_objects(ds):
     return ds
 
 
-def _fitted_names(est) -> list[str]:
-    """The learned attributes of `est` (ending in `_`, and the loop state `_loop_`)."""
-    return sorted(k for k in vars(est) if k.endswith("_") and not k.startswith("__"))
-
-
-def _param(name: str, value: Any, est, arrays: dict[str, np.ndarray]) -> Any:
+def _param(name: str, value: Any, fitted_net, arrays: dict[str, np.ndarray]) -> Any:
     """A parameter as written: a net read from a path as its fitted architecture (no path)."""
     from dasknn.nn.net import Net
     from dasknn.nn.spec import net_spec
@@ -128,7 +123,7 @@ def _param(name: str, value: Any, est, arrays: dict[str, np.ndarray]) -> Any:
     if name == "net" and not isinstance(value, Net):
         if isinstance(value, str) and value.lower().replace("-", "_") in NETS:
             return value
-        return {"__net__": net_spec(est.net_)}
+        return {"__net__": net_spec(fitted_net)}
     if name in ("tuner_options", "optimizer_options"):
         value = without_paths(value)
     return _tagged(value, arrays, f"parameter {name}")
@@ -140,9 +135,10 @@ def _fitted_values(est) -> dict[str, Any]:
     evaluation = getattr(est, "_evaluation", None)
     if evaluation is None:
         est._check_fitted()
-        return {k: getattr(est, k) for k in _fitted_names(est) if k in FITTED_NAMES and k != "checkpoint_"}
+    values = {k: v for k, v in vars(est).items() if k in FITTED_NAMES and k != "checkpoint_"}
+    if evaluation is None:
+        return values
     net, state, loop = evaluation["net"], evaluation["state"], evaluation["loop"]
-    values = {k: getattr(est, k) for k in _fitted_names(est) if k in FITTED_NAMES}
     for name in STALE_DURING_FIT:
         values.pop(name, None)
     net = net.copy()
@@ -154,10 +150,11 @@ def _fitted_values(est) -> dict[str, Any]:
     return values
 
 
-def _left_out(est) -> list[str]:
-    out = [name for name in LEFT_OUT if getattr(est, name) not in (None, [], ())]
+def _left_out(params: dict[str, Any]) -> list[str]:
+    """The parameters set that `save` leaves out, named for its warning."""
+    out = [name for name in LEFT_OUT if params[name] not in (None, [], ())]
     for name in ("tuner_options", "optimizer_options"):
-        if getattr(est, name) != without_paths(getattr(est, name)):
+        if params[name] != without_paths(params[name]):
             out.append(f"{name}['prior_cache']")
     return out
 
@@ -180,7 +177,8 @@ def save(est, path: str | os.PathLike, overwrite: bool = False, warn: bool = Tru
         raise FileExistsError(f"{path} exists; save writes a new folder (pass overwrite=True to replace it)")
     if path.exists() and not (path.is_dir() and ((path / "model.json").is_file() or not any(path.iterdir()))):
         raise FileExistsError(f"{path} exists and is not a saved model; overwrite=True replaces only a model")
-    left_out = _left_out(est)
+    given = est.get_params(deep=False)
+    left_out = _left_out(given)
     if left_out and warn:
         warnings.warn(
             f"saved {path} without {', '.join(left_out)} (a model keeps no paths, objects or data): set "
@@ -189,7 +187,8 @@ def save(est, path: str | os.PathLike, overwrite: bool = False, warn: bool = Tru
             stacklevel=3,
         )
     arrays: dict[str, np.ndarray] = {}
-    params = {k: _param(k, v, est, arrays) for k, v in est.get_params(deep=False).items() if BY_NAME[k].saved}
+    net = fitted_values["net_"]
+    params = {k: _param(k, v, net, arrays) for k, v in given.items() if BY_NAME[k].saved}
     fitted = {k: _tagged(v, arrays, f"attribute {k}") for k, v in fitted_values.items()}
     doc = {"format": FORMAT, "version": VERSION, "dasknn": __version__, "params": params, "fitted": fitted}
     text = json.dumps(doc, allow_nan=False, indent=1)
