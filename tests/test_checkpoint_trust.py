@@ -31,7 +31,9 @@ def written(tmp_path_factory) -> Path:
     DistributedCNN(**MLP, max_epochs=2, checkpoint_dir=directory).fit(
         d.data.astype(np.float32) / 16, d.target
     )
-    return checkpoint.list_checkpoints(directory)[-1]
+    first = checkpoint.list_checkpoints(directory)[0]  # after epoch 1: a fit that goes on from it
+    assert checkpoint.load(first).meta["loop"].get("finished") is not True
+    return first
 
 
 @pytest.fixture

@@ -270,3 +270,25 @@ def test_the_saved_files_name_no_path_of_the_machine_that_saved_them(saved, tmp_
     path = est.save(tmp_path / "m")
     assert str(tmp_path) not in (path / "model.json").read_text()
     assert DistributedCNN.load(path).checkpoint_dir is None
+
+
+def test_every_attribute_a_fit_learns_is_one_the_schema_knows(saved):
+    from dasknn.saving_schema import FITTED_NAMES
+
+    learned = {k for k in vars(saved[1]) if k.endswith("_")}
+    assert learned <= set(FITTED_NAMES), sorted(learned - set(FITTED_NAMES))
+
+
+def test_an_early_stopped_model_and_its_checkpoint_on_request_load(tmp_path):
+    from sklearn.datasets import load_digits
+
+    from dasknn.engine import checkpoint
+
+    d = load_digits()
+    X, y = d.data.astype(np.float32) / 16, d.target
+    mlp = {**QUICK, "net": "mlp", "input_shape": "flat", "learning_rate": 0.05, "batch_size": 32}
+    est = DistributedCNN(**mlp, early_stopping=True, n_iter_no_change=2, max_epochs=20).fit(X, y)
+    assert "restored the best" in est.stopped_by_  # its state_ is older than its last records
+    loaded = DistributedCNN.load(est.save(tmp_path / "m"))
+    np.testing.assert_array_equal(loaded.predict(X[:50]), est.predict(X[:50]))
+    assert checkpoint.load(est.save_checkpoint(tmp_path / "ck")).state.iterations_done == est.n_iter_

@@ -355,17 +355,20 @@ def _read(path: Path, doc: dict[str, Any], blob: bytes) -> Checkpoint:
     meta = decode(doc["meta"], arrays)
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}/state.json: meta is not a mapping")
-    problem = check_state(state, meta.get("loop")) or check_document(path, state, tables)
+    loop = meta.get("loop")
+    finished = isinstance(loop, dict) and loop.get("finished") is True
+    problem = check_state(state, loop) or check_document(path, state, tables, finished)
     if problem:
         raise CheckpointError(f"{path} is damaged: {problem}")
     return Checkpoint(state=state, meta=meta, tables=tables, path=path)
 
 
-def check_document(path: Path, state: TrainState, tables: dict[str, pd.DataFrame]) -> str:
+def check_document(path: Path, state: TrainState, tables: dict[str, pd.DataFrame], finished: bool) -> str:
     """What in a loaded checkpoint contradicts itself ("" when nothing): weights that are not float
     arrays, momentum buffers that are not of their weight's shape and dtype, an `iterations_done`
-    that is not the one in the folder's name (`ckpt-<iterations>`), or below an iteration its
-    history or trace records."""
+    that is not the one in the folder's name (`ckpt-<iterations>`), or (unless the fit had
+    `finished`: its state may be an earlier, best one) below an iteration its history or trace
+    records."""
     for key, value in state.params.items():
         if value.dtype.kind != "f":
             return f"weight {key} has dtype {value.dtype}, not a float"
@@ -377,7 +380,7 @@ def check_document(path: Path, state: TrainState, tables: dict[str, pd.DataFrame
     it = state.iterations_done
     if order is not None and order[0] != it:
         return f"iterations_done = {it} but the checkpoint's folder is {path.name}"
-    for name in ("history", "trace"):
+    for name in () if finished else ("history", "trace"):
         table = tables.get(name)
         if table is not None and "iteration" in table and len(table) and float(table["iteration"].max()) > it:
             return f"iterations_done = {it} is below the last iteration its {name} records"
