@@ -6,10 +6,12 @@ engines through `run(...)` and checkpoints. A checkpoint is one directory
     <checkpoint_dir>/ckpt-<iterations_done, 12 digits>[.<n>]/   (.n: saved again at that iteration)
         arrays.npz    every array (numpy .npz, uncompressed, no pickles): weights, momentum
                       buffers, arrays inside `TrainState.extra`, numeric table columns
-        state.json    {"format": "dasknn-checkpoint", "version": 1, "iterations_done",
+        state.json    {"format": "dasknn-checkpoint", "version": 2, "iterations_done",
                       "batches_done", "params": {key: array name}, "momentum": {...},
                       "extra": <encoded>, "meta": <encoded>, "tables": {name: {...}},
                       "arrays_bytes", "arrays_sha256"}
+        manifest.json size and SHA-256 of state.json and arrays.npz (`dasknn.engine.manifest`;
+                      version 1 had none)
 
 Encoded values are JSON with tagged objects for what JSON lacks: {"__array__": name} (an array
 or numpy scalar in arrays.npz, dtype kept), {"__tuple__": [...]}, {"__items__": [[k, v], ...]}
@@ -19,11 +21,14 @@ any size (the bit generators' states) are plain JSON ints.
 A save writes both files into a hidden temporary directory beside the target, fsyncs them and
 the directory, renames it into place (`os.replace`) and fsyncs the parent: a reader never sees a
 half-written `ckpt-*`. A writer killed at any point leaves at most a `.tmp-*` directory, which
-`latest` ignores and the next save removes. `load` checks the size and SHA-256 of arrays.npz
-against state.json, so a truncated or corrupted checkpoint is refused, and `latest` falls back
-to the newest one that loads. A checkpoint whose checksum matches is still refused as damaged when
-a weight or momentum value is not finite or its state is out of range (`check_state`: counts in
-[0, 2**53], clocks finite in [0, 1e9] s, bit-generator states that numpy accepts).
+`latest` ignores and the next save removes. `load` checks the manifest, so that a changed byte of
+either file is refused as damaged or edited, and `latest` falls back to the newest one that loads.
+Whatever the hashes say (a forger recomputes them), state.json is then checked on its own: parsed
+strictly, known fields only, arrays named in the writer's order, counts and clocks in range and
+bit-generator states that numpy accepts (`check_state`), weights and momentum finite floats of
+matching shapes and dtypes, and `iterations_done` the folder's and, for a fit that goes on from it,
+not below its records (`check_document`). Every failure is a CheckpointError (a ValueError) naming
+the file.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ __all__ = [
     "WEIGHT_LIMIT",
     "Checkpoint",
     "CheckpointError",
+    "check_document",
     "check_state",
     "decode",
     "decode_table",
