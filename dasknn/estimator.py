@@ -57,6 +57,7 @@ from dasknn.estimator_resume import (
     fingerprint,
     save_fit,
     simulated_gflops,
+    start_from,
 )
 from dasknn.logs import verbose_logging
 from dasknn.nn.loss import softmax
@@ -308,7 +309,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             net = build_net(self.net, shape, len(self.classes_), self.random_state, self.backend)
             start = None if ckpt is None else ckpt.state
             if ckpt is not None:
-                net.set_params(ckpt.state.params)
+                start_from(ckpt, net)
         resume_from = ckpt if self.resume else None
         rate = smallest_rate(self.get_params(deep=False))
         check_net_on_data(net, X, self.split, self.batch_size, rate, self.augment_)

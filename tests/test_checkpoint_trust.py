@@ -25,12 +25,15 @@ A6DBD31 = Path(__file__).parent / "fixtures" / "a6dbd31-checkpoints" / "fixed" /
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory) -> Path:
+def digits():
     d = load_digits()
+    return d.data.astype(np.float32) / 16, d.target
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory, digits) -> Path:
     directory = tmp_path_factory.mktemp("ckpts")
-    DistributedCNN(**MLP, max_epochs=2, checkpoint_dir=directory).fit(
-        d.data.astype(np.float32) / 16, d.target
-    )
+    DistributedCNN(**MLP, max_epochs=2, checkpoint_dir=directory).fit(*digits)
     first = checkpoint.list_checkpoints(directory)[0]  # after epoch 1: a fit that goes on from it
     assert checkpoint.load(first).meta["loop"].get("finished") is not True
     return first
@@ -148,3 +151,23 @@ def test_an_a6dbd31_checkpoint_loads_and_its_forged_edit_is_refused(tmp_path):
     path = Path(shutil.copytree(A6DBD31, tmp_path / A6DBD31.name))
     forge(path, lambda doc, arrays: doc.update(iterations_done=30))
     refused(path, "iterations_done = 30")
+
+
+def _classes(values):
+    return lambda doc, arrays: arrays.__setitem__(doc["meta"]["classes"]["__array__"], np.asarray(values))
+
+
+RESUMED = {
+    "20 classes for 10 outputs": (_classes(np.arange(20)), "ip1.weight"),
+    "every class 5": (_classes(np.full(10, 5)), "not distinct"),
+    "n_features_in a string": (lambda doc, arrays: doc["meta"].update(n_features_in="64"), "n_features_in"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RESUMED))
+def test_a_resume_refuses_a_checkpoint_whose_record_contradicts_its_weights_by_name(ckpt, digits, case):
+    change, word = RESUMED[case]
+    forge(ckpt, change)
+    with pytest.raises(checkpoint.CheckpointError, match=word) as info:
+        DistributedCNN(**MLP, max_epochs=2, checkpoint_dir=ckpt.parent, resume=True).fit(*digits)
+    assert str(ckpt) in str(info.value)
