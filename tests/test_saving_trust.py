@@ -287,7 +287,7 @@ def test_an_early_stopped_model_and_its_checkpoint_on_request_load(tmp_path):
     d = load_digits()
     X, y = d.data.astype(np.float32) / 16, d.target
     mlp = {**QUICK, "net": "mlp", "input_shape": "flat", "learning_rate": 0.05, "batch_size": 32}
-    est = DistributedCNN(**mlp, early_stopping=True, n_iter_no_change=2, max_epochs=20).fit(X, y)
+    est = DistributedCNN(**mlp, early_stopping=True, n_iter_no_change=1, max_epochs=20).fit(X, y)
     assert "restored the best" in est.stopped_by_  # its state_ is older than its last records
     loaded = DistributedCNN.load(est.save(tmp_path / "m"))
     np.testing.assert_array_equal(loaded.predict(X[:50]), est.predict(X[:50]))
