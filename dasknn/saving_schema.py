@@ -164,7 +164,7 @@ def _same_architecture(a: dict[str, Any], b: dict[str, Any]) -> bool:
     def plain(spec):
         layers = [{**x, "config": {k: v for k, v in x["config"].items() if k not in HOW_NOT_WHAT}}
                   for x in spec["layers"]]  # fmt: skip
-        return {**spec, "layers": layers}
+        return {**spec, "layers": layers, "seed": None}  # the fillers' seed: not what the net computes
 
     return plain(a) == plain(b)
 
@@ -245,6 +245,13 @@ def _history(value: Any, fitted: dict[str, Any]) -> str:
     return ""
 
 
+def _config(value: Any, run_config: type) -> str:
+    ok = isinstance(value, run_config) and _int(value.n_groups, 1) and _int(value.batch_size, 1)
+    ok = ok and _number(value.lr, 0, True) and _number(value.momentum) and value.momentum < 1
+    ok = ok and _number(value.weight_decay) and _int(value.seed, 0, 2**64)
+    return "" if ok else "is not a run configuration (n_groups, batch_size, lr, momentum, weight_decay, seed)"
+
+
 def _table(value: Any, fitted: dict[str, Any]) -> str:
     if not isinstance(value, pd.DataFrame):
         return "is not a table"
@@ -270,7 +277,7 @@ def _check_field(name: str, value: Any, fitted: dict[str, Any]) -> str:
         "report_": lambda: _table(value, fitted),
         "tradeoff_": lambda: "" if value is None or isinstance(value, xr.Dataset) else "is not a record",
         "augment_": lambda: "" if value is None or isinstance(value, Augment) else "is not an Augment",
-        "config_": lambda: "" if isinstance(value, RunConfig) else "is not a run configuration",
+        "config_": lambda: _config(value, RunConfig),
         "parts_": lambda: (
             ""
             if isinstance(value, Parts)
@@ -342,6 +349,8 @@ def _net_param(value: Any, arrays, fitted: dict[str, Any]) -> Any:
 
 
 def _params(doc: Any, arrays, fitted: dict[str, Any]) -> dict[str, Any]:
+    """The parameters, each by its rule; one that is missing takes its default (a model saved
+    before that parameter existed)."""
     _keys(doc, set(BY_NAME), "params", required=set())
     params = {}
     for name, value in doc.items():

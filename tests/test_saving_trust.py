@@ -292,3 +292,41 @@ def test_an_early_stopped_model_and_its_checkpoint_on_request_load(tmp_path):
     loaded = DistributedCNN.load(est.save(tmp_path / "m"))
     np.testing.assert_array_equal(loaded.predict(X[:50]), est.predict(X[:50]))
     assert checkpoint.load(est.save_checkpoint(tmp_path / "ck")).state.iterations_done == est.n_iter_
+
+
+def test_any_value_planted_anywhere_in_model_json_loads_or_is_a_saved_model_error(model):
+    """24 seeded edits (a field set to a value of another kind, or removed), manifest recomputed:
+    each loads (where the value is a valid one) or is refused by name, never another exception."""
+    import random
+
+    doc0 = json.loads((model / "model.json").read_text())
+    paths: list[list] = []
+
+    def walk(obj, at):
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj[:3]) if isinstance(obj, list) else ()
+        for key, value in items:
+            paths.append([*at, key])
+            walk(value, [*at, key])
+
+    walk(doc0, [])
+    values = [None, "x", -1, 2**70, 1e308, True, [], {}, [1, 2], {"__array__": "a0"}, {"__float__": "nan"},
+              {"__tuple__": [1]}, {"__items__": [[1, 2]]}, 0.5]  # fmt: skip
+    rng = random.Random(0)
+    outcomes = []
+    for _ in range(24):
+        at, value, doc = rng.choice(paths), rng.choice(values), json.loads(json.dumps(doc0))
+        parent = doc
+        for key in at[:-1]:
+            parent = parent[key]
+        if isinstance(parent, dict) and rng.random() < 0.15:
+            del parent[at[-1]]
+        else:
+            parent[at[-1]] = value
+        (model / "model.json").write_text(json.dumps(doc))
+        manifest.write(model, FILES)
+        try:
+            DistributedCNN.load(model)
+            outcomes.append("loaded")
+        except SavedModelError:
+            outcomes.append("refused")
+    assert outcomes.count("refused") >= 8, outcomes

@@ -397,6 +397,8 @@ _CLOCKS = ("clock", "elapsed", "time_end", "time_start", "t_start", "t_conv")
 _COUNTS = ("seq", "batch", "conv_version", "conv_iter", "fc_iter", "version_read", "first_iteration",
            "checkpoint_epoch", "iterations_done", "batches_done")  # fmt: skip
 """Keys of the engines' and loops' clocks (seconds) and counts, range-checked on load."""
+_GENERATORS = ("rng", "fc_rng")
+"""Keys of the engines' random generators' states."""
 
 
 def check_state(state: TrainState, loop: dict[str, Any] | None = None) -> str:
@@ -425,6 +427,8 @@ def _check_values(obj: Any, where: str) -> str:
                 return f"{where}: the random generator's state is out of range ({type(err).__name__}: {err})"
             return ""
         for key, value in obj.items():
+            if key in _GENERATORS and not (isinstance(value, dict) and "bit_generator" in value):
+                return f"{where}.{key} is not a random generator's state"
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
             if number and key in _CLOCKS and not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
                 return f"{where}.{key} = {value} is out of range [0, 1e9] s"
