@@ -324,7 +324,8 @@ def _fitted(doc: Any, arrays) -> dict[str, Any]:
         problem = _check_field(name, fitted[name], fitted)
         if problem:
             _fail(f"fitted.{name} {problem}")
-    fitted["tuner_options_"] = without_paths(fitted.get("tuner_options_"))
+    if "tuner_options_" in fitted:
+        fitted["tuner_options_"] = without_paths(fitted["tuner_options_"])
     problem = check_state(TrainState(params={}), fitted.get("_loop_"))
     if problem:
         _fail(f"fitted: {problem}")
