@@ -16,6 +16,7 @@ A callback is any object with some of these methods (`Callback` has them all, do
 - `on_fit_end(est)`: after the last evaluation, also when the fit raised.
 
 Shipped: `EarlyStopping` (sklearn's `n_iter_no_change` / `tol`, restoring the best model),
+`ModelCheckpoint` (the best model, or every N evaluations, saved with `DistributedCNN.save`),
 `ProgressBar` (tqdm) and `CSVLogger`. The same conventions as Keras' and skorch's callbacks.
 """
 
@@ -27,7 +28,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CSVLogger", "Callback", "EarlyStopping", "ProgressBar", "call", "stop_requests"]
+__all__ = [
+    "CSVLogger",
+    "Callback",
+    "EarlyStopping",
+    "ModelCheckpoint",
+    "ProgressBar",
+    "call",
+    "stop_requests",
+]
 
 
 class Callback:
@@ -264,3 +273,73 @@ class CSVLogger(Callback):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+LOWER_IS_BETTER = ("loss", "val_loss")
+"""History columns where a lower value is better (the others: higher)."""
+
+
+class ModelCheckpoint(Callback):
+    """Save the model during a fit: the best by `monitor`, or every `every` evaluations.
+
+    Keras' `ModelCheckpoint` and skorch's `Checkpoint`. Each save is `DistributedCNN.save` of the
+    evaluated state (`dasknn.saving`: a folder that loads with `DistributedCNN.load`), replacing
+    the folder it writes. `path` may name the record's fields, e.g. "models/it{iteration}"; with
+    `every` set, each save goes to its own folder when it does. `monitor`: a history column,
+    "val_loss" (default; lower is better), "val_accuracy", "loss" or "accuracy"; with `every`
+    set it is not used. The saved models hold no callbacks, security or validation data.
+
+    Attributes
+    ----------
+    best : float or None
+        The best value of `monitor` seen in this fit.
+    best_iteration : int or None
+        The iteration of that evaluation.
+    saved : list of Path
+        Each folder written in this fit, in order.
+    """
+
+    def __init__(self, path, monitor: str = "val_loss", every: int | None = None) -> None:
+        if monitor not in ("val_loss", "val_accuracy", "loss", "accuracy"):
+            raise ValueError(
+                f"ModelCheckpoint: monitor must be val_loss, val_accuracy, loss or accuracy, got {monitor!r}"
+            )
+        if every is not None and not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
+            raise ValueError(f"ModelCheckpoint: every must be None or an integer >= 1, got {every!r}")
+        self.path, self.monitor, self.every = path, monitor, every
+        self._reset()
+
+    def _reset(self) -> None:
+        self.best: float | None = None
+        self.best_iteration: int | None = None
+        self.saved: list[Path] = []
+        self.evaluations = 0
+
+    def on_fit_begin(self, est) -> None:
+        self._reset()
+
+    def _due(self, record: dict[str, Any]) -> bool:
+        if self.every is not None:
+            return self.evaluations % self.every == 0
+        if self.monitor not in record:
+            raise ValueError(
+                f"ModelCheckpoint: the history has no {self.monitor} (it has {sorted(record)}); give "
+                "validation data or monitor='loss' or 'accuracy'"
+            )
+        value = record[self.monitor]
+        if not _finite(value):
+            return False
+        lower = self.monitor in LOWER_IS_BETTER
+        if self.best is not None and not (value < self.best if lower else value > self.best):
+            return False
+        self.best, self.best_iteration = float(value), int(record["iteration"])
+        return True
+
+    def on_evaluation(self, est, record: dict[str, Any]) -> bool:
+        from dasknn.saving import save
+
+        self.evaluations += 1
+        if self._due(record):
+            path = Path(str(self.path).format(**record))
+            self.saved.append(save(est, path, overwrite=True, warn=False))
+        return False

@@ -58,6 +58,7 @@ from dasknn.estimator_resume import (
     fingerprint,
     save_fit,
     simulated_gflops,
+    start_from,
 )
 from dasknn.logs import verbose_logging
 from dasknn.nn.loss import softmax
@@ -259,11 +260,12 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         tables = {"history": pd.DataFrame(self.history_), "events": self.decisions_, "trace": self.trace_}
         return save_fit(directory, self.state_, loop, tables, self._checkpoint_meta())
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write this fitted model to the new folder `path`, without pickle (`dasknn.saving`)."""
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
+        """Write this fitted model to the folder `path`, without pickle (`dasknn.saving`); also from
+        a callback's `on_evaluation` during a fit (the evaluated state)."""
         from dasknn.saving import save
 
-        return save(self, path)
+        return save(self, path, overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> DistributedCNN:
@@ -319,7 +321,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             net = build_net(self.net, shape, len(self.classes_), self.random_state, self.backend)
             start = None if ckpt is None else ckpt.state
             if ckpt is not None:
-                net.set_params(ckpt.state.params)
+                start_from(ckpt, net)
         resume_from = ckpt if self.resume else None
         rate = smallest_rate(self.get_params(deep=False))
         check_net_on_data(net, X, self.split, self.batch_size, rate, self.augment_)
@@ -356,10 +358,13 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         s = self._settings()
         callbacks = fit_callbacks(s)
         p = plan(s, data.X.shape[0], partial_epochs, resume_from)
-        notify, meta, n_classes = self._notifier(callbacks), self._checkpoint_meta(), len(self.classes_)
+        evaluating: dict[str, Any] = {"net": net}
+        notify = self._notifier(callbacks, evaluating)
+        meta, n_classes = self._checkpoint_meta(), len(self.classes_)
         loop = build_loop(
             s, p, engine, net, data, notify=notify, meta=meta, n_classes=n_classes, started=started
         )
+        evaluating["loop"] = loop
         state = start.copy() if start is not None else TrainState.from_net(net)
         session = None
         if resume_from is not None:
@@ -383,16 +388,21 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         self.report_ = self.time_to_accuracy()
         self.tradeoff_ = tradeoff(s, result, net)
 
-    def _notifier(self, callbacks):
+    def _notifier(self, callbacks, evaluating: dict[str, Any]):
         """The loop's `notify(hook, info)`: calls the callbacks; for an evaluation, returns the reason
-        of the first callback that asks to stop ("" when none does)."""
+        of the first callback that asks to stop ("" when none does). Meanwhile `_evaluation` (the
+        net, the evaluated state, the loop) lets a callback `save` the model being fitted."""
         from dasknn.callbacks import call, stop_requests
 
         def notify(hook: str, info: dict) -> bool | str:
             if hook == "on_evaluation":
-                asked = stop_requests(callbacks, self, info["row"])
-                if call(callbacks, "on_evaluated_state", self, info["row"], info["state"]) and not asked:
-                    asked = "a callback's on_evaluated_state asked to stop"
+                self._evaluation = dict(evaluating, state=info["state"])
+                try:
+                    asked = stop_requests(callbacks, self, info["row"])
+                    if call(callbacks, "on_evaluated_state", self, info["row"], info["state"]) and not asked:
+                        asked = "a callback's on_evaluated_state asked to stop"
+                finally:
+                    del self._evaluation
                 return asked
             return call(callbacks, hook, self, info)
 

@@ -52,7 +52,9 @@ class Param:
     `rule` says what it accepts (type and range, `dasknn.rules`); `help` is its docstring entry
     (the command line shows its first sentence). `flag`: on `dasknn train` (its option is
     `--name-with-dashes`, plus `aliases`), with `cli_default` when the command's default differs
-    from the estimator's. `resume`: a fit resumed from a checkpoint must share its value.
+    from the estimator's. `resume`: a fit resumed from a checkpoint must share its value. `saved`:
+    a saved model keeps it (`dasknn.saving`); False for paths, addresses, live objects and data,
+    which a model folder never sets: they load as their defaults, for the user to set.
     """
 
     name: str
@@ -63,6 +65,7 @@ class Param:
     aliases: tuple[str, ...] = ()
     cli_default: Any = ...
     resume: bool = True
+    saved: bool = True
 
     @property
     def option(self) -> str:
@@ -203,7 +206,7 @@ PARAMS: tuple[Param, ...] = (
     Param("engine", "dask", Choice(ENGINES), "Train on a Dask cluster, or on the simulator."),
     Param("scheduler", None, Custom("None or an address string", accepts=_optional_str),
           "Address of a running scheduler (tcp://host:8786); None uses the default client, or starts a "
-          "LocalCluster.", resume=False),
+          "LocalCluster.", resume=False, saved=False),
     Param("n_workers", None, Number(1, integer=True, also=(None,)),
           "Workers of the LocalCluster started when there is no client (default: one per core, at most 4), "
           "or of the simulated cluster."),
@@ -224,7 +227,7 @@ PARAMS: tuple[Param, ...] = (
               isinstance(v, (tuple, list)) and len(v) == 2)),
           "Held-out data, never trained on: scored in full at every evaluation (`val_loss`, "
           "`val_accuracy`), the metric of `target_accuracy`, `report_` and early stopping. Checked like X.",
-          flag=False, resume=False),
+          flag=False, resume=False, saved=False),
     Param("validation_fraction", None, Number(0, 1, low_open=True, high_open=True, also=(None,)),
           "Instead of `validation_data`: this fraction of X, stratified and seeded by `random_state`, "
           "set aside before training (sklearn's `MLPClassifier` convention; `fit` only).", flag=False),
@@ -246,7 +249,7 @@ PARAMS: tuple[Param, ...] = (
                  check_value=_callbacks),
           "Objects with any of `on_fit_begin(est)`, `on_evaluation(est, record)` (True stops the fit), "
           "`on_progress(est, info)` and `on_fit_end(est)`; see `dasknn.callbacks` (`ProgressBar`, "
-          "`CSVLogger`, `EarlyStopping`).", flag=False, resume=False),
+          "`CSVLogger`, `EarlyStopping`, `ModelCheckpoint`).", flag=False, resume=False, saved=False),
     Param("strategy", "omnivore", Choice(STRATEGY_NAMES),
           "Omnivore's asynchronous compute groups (default), Crossbow's synchronous model averaging "
           "(n_groups learners), or SparkNet's model averaging every `tau` iterations."),
@@ -261,7 +264,7 @@ PARAMS: tuple[Param, ...] = (
           "Where the FC phase starts: the first InnerProduct (None), RALP's rule (\"auto\"), or a layer."),
     Param("security", None, Custom("None or a distributed.security.Security", accepts=_security),
           "TLS settings for the client and any LocalCluster the fit starts (e.g. `Security.temporary()`).",
-          flag=False, resume=False),
+          flag=False, resume=False, saved=False),
     Param("random_state", 0, Number(0, 2**32, high_open=True, integer=True, text="in [0, 2**32)"),
           "Seed of the weights, the data's order and parts, dropout and augmentation.", aliases=("--seed",)),
     Param("verbose", 0, VERBOSE,
@@ -279,11 +282,11 @@ PARAMS: tuple[Param, ...] = (
                  check_value=_checkpoint_dir),
           "Where the fit writes checkpoints (`dasknn.engine.checkpoint`): after every stretch of training "
           "that completes an epoch and at the end (the newest 3 are kept). A fresh fit needs it empty; "
-          "`save_checkpoint()` writes one on request.", resume=False),
+          "`save_checkpoint()` writes one on request.", resume=False, saved=False),
     Param("resume", False, Boolean(),
           "Continue the fit whose latest checkpoint is in `checkpoint_dir` to that fit's own end (same "
           "budgets; on engine=\"simulated\" the result equals the uninterrupted fit). Without a checkpoint "
-          "there, a fresh fit.", resume=False),
+          "there, a fresh fit.", resume=False, saved=False),
     Param("tuner_options", None,
           Custom("None or a dict", accepts=lambda v: v is None or isinstance(v, dict)),
           "Extra options of the tuner: with tuner=\"auto\" of `dasknn.optimizer.AutoPolicy`, e.g. "

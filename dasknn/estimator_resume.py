@@ -24,7 +24,15 @@ from dasknn.estimator_params import RESUME_PARAMS
 from dasknn.fitting import BUDGET
 from dasknn.nn.net import Net
 
-__all__ = ["Adopted", "adopt", "checkpoint_meta", "checkpoint_to_continue", "fingerprint", "simulated_gflops"]
+__all__ = [
+    "Adopted",
+    "adopt",
+    "checkpoint_meta",
+    "checkpoint_to_continue",
+    "fingerprint",
+    "simulated_gflops",
+    "start_from",
+]
 
 
 def fingerprint(params: dict[str, Any], tuner: str) -> dict[str, Any]:
@@ -130,7 +138,35 @@ def adopt(ckpt: checkpoint.Checkpoint, ours: dict[str, Any], check: bool, tuner_
                 "resumed fit may change only its budget (time_budget, max_epochs, target_accuracy) and "
                 "callbacks"
             )
-    return Adopted(np.asarray(meta["classes"]), int(meta["n_features_in"]), tuner)
+    classes, n_features = meta["classes"], meta["n_features_in"]
+    if not (isinstance(classes, np.ndarray) and classes.ndim == 1 and classes.dtype.kind in "biufU"):
+        raise checkpoint.CheckpointError(f"{ckpt.path}: its classes are not a 1-D array of labels")
+    if len(classes) < 2 or not np.array_equal(np.unique(classes), classes):
+        raise checkpoint.CheckpointError(
+            f"{ckpt.path}: its classes {classes.tolist()} are not distinct and sorted"
+        )
+    if type(n_features) is not int or n_features < 1:
+        raise checkpoint.CheckpointError(
+            f"{ckpt.path}: its n_features_in {n_features!r} is not an integer >= 1"
+        )
+    return Adopted(classes, n_features, tuner)
+
+
+def start_from(ckpt: checkpoint.Checkpoint, net: Net) -> None:
+    """Set `net`'s weights to the checkpoint's, which must be exactly the net's (names, shapes and
+    dtypes: nothing is cast); a CheckpointError naming the checkpoint otherwise."""
+    ours, theirs = net.get_params(), ckpt.state.params
+    if set(ours) != set(theirs):
+        raise checkpoint.CheckpointError(
+            f"{ckpt.path}: its weights {sorted(theirs)} are not the net {net.name!r}'s ({sorted(ours)})"
+        )
+    for key, a in theirs.items():
+        if a.shape != ours[key].shape or a.dtype != ours[key].dtype:
+            raise checkpoint.CheckpointError(
+                f"{ckpt.path}: weight {key} is {a.dtype}{list(a.shape)}; the net {net.name!r} has "
+                f"{ours[key].dtype}{list(ours[key].shape)} (for {net.num_classes} classes)"
+            )
+    net.set_params(theirs)
 
 
 def simulated_gflops(given: Any, ckpt: checkpoint.Checkpoint | None, previous: float | None) -> float:

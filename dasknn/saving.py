@@ -2,21 +2,27 @@
 
 A saved model is one folder:
 
-    model.json    {"format": "dasknn-model", "version": 1, "dasknn": <version that wrote it>,
-                   "params": <the estimator's parameters>, "fitted": <its learned attributes>}
-    arrays.npz    every array (weights, momentum buffers, classes, numeric table columns), read
-                  back with `allow_pickle=False`
+    model.json     {"format": "dasknn-model", "version": 2, "dasknn": <version that wrote it>,
+                    "params": <the estimator's parameters>, "fitted": <its learned attributes>}
+    arrays.npz     every array (weights, momentum buffers, classes, numeric table columns), read
+                   back with `allow_pickle=False`, named a0, a1, ... in the order model.json names them
+    manifest.json  the size and SHA-256 of both (`dasknn.engine.manifest`)
 
 Values are encoded as in checkpoints (`dasknn.engine.checkpoint.encode`), with tags for the
-package's own objects: a Net is stored as its architecture (`dasknn.nn.spec`) and its parameters,
-so a net read from a `.prototxt` loads after the file is gone; DataFrames as tables; the training
-state, run configuration, data parts and augmentation as their fields; the trade-off record
-(xarray) as its dict form. A loaded model predicts without a cluster, and `partial_fit`,
-`warm_start` and `save_checkpoint` continue from it as from the fit that wrote it.
+package's own objects: a Net as its architecture (`dasknn.nn.spec`) and its weights, so a net read
+from a `.prototxt` loads after the file is gone; DataFrames as tables; the training state, run
+configuration, data parts and augmentation as their fields; the trade-off record (xarray) as its
+dict form. A loaded model predicts without a cluster, and `partial_fit`, `warm_start` and
+`save_checkpoint` continue from it as from the fit that wrote it.
 
-Parameters that hold live objects (callbacks, security settings) or data (validation_data) cannot
-be written as data: `save` refuses them by name before writing anything. A file of a newer format
-version is refused with the version it has.
+The trust rule: a model folder is data, never instructions. Any changed byte of model.json or
+arrays.npz is refused as damaged or edited (the manifest); since a hash stops damage but not a
+forger, model.json is also checked against its schema (`dasknn.saving_schema`) before anything is
+built, whatever the manifest says. Paths, addresses, live objects and data (`checkpoint_dir`,
+`scheduler`, `security`, `callbacks`, `validation_data`, `resume`, a `.prototxt` path, a tuner's
+`prior_cache` file) are never written and never restored: they load as their defaults, for the
+user to set. Version 1 (no manifest) loads through the same schema; a lowered version skips no
+check. Every unreadable model is a `SavedModelError` (a ValueError) naming the file.
 """
 
 from __future__ import annotations
@@ -26,24 +32,33 @@ import json
 import os
 import shutil
 import uuid
-from dataclasses import asdict, fields
+import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from dasknn.engine.checkpoint import decode, decode_table, encode, encode_table
+from dasknn.engine import manifest
+from dasknn.engine.checkpoint import encode, encode_table
+from dasknn.estimator_params import BY_NAME
+from dasknn.saving_schema import FITTED_NAMES, restore, without_paths
 
-__all__ = ["FORMAT", "VERSION", "load", "save"]
+__all__ = ["FILES", "FORMAT", "VERSION", "SavedModelError", "load", "read", "save"]
 
-FORMAT, VERSION = "dasknn-model", 1
-UNSAVEABLE = {
-    "callbacks": "callback objects are code, not data; set callbacks=None and pass them again after loading",
-    "security": "TLS settings hold credentials; set security=None and pass them again after loading",
-    "validation_data": "it is data, not the model; set validation_data=None (history_ keeps its scores)",
-}
-"""Parameters whose values `save` refuses (when not None or empty), and what to do instead."""
+FORMAT, VERSION = "dasknn-model", 2
+FILES = ("model.json", "arrays.npz")
+"""The files the manifest covers."""
+LEFT_OUT = ("callbacks", "security", "validation_data")
+"""Parameters that a user sets on a model and that `save` leaves out with a warning."""
+STALE_DURING_FIT = ("_loop_", "best_iteration_", "checkpoint_", "config_", "report_", "stopped_by_",
+                    "tradeoff_")  # fmt: skip
+"""Attributes of an earlier fit that a save during a fit (a callback's) does not write."""
+
+
+class SavedModelError(ValueError):
+    """A model folder that is missing, damaged, edited or of a format this dasknn does not read."""
 
 
 def _tagged(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
@@ -99,102 +114,161 @@ def _without_objects(ds):
     return ds
 
 
-def _untagged(obj: Any, arrays) -> Any:
-    from dasknn.data.augment import Augment
-    from dasknn.data.split import Parts
-    from dasknn.engine.trace import RunConfig, TrainState
-    from dasknn.nn.spec import net_from_spec
+def _param(name: str, value: Any, fitted_net, arrays: dict[str, np.ndarray]) -> Any:
+    """A parameter as written: a net read from a path as its fitted architecture (no path)."""
+    from dasknn.nn.net import Net
+    from dasknn.nn.spec import net_spec
+    from dasknn.nn.zoo import NETS
 
-    if isinstance(obj, list):
-        return [_untagged(v, arrays) for v in obj]
-    if not isinstance(obj, dict):
-        return decode(obj, arrays)
-    if "__net__" in obj:
-        net = net_from_spec(obj["__net__"])
-        net.set_params(decode(obj["params"], arrays))
-        return net
-    if "__table__" in obj:
-        return decode_table(obj["__table__"], arrays)
-    if "__dataset__" in obj:
-        import xarray as xr
-
-        return xr.Dataset.from_dict(decode(obj["__dataset__"], arrays))
-    if "__path__" in obj:
-        return Path(obj["__path__"])
-    tags = {"__state__": TrainState, "__config__": RunConfig, "__parts__": Parts, "__augment__": Augment}
-    for tag, cls in tags.items():
-        if tag in obj:
-            values = decode(obj[tag], arrays)
-            return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
-    return decode(obj, arrays)
+    if name == "net" and not isinstance(value, Net):
+        if isinstance(value, str) and value.lower().replace("-", "_") in NETS:
+            return value
+        return {"__net__": net_spec(fitted_net)}
+    if name in ("tuner_options", "optimizer_options"):
+        value = without_paths(value)
+    return _tagged(value, arrays, f"parameter {name}")
 
 
-def _fitted_names(est) -> list[str]:
-    """The learned attributes of `est` (ending in `_`, and the loop state `_loop_`)."""
-    return sorted(k for k in vars(est) if k.endswith("_") and not k.startswith("__"))
+def _fitted_values(est) -> dict[str, Any]:
+    """The learned attributes to write: the fitted model's, or during a fit (a callback's
+    `on_evaluation`) the state being evaluated with the fit's records so far."""
+    evaluation = getattr(est, "_evaluation", None)
+    if evaluation is None:
+        est._check_fitted()
+    values = {k: v for k, v in vars(est).items() if k in FITTED_NAMES and k != "checkpoint_"}
+    if evaluation is None:
+        return values
+    net, state, loop = evaluation["net"], evaluation["state"], evaluation["loop"]
+    for name in STALE_DURING_FIT:
+        values.pop(name, None)
+    net = net.copy()
+    net.set_params({k: np.asarray(v) for k, v in state.params.items()})
+    values.update(
+        net_=net, state_=state.copy(), n_iter_=int(state.iterations_done), history_=list(loop.history)
+    )
+    values.update(trace_=loop.log.trace(), decisions_=loop.log.decisions())
+    return values
 
 
-def _check_saveable(est) -> None:
-    refused = [name for name in UNSAVEABLE if getattr(est, name) not in (None, [], ())]
-    if refused:
-        why = "; ".join(f"{name}: {UNSAVEABLE[name]}" for name in refused)
-        raise ValueError(f"cannot save parameters {refused}: {why}")
+def _left_out(params: dict[str, Any]) -> list[str]:
+    """The parameters set that `save` leaves out, named for its warning."""
+    out = [name for name in LEFT_OUT if params[name] not in (None, [], ())]
+    for name in ("tuner_options", "optimizer_options"):
+        if params[name] != without_paths(params[name]):
+            out.append(f"{name}['prior_cache']")
+    return out
 
 
-def save(est, path: str | os.PathLike) -> Path:
-    """Write the fitted `est` to the new folder `path` (model.json + arrays.npz); returns its path.
+def save(est, path: str | os.PathLike, overwrite: bool = False, warn: bool = True) -> Path:
+    """Write the fitted `est` to the folder `path` (model.json, arrays.npz, manifest.json); returns
+    its path.
 
-    Refuses, before writing anything: an unfitted estimator, parameters that cannot be saved
-    (`UNSAVEABLE`, named), and a `path` that exists. The folder appears complete or not at all
-    (written beside it, then renamed).
+    Refuses, before writing anything: an unfitted estimator, and a `path` that exists (unless
+    `overwrite`; it then replaces only a saved model's folder or an empty one). Paths, addresses,
+    live objects and data are not written: `callbacks`, `security` and `validation_data` when set,
+    with one warning saying so (`warn`). The folder appears complete or not at all (written beside
+    it, then renamed); an overwritten one stays until the new one is complete.
     """
     from dasknn.version import __version__
 
-    est._check_fitted()
-    _check_saveable(est)
+    fitted_values = _fitted_values(est)
     path = Path(path)
-    if path.exists():
-        raise FileExistsError(f"{path} exists; save writes a new folder (remove it or choose another path)")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; save writes a new folder (pass overwrite=True to replace it)")
+    if path.exists() and not (path.is_dir() and ((path / "model.json").is_file() or not any(path.iterdir()))):
+        raise FileExistsError(f"{path} exists and is not a saved model; overwrite=True replaces only a model")
+    given = est.get_params(deep=False)
+    left_out = _left_out(given)
+    if left_out and warn:
+        warnings.warn(
+            f"saved {path} without {', '.join(left_out)} (a model keeps no paths, objects or data): set "
+            "them again after loading",
+            UserWarning,
+            stacklevel=3,
+        )
     arrays: dict[str, np.ndarray] = {}
-    params = {k: _tagged(v, arrays, f"parameter {k}") for k, v in est.get_params(deep=False).items()}
-    fitted = {k: _tagged(getattr(est, k), arrays, f"attribute {k}") for k in _fitted_names(est)}
+    net = fitted_values["net_"]
+    params = {k: _param(k, v, net, arrays) for k, v in given.items() if BY_NAME[k].saved}
+    fitted = {k: _tagged(v, arrays, f"attribute {k}") for k, v in fitted_values.items()}
     doc = {"format": FORMAT, "version": VERSION, "dasknn": __version__, "params": params, "fitted": fitted}
     text = json.dumps(doc, allow_nan=False, indent=1)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
+    old = path.with_name(f".old-{path.name}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
         np.savez(tmp / "arrays.npz", **arrays)
         (tmp / "model.json").write_text(text)
+        manifest.write(tmp, FILES)
+        if path.exists():
+            os.replace(path, old)
         os.replace(tmp, path)
     except BaseException:
+        if old.exists() and not path.exists():
+            os.replace(old, path)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    shutil.rmtree(old, ignore_errors=True)
     return path
 
 
-def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(parameters, learned attributes) of the model saved at `path`; a ValueError naming the path
-    when it holds no saved DistributedCNN or one of a newer format."""
-    path = Path(path)
+def _load_arrays(path: Path, blob: bytes) -> dict[str, np.ndarray]:
     try:
-        doc = json.loads((path / "model.json").read_text())
-        blob = (path / "arrays.npz").read_bytes()
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{path} is not a saved DistributedCNN (model.json and arrays.npz): {err}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a saved DistributedCNN: model.json is not a {FORMAT} file")
-    version = doc.get("version")
-    if not isinstance(version, int) or version > VERSION:
-        raise ValueError(
-            f"{path} was saved in format version {version!r} by dasknn {doc.get('dasknn', '?')}, newer than "
+        with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except Exception as err:  # numpy's and zipfile's own errors (BadZipFile, zlib.error, EOFError)
+        raise SavedModelError(f"{path}/arrays.npz is damaged: {type(err).__name__}: {err}") from None
+
+
+def _document(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """model.json's document and the arrays, after the manifest and the format version are checked."""
+    try:
+        blobs = {name: (path / name).read_bytes() for name in FILES}
+    except OSError as err:
+        what = "is not a saved DistributedCNN (model.json and arrays.npz)"
+        raise SavedModelError(f"{path} {what}: {err}") from err
+    problem = manifest.check(path, FILES, blobs)
+    try:
+        doc = manifest.parse_json(blobs["model.json"])
+    except ValueError as err:
+        raise SavedModelError(
+            f"{path}/{problem or f'model.json is unreadable ({err}): damaged or edited'}"
+        ) from None
+    version = doc.get("version") if isinstance(doc, dict) else None
+    if type(version) is int and version > VERSION:  # before the manifest: a newer one may differ
+        raise SavedModelError(
+            f"{path} was saved in format version {version} by dasknn {doc.get('dasknn', '?')}, newer than "
             f"this dasknn reads (up to {VERSION}): upgrade dasknn to load it"
         )
-    with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
-        arrays = {name: npz[name] for name in npz.files}
-    params = {k: _untagged(v, arrays) for k, v in doc["params"].items()}
-    fitted = {k: _untagged(v, arrays) for k, v in doc["fitted"].items()}
-    return params, fitted
+    if problem:
+        raise SavedModelError(f"{path}/{problem}")
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise SavedModelError(f"{path} is not a saved DistributedCNN: model.json is not a {FORMAT} file")
+    if type(version) is not int or version < 1:
+        raise SavedModelError(f"{path}/model.json: format version {version!r} is not one this dasknn reads "
+                              f"(1 to {VERSION})")  # fmt: skip
+    if version >= 2 and not (path / manifest.NAME).exists():
+        raise SavedModelError(f"{path}/{manifest.NAME} is missing: damaged or edited")
+    arrays = _load_arrays(path, blobs["arrays.npz"])
+    problem = manifest.check_array_names(manifest.array_names(doc), list(arrays))
+    if problem:
+        raise SavedModelError(f"{path}/model.json: {problem}")
+    return doc, arrays
+
+
+def read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(parameters, learned attributes) of the model saved at `path`, checked against the schema
+    before anything is built (`dasknn.saving_schema`); a SavedModelError naming the file and what
+    is wrong otherwise."""
+    path = Path(path)
+    doc, arrays = _document(path)
+    try:
+        return restore(doc, arrays)
+    except RecursionError:
+        raise SavedModelError(f"{path}/model.json is nested too deeply") from None
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, MemoryError) as err:
+        what = f"{type(err).__name__}: {err}" if not isinstance(err, ValueError) else str(err)
+        raise SavedModelError(f"{path}/model.json: {' '.join(what.split())}") from None
 
 
 def load(path: str | os.PathLike, cls):

@@ -44,7 +44,7 @@ def test_a_simulator_state_round_trips_and_continues_exactly(tmp_path):
     history = pd.DataFrame({"time": [0.0, 1.5], "loss": [2.3, np.nan], "event": ["start", None]})
     path = checkpoint.save(tmp_path, state, {"loop": {"lr": 0.05, "big": 2**100}}, {"history": history})
     assert path.name == f"ckpt-{state.iterations_done:012d}"
-    assert sorted(p.name for p in path.iterdir()) == ["arrays.npz", "state.json"]
+    assert sorted(p.name for p in path.iterdir()) == ["arrays.npz", "manifest.json", "state.json"]
     ck = checkpoint.load(path)
     _same(ck.state, state)
     assert ck.meta == {"loop": {"lr": 0.05, "big": 2**100}}

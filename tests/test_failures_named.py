@@ -24,7 +24,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 from dasknn import cli as cli_module
-from dasknn.engine import checkpoint
+from dasknn.engine import checkpoint, manifest
 from dasknn.estimator import DistributedCNN
 from tests.conftest import REPO
 from tests.test_bad_input import cli
@@ -101,6 +101,7 @@ def rewrite(path: Path, change) -> None:
     (path / "arrays.npz").write_bytes(blob)
     doc["arrays_bytes"], doc["arrays_sha256"] = len(blob), hashlib.sha256(blob).hexdigest()
     (path / "state.json").write_text(json.dumps(doc))
+    manifest.write(path, checkpoint.FILES)  # a forger's recomputed manifest: the schema must hold alone
 
 
 def test_a_checkpoint_with_non_finite_weights_is_damaged_and_the_older_one_is_used(tmp_path, digits):

@@ -17,8 +17,7 @@ TAKES_THE_ESTIMATOR = {
     ): "the callback contract: a hook gets the estimator, as Keras' and skorch's get the model",
     ("callbacks.py", "stop_requests"): "calls the hooks, which get the estimator (the contract above)",
     ("saving.py", "save"): "writes the estimator's fitted attributes to a folder, as pickle would",
-    ("saving.py", "_fitted_names"): "save's list of the estimator's fitted attributes",
-    ("saving.py", "_check_saveable"): "save's check of the estimator's parameters",
+    ("saving.py", "_fitted_values"): "save's fitted attributes of the estimator, or of its fit in progress",
     ("cli.py", "_report_run"): "the command reports a fitted estimator as a user reads it",
     ("cli.py", "_save_model"): "the command saves the fitted estimator as a user does",
 }

@@ -73,11 +73,11 @@ def test_saved_models_predict_identically_in_a_fresh_process_lenet_resnet20_and_
     X, y = digits
     lenet = DistributedCNN(net="lenet", batch_size=32, max_epochs=0.5, **QUICK).fit(X, y)
     path = lenet.save(tmp_path / "lenet")
-    assert sorted(p.name for p in path.iterdir()) == ["arrays.npz", "model.json"]
+    assert sorted(p.name for p in path.iterdir()) == ["arrays.npz", "manifest.json", "model.json"]
     with np.load(path / "arrays.npz", allow_pickle=False) as npz:
         assert len(npz.files) > 0
     doc = json.loads((path / "model.json").read_text())
-    assert doc["format"] == "dasknn-model" and doc["version"] == 1
+    assert doc["format"] == "dasknn-model" and doc["version"] == 2
 
     rng = np.random.default_rng(0)
     X_rgb, y_rgb = rng.random((64, 3, 8, 8), dtype=np.float32), np.arange(64) % 4
@@ -111,28 +111,46 @@ def test_a_loaded_model_continues_with_partial_fit_and_round_trips_its_records(d
     np.testing.assert_array_equal(loaded.predict_proba(X[:20]), est.predict_proba(X[:20]))
 
 
-def test_unsaveable_parameters_and_newer_formats_are_refused_by_name(digits, tmp_path):
+def test_callbacks_security_and_validation_data_are_left_out_with_one_warning(digits, tmp_path):
+    from distributed.security import Security
+
     from dasknn.callbacks import CSVLogger
 
     X, y = digits
     est = DistributedCNN(net="lenet", batch_size=32, max_epochs=0.1, **QUICK)
     with pytest.raises(ValueError, match="not fitted|fit"):
         est.save(tmp_path / "unfitted")
+    assert not (tmp_path / "unfitted").exists()
     est.fit(X, y)
-    est.set_params(callbacks=[CSVLogger(tmp_path / "log.csv")])
-    with pytest.raises(ValueError, match="callbacks"):
-        est.save(tmp_path / "cb")
-    est.set_params(callbacks=None, security=object())
-    with pytest.raises(ValueError, match="security"):
-        est.save(tmp_path / "sec")
-    assert not (tmp_path / "cb").exists() and not (tmp_path / "sec").exists()
-    est.set_params(security=None)
+    est.set_params(callbacks=[CSVLogger(tmp_path / "log.csv")], security=Security(), validation_data=(X, y))
+    with pytest.warns(UserWarning) as said:
+        path = est.save(tmp_path / "m")
+    (line,) = [str(w.message) for w in said]
+    assert "without callbacks, security, validation_data" in line and "\n" not in line
+    loaded = DistributedCNN.load(path)
+    assert (loaded.callbacks, loaded.security, loaded.validation_data) == (None, None, None)
+    np.testing.assert_array_equal(loaded.predict_proba(X[:8]), est.predict_proba(X[:8]))
+
+
+def test_save_overwrites_a_saved_model_only_when_asked_and_only_a_model(digits, tmp_path):
+    X, y = digits
+    est = DistributedCNN(net="lenet", batch_size=32, max_epochs=0.1, **QUICK).fit(X, y)
     path = est.save(tmp_path / "ok")
-    with pytest.raises(FileExistsError, match="ok"):
+    with pytest.raises(FileExistsError, match="overwrite=True"):
         est.save(path)
+    est.partial_fit(X, y)
+    assert est.save(path, overwrite=True) == path
+    assert DistributedCNN.load(path).n_iter_ == est.n_iter_
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ok"]  # no temporary or old folder left
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(FileExistsError, match="not a saved model"):
+        est.save(tmp_path / "mine", overwrite=True)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
     doc = json.loads((path / "model.json").read_text())
     doc["version"] = 99
     (path / "model.json").write_text(json.dumps(doc))
+    (path / "manifest.json").unlink()
     with pytest.raises(ValueError, match="newer"):
         DistributedCNN.load(path)
     with pytest.raises(ValueError, match="not a saved DistributedCNN"):

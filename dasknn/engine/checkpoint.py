@@ -6,10 +6,12 @@ engines through `run(...)` and checkpoints. A checkpoint is one directory
     <checkpoint_dir>/ckpt-<iterations_done, 12 digits>[.<n>]/   (.n: saved again at that iteration)
         arrays.npz    every array (numpy .npz, uncompressed, no pickles): weights, momentum
                       buffers, arrays inside `TrainState.extra`, numeric table columns
-        state.json    {"format": "dasknn-checkpoint", "version": 1, "iterations_done",
+        state.json    {"format": "dasknn-checkpoint", "version": 2, "iterations_done",
                       "batches_done", "params": {key: array name}, "momentum": {...},
                       "extra": <encoded>, "meta": <encoded>, "tables": {name: {...}},
                       "arrays_bytes", "arrays_sha256"}
+        manifest.json size and SHA-256 of state.json and arrays.npz (`dasknn.engine.manifest`;
+                      version 1 had none)
 
 Encoded values are JSON with tagged objects for what JSON lacks: {"__array__": name} (an array
 or numpy scalar in arrays.npz, dtype kept), {"__tuple__": [...]}, {"__items__": [[k, v], ...]}
@@ -19,11 +21,14 @@ any size (the bit generators' states) are plain JSON ints.
 A save writes both files into a hidden temporary directory beside the target, fsyncs them and
 the directory, renames it into place (`os.replace`) and fsyncs the parent: a reader never sees a
 half-written `ckpt-*`. A writer killed at any point leaves at most a `.tmp-*` directory, which
-`latest` ignores and the next save removes. `load` checks the size and SHA-256 of arrays.npz
-against state.json, so a truncated or corrupted checkpoint is refused, and `latest` falls back
-to the newest one that loads. A checkpoint whose checksum matches is still refused as damaged when
-a weight or momentum value is not finite or its state is out of range (`check_state`: counts in
-[0, 2**53], clocks finite in [0, 1e9] s, bit-generator states that numpy accepts).
+`latest` ignores and the next save removes. `load` checks the manifest, so that a changed byte of
+either file is refused as damaged or edited, and `latest` falls back to the newest one that loads.
+Whatever the hashes say (a forger recomputes them), state.json is then checked on its own: parsed
+strictly, known fields only, arrays named in the writer's order, counts and clocks in range and
+bit-generator states that numpy accepts (`check_state`), weights and momentum finite floats of
+matching shapes and dtypes, and `iterations_done` the folder's and, for a fit that goes on from it,
+not below its records (`check_document`). Every failure is a CheckpointError (a ValueError) naming
+the file.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dasknn.engine import manifest
 from dasknn.engine.trace import TrainState
 
 __all__ = [
@@ -50,6 +56,7 @@ __all__ = [
     "WEIGHT_LIMIT",
     "Checkpoint",
     "CheckpointError",
+    "check_document",
     "check_state",
     "decode",
     "decode_table",
@@ -63,7 +70,9 @@ __all__ = [
     "save",
 ]
 
-FORMAT, VERSION = "dasknn-checkpoint", 1
+FORMAT, VERSION = "dasknn-checkpoint", 2
+FILES = ("state.json", "arrays.npz")
+"""The files a checkpoint's manifest covers (format version 2 on; version 1 had no manifest)."""
 PREFIX, TMP_PREFIX = "ckpt-", ".tmp-ckpt-"
 WEIGHT_LIMIT = 1e6
 """Largest |weight| `healthy` accepts: beyond it the weights are exploding."""
@@ -244,6 +253,7 @@ def save(
         doc["arrays_bytes"] = len(blob)
         doc["arrays_sha256"] = hashlib.sha256(blob).hexdigest()
         _write(tmp / "state.json", json.dumps(doc, allow_nan=False, indent=1).encode())
+        manifest.write(tmp, FILES)
         _fsync_dir(tmp)
         final = _free_name(directory, state.iterations_done)
         os.replace(tmp, final)
@@ -281,42 +291,114 @@ def _alive(pid: int) -> bool:
 
 # -- reading ---------------------------------------------------------------------------------------
 def load(path: str | os.PathLike) -> Checkpoint:
-    """Read one checkpoint directory; CheckpointError if it is incomplete, corrupted or foreign."""
+    """Read one checkpoint directory; CheckpointError, naming the file and what is wrong, if it is
+    incomplete, damaged, edited or foreign (`check_document`, `check_state`)."""
     path = Path(path)
     try:
-        doc = json.loads((path / "state.json").read_text())
-        blob = (path / "arrays.npz").read_bytes()
-    except (OSError, ValueError) as exc:
+        blobs = {name: (path / name).read_bytes() for name in FILES}
+    except OSError as exc:
         raise CheckpointError(f"{path} is not a complete checkpoint: {exc}") from exc
+    try:
+        doc = manifest.parse_json(blobs["state.json"])
+    except ValueError as exc:
+        raise CheckpointError(f"{path}/state.json is unreadable ({exc}): damaged or edited") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise CheckpointError(f"{path}/state.json is not a {FORMAT} file")
-    if doc.get("version") != VERSION:
+    version = doc.get("version")
+    if type(version) is not int or not 1 <= version <= VERSION:
         raise CheckpointError(
-            f"{path} has checkpoint format version {doc.get('version')}; expected {VERSION}"
+            f"{path} has checkpoint format version {version!r}; this dasknn reads versions 1 to {VERSION}"
+        )
+    problem = manifest.check(path, FILES, blobs)
+    if not problem and version >= 2 and not (path / manifest.NAME).exists():
+        problem = f"{manifest.NAME} is missing: damaged or edited"
+    if problem:
+        raise CheckpointError(f"{path}/{problem.split()[0]} {problem.partition(' ')[2]}")
+    try:
+        found = _read(path, doc, blobs["arrays.npz"])
+    except CheckpointError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, OSError, EOFError) as exc:
+        raise CheckpointError(f"{path} is damaged or edited: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # a zip reader's own errors (BadZipFile, zlib.error) on arrays.npz
+        raise CheckpointError(f"{path}/arrays.npz is damaged: {type(exc).__name__}: {exc}") from None
+    return found
+
+
+DOC_KEYS = {"format", "version", "iterations_done", "batches_done", "params", "momentum", "extra", "meta",
+            "tables", "arrays_bytes", "arrays_sha256"}  # fmt: skip
+"""The fields of state.json (versions 1 and 2)."""
+
+
+def _read(path: Path, doc: dict[str, Any], blob: bytes) -> Checkpoint:
+    """The checkpoint in `doc` and the bytes of its arrays.npz, checked (`check_document`)."""
+    if set(doc) != DOC_KEYS:
+        raise CheckpointError(
+            f"{path}/state.json has unknown fields {sorted(set(doc) - DOC_KEYS)} or lacks "
+            f"{sorted(DOC_KEYS - set(doc))}"
         )
     if len(blob) != doc["arrays_bytes"] or hashlib.sha256(blob).hexdigest() != doc["arrays_sha256"]:
         raise CheckpointError(f"{path}/arrays.npz does not match its checksum in state.json (corrupted)")
     with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
         arrays = {name: npz[name] for name in npz.files}
+    names = list(doc["params"].values()) + list(doc["momentum"].values())
+    for part in ("extra", "meta", "tables"):
+        manifest.array_names(doc[part], names)
+    problem = manifest.check_array_names(names, list(arrays))
+    if problem:
+        raise CheckpointError(f"{path}/state.json: {problem}")
+    for name in ("iterations_done", "batches_done"):
+        if type(doc[name]) is not int:
+            raise CheckpointError(f"{path}/state.json: {name} is {doc[name]!r}, not an integer")
     state = TrainState(
         params={k: arrays[v] for k, v in doc["params"].items()},
         momentum={k: arrays[v] for k, v in doc["momentum"].items()},
-        batches_done=int(doc["batches_done"]),
-        iterations_done=int(doc["iterations_done"]),
+        batches_done=doc["batches_done"],
+        iterations_done=doc["iterations_done"],
         extra=decode(doc["extra"], arrays),
     )
     tables = {name: decode_table(t, arrays) for name, t in doc["tables"].items()}
     meta = decode(doc["meta"], arrays)
-    problem = check_state(state, meta.get("loop") if isinstance(meta, dict) else None)
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}/state.json: meta is not a mapping")
+    loop = meta.get("loop")
+    finished = isinstance(loop, dict) and loop.get("finished") is True
+    problem = check_state(state, loop) or check_document(path, state, tables, finished)
     if problem:
         raise CheckpointError(f"{path} is damaged: {problem}")
     return Checkpoint(state=state, meta=meta, tables=tables, path=path)
+
+
+def check_document(path: Path, state: TrainState, tables: dict[str, pd.DataFrame], finished: bool) -> str:
+    """What in a loaded checkpoint contradicts itself ("" when nothing): weights that are not float
+    arrays, momentum buffers that are not of their weight's shape and dtype, an `iterations_done`
+    that is not the one in the folder's name (`ckpt-<iterations>`), or (unless the fit had
+    `finished`: its state may be an earlier, best one) below an iteration its history or trace
+    records."""
+    for key, value in state.params.items():
+        if value.dtype.kind != "f":
+            return f"weight {key} has dtype {value.dtype}, not a float"
+    for key, value in state.momentum.items():
+        weight = state.params.get(key)
+        if weight is None or weight.shape != value.shape or weight.dtype != value.dtype:
+            return f"momentum {key} does not match a weight of its shape and dtype"
+    order = _order(path)
+    it = state.iterations_done
+    if order is not None and order[0] != it:
+        return f"iterations_done = {it} but the checkpoint's folder is {path.name}"
+    for name in () if finished else ("history", "trace"):
+        table = tables.get(name)
+        if table is not None and "iteration" in table and len(table) and float(table["iteration"].max()) > it:
+            return f"iterations_done = {it} is below the last iteration its {name} records"
+    return ""
 
 
 _CLOCKS = ("clock", "elapsed", "time_end", "time_start", "t_start", "t_conv")
 _COUNTS = ("seq", "batch", "conv_version", "conv_iter", "fc_iter", "version_read", "first_iteration",
            "checkpoint_epoch", "iterations_done", "batches_done")  # fmt: skip
 """Keys of the engines' and loops' clocks (seconds) and counts, range-checked on load."""
+_GENERATORS = ("rng", "fc_rng")
+"""Keys of the engines' random generators' states."""
 
 
 def check_state(state: TrainState, loop: dict[str, Any] | None = None) -> str:
@@ -345,6 +427,8 @@ def _check_values(obj: Any, where: str) -> str:
                 return f"{where}: the random generator's state is out of range ({type(err).__name__}: {err})"
             return ""
         for key, value in obj.items():
+            if key in _GENERATORS and not (isinstance(value, dict) and "bit_generator" in value):
+                return f"{where}.{key} is not a random generator's state"
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
             if number and key in _CLOCKS and not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
                 return f"{where}.{key} = {value} is out of range [0, 1e9] s"
