@@ -11,6 +11,7 @@ or any cluster is started (docs/architecture.md, "One table of parameters").
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from dataclasses import dataclass, replace
@@ -43,6 +44,9 @@ HOOKS = ("on_fit_begin", "on_evaluation", "on_progress", "on_fit_end")
 OWN_OPTIONS = ("n_groups", "learning_rate", "momentum", "verbose")
 SIMULATED_GFLOPS = 50.0
 """Default SGEMM speed of a simulated device (GFLOP/s, about one core of a current server CPU)."""
+SIMULATED_WORKERS = 8
+"""Workers of the simulated cluster when `n_workers` is None (fewer when a batch is smaller:
+`simulated_workers`)."""
 
 
 @dataclass(frozen=True)
@@ -439,11 +443,34 @@ def _check_combinations(params: dict[str, Any], partial: bool) -> None:
     _check_optimizer_options(options, tuner)
     _check_tls(params["scheduler"], params["security"])
     _check_data(params)
-    n_groups, n_workers = params["n_groups"], params["n_workers"]
-    if params["engine"] == "simulated" and n_groups != "auto" and int(n_groups) > (n_workers or 8):
+    n_groups, n_workers = params["n_groups"], params["n_workers"] or SIMULATED_WORKERS
+    if params["engine"] == "simulated" and n_groups != "auto" and int(n_groups) > n_workers:
         raise ValueError(
             f"n_groups={n_groups} needs at least that many workers; the simulated cluster has "
-            f"n_workers={n_workers or 8}"
+            f"n_workers={n_workers}"
+        )
+
+
+def simulated_workers(n_workers: int | None, n_groups, batch_size: int) -> int:
+    """The simulated cluster's workers: `n_workers`, else `SIMULATED_WORKERS`, but never more than
+    its compute groups can split a batch over (one group for "auto" n_groups: the cold start)."""
+    if n_workers is not None:
+        return int(n_workers)
+    groups = 1 if n_groups == "auto" else int(n_groups)
+    return min(SIMULATED_WORKERS, groups * int(batch_size))
+
+
+def check_batch_split(n_workers: int, n_groups, batch_size: int) -> None:
+    """A compute group splits each batch over its workers (Omnivore §III-B): refused, naming the
+    parameters to change, when a group ("auto": the cold start's one) has more workers than the
+    batch has samples."""
+    groups = 1 if n_groups == "auto" else int(n_groups)
+    per_group = int(n_workers) // groups
+    if per_group > batch_size:
+        raise ValueError(
+            f"batch_size={batch_size} cannot be split over the {per_group} workers of a compute group "
+            f"(n_workers={n_workers}, n_groups={n_groups!r}): give batch_size >= {per_group}, "
+            f"n_groups >= {math.ceil(int(n_workers) / batch_size)} or n_workers <= {groups * batch_size}"
         )
 
 
