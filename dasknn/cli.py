@@ -420,9 +420,12 @@ def cmd_summary(args) -> int:
         from dasknn.nn import zoo
 
         net = zoo.get_net(args.net, input_shape=shape, num_classes=args.num_classes)
-    print(net)
+    print(repr(net).splitlines()[0])  # the net's name, input and size: its layers are the table's rows
+    table = net.summary()
+    if not net.is_chain:
+        table["inputs"] = [", ".join(ids) for ids in net.bottoms]
     with pd.option_context("display.width", 160, "display.max_columns", None):
-        print(net.summary())
+        print(table)
     return 0
 
 

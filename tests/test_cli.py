@@ -68,6 +68,10 @@ def test_summary_prints_layers_and_costs():
     out = dasknn("summary", "lenet")
     assert out.returncode == 0
     assert "431,080 parameters" in out.stdout and "conv1" in out.stdout and "flops" in out.stdout
+    # the net's line, then its table: no layer's raw fields (Filler(type=..., value=..., ...))
+    title, header = out.stdout.splitlines()[:2]
+    assert title == "Net('LeNet', input_shape=(1, 28, 28), 431,080 parameters)" and "flops" in header
+    assert "Filler" not in out.stdout
 
 
 def test_train_with_a_replica_strategy_on_the_simulator(tmp_path):
