@@ -263,6 +263,7 @@ def _report_run(est, args, out: Path, held_out: str) -> float:
         simulated=simulated,
         target=args.target_accuracy,
         search={label: search_spans(est.trace_, est.decisions_)},
+        decisions={label: est.decisions_},
     )
     print(f"wrote {out}/: {', '.join(written)}")
     return float(history[metric].max())
