@@ -211,7 +211,8 @@ PARAMS: tuple[Param, ...] = (
           "LocalCluster.", resume=False),
     Param("n_workers", None, Number(1, integer=True, also=(None,)),
           "Workers of the LocalCluster started when there is no client (default: one per core, at most 4), "
-          "or of the simulated cluster."),
+          "or of the simulated cluster (default 8, no more than its first compute groups can split a batch "
+          "over)."),
     Param("worker_wait", None, Number(0, also=(None,)),
           "engine=\"dask\": seconds a run waits for a worker when the cluster has none at its start, or "
           "every worker of the run is retired (the servers' state waits in the driver) or lost (the "

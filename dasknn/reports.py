@@ -290,10 +290,10 @@ def _plot_loss(ax, frames: Mapping[str, pd.DataFrame], search, decisions) -> Non
         ax.legend(loc="best", fontsize=8)
 
 
-def format_table(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
-    """A plain-text table for terminals (no extra dependency)."""
+def format_table(df: pd.DataFrame, columns: Iterable[str] | None = None, na_rep: str = "NaN") -> str:
+    """A plain-text table for terminals (no extra dependency); missing values shown as `na_rep`."""
     view = df if columns is None else df[list(columns)]
-    return view.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+    return view.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep=na_rep)
 
 
 DECISION_VIEW = ("phase", "action", "n_groups", "lr", "momentum", "score", "iterations", "time", "chosen")
@@ -302,8 +302,8 @@ DECISION_VIEW = ("phase", "action", "n_groups", "lr", "momentum", "score", "iter
 
 def decisions_table(decisions: pd.DataFrame) -> str:
     """The optimizer's decisions for a terminal: the main columns that hold a value (a column empty
-    in every row is left out) and the whole reason, left-aligned (every column is in the DataFrame
-    / decisions.csv)."""
+    in every row is left out, an empty cell is blank) and the whole reason, left-aligned (every
+    column is in the DataFrame / decisions.csv)."""
     view = decisions[[c for c in DECISION_VIEW if c in decisions]].copy()
     view = view.loc[:, view.notna().any()] if len(view) else view
     if "reason" in decisions and len(decisions):
@@ -311,4 +311,4 @@ def decisions_table(decisions: pd.DataFrame) -> str:
         width = int(reasons.str.len().max())
         # left-aligned, its header too (to_string right-aligns text)
         view["reason".ljust(width)] = reasons.str.ljust(width)
-    return format_table(view)
+    return format_table(view, na_rep="")
