@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -157,15 +158,20 @@ class EarlyStopping(Callback):
 
 
 class ProgressBar(Callback):
-    """A tqdm bar (`tqdm.auto`: a widget in notebooks) over the time budget, or else the epochs.
+    """A tqdm bar (`tqdm.auto`: a widget in notebooks) over the fit's budgets: the time budget and
+    max_epochs, whichever ends the fit first (the larger of the two fractions done).
 
     On engine="simulated" it says so, and counts simulated seconds ("sim s").
 
     It moves at every evaluation and while the optimizer searches; its postfix shows the phase, the
     training loss and the held-out accuracy (the training accuracy without validation data), and
     once the cluster has changed under the fit the workers there are now; each change (a worker
-    joined, left or was lost) is also written above the bar. Drawn on `file` (default: stderr).
+    joined, left or was lost) is also written above the bar. Drawn on `file` (default: stderr);
+    when that is not a terminal (output redirected to a file or a log) there is no bar but one
+    line per evaluation, at most one every `LOG_INTERVAL` seconds, and the last one at the end.
     """
+
+    LOG_INTERVAL = 10.0
 
     def __init__(self, file=None) -> None:
         self.file = file
@@ -177,48 +183,66 @@ class ProgressBar(Callback):
 
         self.close()
         simulated = getattr(est, "engine", "dask") == "simulated"
+        self.limits: dict[str, tuple[float, str]] = {}
+        if getattr(est, "max_epochs", None) is not None or est.time_budget is None:
+            self.limits["epoch"] = (float(getattr(est, "max_epochs", None) or 1.0), "epoch")
         if est.time_budget is not None:
-            self.key, total, unit = "time", float(est.time_budget), "sim s" if simulated else "s"
-        else:
-            self.key, total, unit = "epoch", float(est.max_epochs or 1.0), "epoch"
-        self.origin, self.workers = None, None
+            self.limits["time"] = (float(est.time_budget), "sim s" if simulated else "s")
+        self.origin: dict[str, float] = {}
+        self.done = dict.fromkeys(self.limits, 0.0)
+        self.workers = None
+        file = self.file if self.file is not None else sys.stderr
+        desc = "dasknn (simulated)" if simulated else "dasknn"
+        if not (_is_terminal(file) or _in_notebook()):
+            self.bar = _LogLines(file, desc, self.LOG_INTERVAL)
+            return
         self.bar = tqdm(
-            total=total,
-            unit=unit,
-            desc="dasknn (simulated)" if simulated else "dasknn",
-            file=self.file if self.file is not None else sys.stderr,
-            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:g} "
-            + unit
-            + " [{elapsed}{postfix}]",
+            total=1.0,
+            unit=self._amounts(),
+            desc=desc,
+            file=file,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {unit} [{elapsed}{postfix}]",
             dynamic_ncols=True,
             leave=True,
         )
 
-    def _move(self, value) -> None:
-        if self.bar is None or not _finite(value):
+    def _amounts(self) -> str:
+        """What each budget has done: "0.5/2 epoch, 3.1/60 s"."""
+        return ", ".join(f"{self.done[k]:.1f}/{total:g} {unit}" for k, (total, unit) in self.limits.items())
+
+    def _show(self, postfix: str, values: dict[str, Any], evaluation: bool = False) -> None:
+        """The postfix and the budgets' progress drawn at once: one write."""
+        if self.bar is None:
             return
-        if self.origin is None:
-            self.origin = float(value)
-        position = min(float(self.bar.total), float(value) - self.origin)
-        if position > self.bar.n:
-            self.bar.update(position - self.bar.n)
+        for key in self.limits:
+            value = values.get(key)
+            if _finite(value):
+                origin = self.origin.setdefault(key, float(value))
+                self.done[key] = max(self.done[key], float(value) - origin)
+        fraction = min(1.0, max(self.done[k] / total for k, (total, _) in self.limits.items()))
+        self.bar.unit = self._amounts()
+        self.bar.set_postfix_str(postfix, refresh=False)
+        if isinstance(self.bar, _LogLines):
+            self.bar.n = fraction
+            if evaluation:
+                self.bar.line()
+        elif fraction > self.bar.n:
+            self.bar.update(fraction - self.bar.n)  # draws, when its interval has passed
+        else:
+            self.bar.refresh()
 
     def on_progress(self, est, info: dict[str, Any]) -> None:
-        self._move(info.get(self.key))
-        if self.bar is not None:
-            self.bar.set_postfix_str(f"phase={info.get('phase', 'search')}", refresh=True)
+        self._show(f"phase={info.get('phase', 'search')}", info)
 
     def on_evaluation(self, est, record: dict[str, Any]) -> bool:
-        self._move(record.get(self.key))
-        if self.bar is not None:
-            parts = [f"phase={record.get('phase', 'train')}", f"loss={record['loss']:.3f}"]
-            if _finite(record.get("val_accuracy")):
-                parts.append(f"val_acc={record['val_accuracy']:.2%}")
-            else:
-                parts.append(f"acc={record['accuracy']:.2%}")
-            if self.workers is not None:
-                parts.append(f"workers={self.workers}")
-            self.bar.set_postfix_str(", ".join(parts), refresh=True)
+        parts = [f"phase={record.get('phase', 'train')}", f"loss={record['loss']:.3f}"]
+        if _finite(record.get("val_accuracy")):
+            parts.append(f"val_acc={record['val_accuracy']:.2%}")
+        else:
+            parts.append(f"acc={record['accuracy']:.2%}")
+        if self.workers is not None:
+            parts.append(f"workers={self.workers}")
+        self._show(", ".join(parts), record, evaluation=True)
         return False
 
     def on_cluster_change(self, est, change: dict[str, Any]) -> None:
@@ -236,9 +260,64 @@ class ProgressBar(Callback):
         self.close()
 
     def close(self) -> None:
+        """The bar drawn as it ends (the fraction of the budgets done: 100% when one ran out), closed."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class _LogLines:
+    """ProgressBar's output where there is no terminal: a line per evaluation, at most one every
+    `interval` seconds, the last one at `close` unless already written; never a line twice."""
+
+    def __init__(self, file, desc: str, interval: float) -> None:
+        self.file, self.desc, self.interval = file, desc, interval
+        self.n, self.unit, self.postfix = 0.0, "", ""
+        self.started = time.monotonic()
+        self.written_at: float | None = None
+        self.pending = False
+
+    def set_postfix_str(self, postfix: str, refresh: bool = False) -> None:
+        self.postfix = postfix
+
+    def line(self, force: bool = False) -> None:
+        """The evaluation just shown, written when the interval since the last line has passed."""
+        now = time.monotonic()
+        self.pending = True
+        if force or self.written_at is None or now - self.written_at >= self.interval:
+            from tqdm.std import tqdm
+
+            elapsed = tqdm.format_interval(now - self.started)
+            self.file.write(f"{self.desc}: {self.n:4.0%} {self.unit} [{elapsed}, {self.postfix}]\n")
+            self.file.flush()
+            self.written_at, self.pending = now, False
+
+    def write(self, text: str, file=None) -> None:
+        self.file.write(text + "\n")
+
+    def close(self) -> None:
+        if self.pending:
+            self.line(force=True)
+
+
+def _is_terminal(file) -> bool:
+    isatty = getattr(file, "isatty", None)
+    try:
+        return bool(isatty()) if isatty is not None else False
+    except (OSError, ValueError):
+        return False
+
+
+def _in_notebook() -> bool:
+    """tqdm.auto draws a widget (a Jupyter notebook), whose updates cost no log lines."""
+    import warnings
+
+    from tqdm.std import tqdm as plain
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from tqdm.autonotebook import tqdm as auto
+    return auto is not plain
 
 
 class CSVLogger(Callback):

@@ -264,6 +264,7 @@ def _report_run(est, args, out: Path, held_out: str) -> float:
         simulated=simulated,
         target=args.target_accuracy,
         search={label: search_spans(est.trace_, est.decisions_)},
+        decisions={label: est.decisions_},
     )
     print(f"wrote {out}/: {', '.join(written)}")
     return float(history[metric].max())
@@ -431,9 +432,12 @@ def cmd_summary(args) -> int:
         from dasknn.nn import zoo
 
         net = zoo.get_net(args.net, input_shape=shape, num_classes=args.num_classes)
-    print(net)
+    print(repr(net).splitlines()[0])  # the net's name, input and size: its layers are the table's rows
+    table = net.summary()
+    if not net.is_chain:
+        table["inputs"] = [", ".join(ids) for ids in net.bottoms]
     with pd.option_context("display.width", 160, "display.max_columns", None):
-        print(net.summary())
+        print(table)
     return 0
 
 

@@ -4,8 +4,9 @@
 LocalCluster sized to the machine for the duration of the fit), and either runs Omnivore's
 optimizer (when any of n_groups, learning_rate, momentum is "auto") or trains with the given
 values. Learned state ends in `_`: `net_`, `classes_`, `history_`, `trace_`, `decisions_`,
-`report_`, `tradeoff_`, `state_`, and `parts_` (the sample indices of X trained on, set aside for the
-optimizer's selection, and held out for validation).
+`report_`, `tradeoff_`, `state_`, `parts_` (the sample indices of X trained on, set aside for the
+optimizer's selection, and held out for validation), and `batch_size_` (batch_size, clipped with a
+warning to the samples trained on when they are fewer, as scikit-learn's MLPClassifier does).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from dasknn.estimator_input import (
     check_fit_input,
     check_net_on_data,
     check_validation_data,
+    clipped_batch,
     row_shape,
     smallest_rate,
 )
@@ -173,6 +175,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         """This fit's settings (`dasknn.estimator_fit`): the parameters, and the values it resolved."""
         gflops = self.simulated_gflops_ if self.engine == "simulated" else None
         resolved = {"tuner": self.tuner_, "tuner_options": self.tuner_options_, "augment": self.augment_}
+        resolved["batch_size"] = self.batch_size_
         return FitSettings.resolve(
             self.get_params(deep=False),
             max_wall_time=self.max_wall_time_,
@@ -314,6 +317,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
         y_idx, y_all = class_indices(y, self.classes_, X.chunks[0])
         parts, given = self._validation(y_all, auto, partial_epochs is not None, X.shape[1:])
         self.parts_ = parts
+        self.batch_size_ = clipped_batch(self.batch_size, len(parts.train))
         if warm:
             net, start = self.net_, self.state_
         else:
@@ -324,7 +328,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
                 start_from(ckpt, net)
         resume_from = ckpt if self.resume else None
         rate = smallest_rate(self.get_params(deep=False))
-        check_net_on_data(net, X, self.split, self.batch_size, rate, self.augment_)
+        check_net_on_data(net, X, self.split, self.batch_size_, rate, self.augment_)
         if self.engine == "simulated":
             previous = getattr(self, "simulated_gflops_", None) if warm else None
             self.simulated_gflops_ = simulated_gflops(self.simulated_gflops, ckpt, previous)
@@ -336,7 +340,7 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
             X, y_idx, train_from = placed(self.data_, client, X, y_idx, y_all, stored)
             data = carved(
                 X, y_idx, parts, given, train_from, classes=self.classes_, augment=self.augment_,
-                batch_size=self.batch_size, eval_size=self.eval_size, seed=self.random_state,
+                batch_size=self.batch_size_, eval_size=self.eval_size, seed=self.random_state,
             )  # fmt: skip
             self.n_train_samples_ = int(data.X.shape[0])
             if self.data_ != "stream" and client is not None and len(parts.train) < len(y_all):

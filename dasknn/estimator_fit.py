@@ -42,7 +42,8 @@ __all__ = [
 @dataclass(frozen=True)
 class FitSettings:
     """What a fit's engine, loop, policy and records take from the estimator's parameters, with the
-    ones a fit resolves: `augment` (`augment_`), `tuner` and `tuner_options` (`tuner_`,
+    ones a fit resolves: `batch_size` (`batch_size_`: clipped to the samples trained on),
+    `augment` (`augment_`), `tuner` and `tuner_options` (`tuner_`,
     `tuner_options_`), `max_wall_time` (`max_wall_time_`) and `simulated_gflops`
     (`simulated_gflops_`; None on the Dask engine)."""
 
@@ -115,8 +116,8 @@ def plan(s: FitSettings, n_train: int, partial_epochs: float | None, resume_from
 
 def engine_for(stack: ExitStack, s: FitSettings, net: Net):
     """The fit's engine, and its Dask client (None on the simulator, whose timing model is the HE
-    model of `net` on `n_workers` devices of `simulated_gflops`); a cluster started for the fit
-    closes with `stack`."""
+    model of `net` on `n_workers` devices of `simulated_gflops`: by default as many as its first
+    groups can split a batch over); a cluster started for the fit closes with `stack`."""
     from dasknn.engine.strategy import Strategy
 
     strategy = Strategy(
@@ -130,10 +131,13 @@ def engine_for(stack: ExitStack, s: FitSettings, net: Net):
     }
     if s.engine == "simulated":
         from dasknn.engine.simulated import SimulatedEngine
+        from dasknn.estimator_params import check_batch_split, simulated_workers
         from dasknn.tradeoff.hardware import HEModel
 
+        n_workers = simulated_workers(s.n_workers, s.n_groups, s.batch_size)
+        check_batch_split(n_workers, s.n_groups, s.batch_size)
         timing = HEModel.estimate(
-            net, s.batch_size, s.n_workers or 8, s.simulated_gflops, bandwidth_bytes_per_s=1.25e9
+            net, s.batch_size, n_workers, s.simulated_gflops, bandwidth_bytes_per_s=1.25e9
         )
         return SimulatedEngine(timing, **options), None
     from dasknn.cluster import dask_client
@@ -243,10 +247,12 @@ def _fixed_config(s: FitSettings, previous: RunConfig | None) -> RunConfig:
 
 
 def began(loop: Loop, p: Plan, state: TrainState, resumed: bool) -> dict[str, Any]:
-    """Where this fit's budgets started, for stopped_by_ (a resume: the original fit's)."""
+    """Where this fit's budgets started, for stopped_by_ (a resume: the original fit's, its
+    history's first row)."""
+    first = loop.history[0] if resumed and loop.history else None
     return {
-        "elapsed": loop.history[0]["time"] if resumed and loop.history else loop.log.elapsed,
-        "iteration": state.iterations_done,
+        "elapsed": loop.log.elapsed if first is None else first["time"],
+        "iteration": state.iterations_done if first is None else int(first["iteration"]),
         "max_iterations": p.max_iterations,
         "limit": p.limit,
     }

@@ -10,7 +10,6 @@ before any cluster starts (docs/architecture.md, "What a user hands in: Caffe fi
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import dask.array as da
@@ -20,6 +19,7 @@ from dasknn.data import check_X_y
 from dasknn.data.validation import channels_last_hint
 from dasknn.engine import checkpoint
 from dasknn.nn.net import Net
+from dasknn.user_warning import warn_user
 
 __all__ = [
     "as_array",
@@ -27,6 +27,7 @@ __all__ = [
     "check_fit_input",
     "check_net_on_data",
     "check_validation_data",
+    "clipped_batch",
     "shape_X",
     "smallest_rate",
 ]
@@ -88,6 +89,7 @@ def check_fit_input(X, y, input_shape, batch_size: int):
     if y is None:
         raise ValueError("DistributedCNN requires y to be passed, but the target y is None")
     X = stored = as_array(X, input_shape)
+    batch_size = min(batch_size, X.shape[0])  # a larger batch is clipped to the data (`clipped_batch`)
     stored = stored if isinstance(stored, da.Array) and stored.dtype.kind in "biu" else None
     if isinstance(y, da.Array):
         X, y = check_X_y(X, y, batch_size=batch_size)
@@ -109,6 +111,7 @@ def check_validation_data(data, classes: np.ndarray, sample_shape, input_shape, 
     X, y = data
     try:
         X = as_array(X, input_shape)
+        batch_size = min(batch_size, X.shape[0])  # held-out samples are scored, not batched
         if isinstance(y, da.Array):
             X, y = check_X_y(X, y, batch_size=batch_size)
             labels = np.unique(y.compute())
@@ -130,6 +133,17 @@ def check_validation_data(data, classes: np.ndarray, sample_shape, input_shape, 
     return X, y
 
 
+def clipped_batch(batch_size: int, n_train: int) -> int:
+    """The batch size a fit trains with: `batch_size`, or the `n_train` samples it trains on when
+    those are fewer, with one warning (as scikit-learn's MLPClassifier clips its batch)."""
+    if batch_size <= n_train:
+        return batch_size
+    warn_user(
+        f"batch_size={batch_size} is larger than the {n_train} samples trained on; it is clipped to {n_train}"
+    )
+    return n_train
+
+
 def build_net(spec: Any, input_shape, n_classes: int, seed: int, backend: str | None) -> Net:
     """The net `spec` (a zoo name, a Net, a .prototxt path) for samples of `input_shape`; where X
     looks channels-last, a hint is added to the error, or warned when the net builds anyway (a conv
@@ -143,9 +157,7 @@ def build_net(spec: Any, input_shape, n_classes: int, seed: int, backend: str | 
         raise type(err)(err.args[0] + hint) from err
     if hint:
         shape = ", ".join(map(str, input_shape))
-        warnings.warn(
-            f"net {net.name!r} reads X as (n, C, H, W) = (n, {shape}){hint}", UserWarning, stacklevel=4
-        )
+        warn_user(f"net {net.name!r} reads X as (n, C, H, W) = (n, {shape}){hint}")
     return net
 
 

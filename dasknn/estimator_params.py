@@ -11,8 +11,10 @@ or any cluster is started (docs/architecture.md, "One table of parameters").
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,6 +45,9 @@ HOOKS = ("on_fit_begin", "on_evaluation", "on_progress", "on_fit_end")
 OWN_OPTIONS = ("n_groups", "learning_rate", "momentum", "verbose")
 SIMULATED_GFLOPS = 50.0
 """Default SGEMM speed of a simulated device (GFLOP/s, about one core of a current server CPU)."""
+SIMULATED_WORKERS = 8
+"""Workers of the simulated cluster when `n_workers` is None (fewer when a batch is smaller:
+`simulated_workers`)."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +214,8 @@ PARAMS: tuple[Param, ...] = (
           "LocalCluster.", resume=False, saved=False),
     Param("n_workers", None, Number(1, integer=True, also=(None,)),
           "Workers of the LocalCluster started when there is no client (default: one per core, at most 4), "
-          "or of the simulated cluster."),
+          "or of the simulated cluster (default 8, no more than its first compute groups can split a batch "
+          "over)."),
     Param("worker_wait", None, Number(0, also=(None,)),
           "engine=\"dask\": seconds a run waits for a worker when the cluster has none at its start, or "
           "every worker of the run is retired (the servers' state waits in the driver) or lost (the "
@@ -442,11 +448,34 @@ def _check_combinations(params: dict[str, Any], partial: bool) -> None:
     _check_optimizer_options(options, tuner)
     _check_tls(params["scheduler"], params["security"])
     _check_data(params)
-    n_groups, n_workers = params["n_groups"], params["n_workers"]
-    if params["engine"] == "simulated" and n_groups != "auto" and int(n_groups) > (n_workers or 8):
+    n_groups, n_workers = params["n_groups"], params["n_workers"] or SIMULATED_WORKERS
+    if params["engine"] == "simulated" and n_groups != "auto" and int(n_groups) > n_workers:
         raise ValueError(
             f"n_groups={n_groups} needs at least that many workers; the simulated cluster has "
-            f"n_workers={n_workers or 8}"
+            f"n_workers={n_workers}"
+        )
+
+
+def simulated_workers(n_workers: int | None, n_groups, batch_size: int) -> int:
+    """The simulated cluster's workers: `n_workers`, else `SIMULATED_WORKERS`, but never more than
+    its compute groups can split a batch over (one group for "auto" n_groups: the cold start)."""
+    if n_workers is not None:
+        return int(n_workers)
+    groups = 1 if n_groups == "auto" else int(n_groups)
+    return min(SIMULATED_WORKERS, groups * int(batch_size))
+
+
+def check_batch_split(n_workers: int, n_groups, batch_size: int) -> None:
+    """A compute group splits each batch over its workers (Omnivore §III-B): refused, naming the
+    parameters to change, when a group ("auto": the cold start's one) has more workers than the
+    batch has samples."""
+    groups = 1 if n_groups == "auto" else int(n_groups)
+    per_group = int(n_workers) // groups
+    if per_group > batch_size:
+        raise ValueError(
+            f"batch_size={batch_size} cannot be split over the {per_group} workers of a compute group "
+            f"(n_workers={n_workers}, n_groups={n_groups!r}): give batch_size >= {per_group}, "
+            f"n_groups >= {math.ceil(int(n_workers) / batch_size)} or n_workers <= {groups * batch_size}"
         )
 
 
@@ -518,6 +547,61 @@ def _first_sentence(text: str) -> str:
     return head.rstrip(".")
 
 
+CLI_HELP = {
+    "net": 'A zoo net ("lenet", "cifar10_quick", "cifar10_full", "caffenet", "mlp", "resnet20") or the '
+    "path of a Caffe .prototxt file",
+    "max_epochs": "Epochs of training at most: a number > 0 (default: no limit; --time-budget ends the fit)",
+    "max_wall_time": "Real (wall-clock) seconds after which the fit stops at its next evaluation, keeping "
+    "the model trained so far: a number > 0, 'auto' (with --engine simulated: the time budget, at least "
+    "60 s; else no limit) or None (no limit)",
+    "scheduler": "Address of a running Dask scheduler, e.g. tcp://host:8786 (default: a LocalCluster "
+    "started for the run)",
+    "n_workers": "Workers of the LocalCluster started for the run, or of the simulated cluster (default: "
+    "one per core, at most 4; simulated: 8, no more than a batch can be split over)",
+    "worker_wait": "--engine dask: seconds a run waits for a worker when the cluster has none or has "
+    "lost them all (an adaptive cluster starting one) before failing: a number >= 0 (default: 120 s "
+    "when the cluster adapts down to zero workers, else no wait)",
+    "split": "Where the FC phase starts: a layer name of the net (dasknn summary NET lists them) or "
+    "'auto' (RALP's rule) (default: the first InnerProduct layer)",
+    "checkpoint_dir": "Folder for checkpoints, written after each epoch and at the end, the newest 3 kept "
+    "(default: none written)",
+    "augment": "What the workers do to each training batch: 'shift' (digits moved by up to 2 px) or "
+    "'crop_mirror:SIZE' (Caffe's random crop of SIZE and mirror) (default: none)",
+    "backend": "The conv phase's kernels: 'lowering' (batched lowering on numpy's BLAS, the reference), "
+    "'onednn' (oneDNN's direct convolutions, the onednn extra) or 'auto' (oneDNN for float32 on a CPU when "
+    "installed, else lowering) (default: the net's own, 'auto' for zoo and .prototxt nets)",
+    "early_stopping": "Stop when the held-out loss has not improved by more than --tol for "
+    "--n-iter-no-change evaluations, ending with the best evaluation's weights",
+    "resume": "Continue the fit whose latest checkpoint is in --checkpoint-dir to that fit's own end",
+}
+"""`dasknn train --help`'s wording where the docstring's does not fit a command line (Python objects,
+what leaving an option out means); the other options' help is the docstring's first sentence."""
+
+
+def _cli_words(text: str) -> str:
+    """A docstring sentence in a command line's words: parameters as their options, engine="x" as
+    --engine x, no backquotes, no module paths in parentheses."""
+    options = {p.name: p.option for p in PARAMS if p.flag}
+    text = re.sub(r'engine="(\w+)"', r"--engine \1", text)
+    text = re.sub(r" \(`dasknn\.[\w.]+`\)", "", text)
+    text = re.sub(r"`(\w+)`", lambda m: options.get(m.group(1), m.group(1)), text)
+    return text.replace("`", "")
+
+
+def cli_help(p: Param) -> str:
+    """The help of `p`'s option on `dasknn train`."""
+    if p.name in CLI_HELP:
+        text = CLI_HELP[p.name]
+    else:
+        text = _cli_words(_first_sentence(p.help))
+        if not isinstance(p.rule, Boolean):
+            text += f": {p.rule.what}"
+    default = p.command_default
+    if not isinstance(p.rule, Boolean) and default is not None and "(default:" not in text:
+        text += f" (default {default})"
+    return text
+
+
 def add_flags(parser) -> None:
     """The table's parameters with `flag` as options of `parser` (`dasknn train`), dest = the name."""
     for p in PARAMS:
@@ -526,7 +610,7 @@ def add_flags(parser) -> None:
         names = (p.option, *p.aliases)
         default = p.command_default
         if isinstance(p.rule, Boolean):
-            parser.add_argument(*names, dest=p.name, action="store_true", help=_first_sentence(p.help))
+            parser.add_argument(*names, dest=p.name, action="store_true", help=cli_help(p))
             continue
         metavar = "{" + ",".join(map(str, p.rule.values)) + "}" if isinstance(p.rule, Choice) else None
         parser.add_argument(
@@ -535,7 +619,7 @@ def add_flags(parser) -> None:
             type=_flag_type(p),
             default=default,
             metavar=metavar,
-            help=f"{_first_sentence(p.help)}: {p.rule.what} (default {default})",
+            help=cli_help(p),
         )
 
 

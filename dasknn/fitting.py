@@ -15,7 +15,8 @@ simulated engine makes the same engine calls as the uninterrupted fit and ends w
 
 Divergence, judged here only: a FloatingPointError, a non-finite loss, `attrs["diverged"]`, weights
 that are non-finite or larger than `checkpoint.WEIGHT_LIMIT`, an evaluation loss above
-`DIVERGED_LOSS` × ln(n_classes) (when the policy asks: `NextRun.loss_limit`), or the policy's
+`DIVERGED_LOSS` × ln(n_classes) and above `DIVERGED_LOSS` × the run's start loss (when the policy
+asks: `NextRun.loss_limit`; the start is scored only then), or the policy's
 own rule for the run (`NextRun.diverges`). A kept run that diverged is rolled back: the current
 state stays the one it started from, its trace rows stay on the record (phase "rolled_back", their
 time spent), and the policy chooses what follows (fixed knobs and Algorithm 1 divide η by 10, the
@@ -65,7 +66,7 @@ MAX_ROLLBACKS = 6
 """Rollbacks in a row (lr lowered each time) before training gives up with FloatingPointError."""
 DIVERGED_LOSS = 2.0
 """A run whose end state's evaluation loss exceeds DIVERGED_LOSS × ln(n_classes) (twice the loss of
-uniform guessing) has blown up, even with finite numbers."""
+uniform guessing), and DIVERGED_LOSS × its start state's loss, has blown up, even with finite numbers."""
 
 
 class Evaluator:
@@ -490,6 +491,9 @@ class Loop:
             with np.errstate(over="ignore", invalid="ignore"):
                 scores = self.evaluator(state)
             diverged = step.loss_limit and not scores["loss"] <= self.loss_limit
+            if diverged:  # an untrained net on raw inputs starts beyond the limit: measured from it
+                with np.errstate(over="ignore", invalid="ignore"):
+                    diverged = not scores["loss"] <= DIVERGED_LOSS * self.evaluator(start)["loss"]
         out = Outcome(run, step, seg, state, f"run{run}", start, diverged, seconds, score)
         if state is not None:
             self.snapshots[out.snapshot] = state

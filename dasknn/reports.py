@@ -156,17 +156,20 @@ def broken_line(times, values, spans: Sequence[tuple[float, float]] = ()) -> tup
     return np.asarray(xs), np.asarray(ys)
 
 
-def _figure(for_file: bool):
-    """(figure, axes): for a file a bare matplotlib Figure (no pyplot, no backend chosen, nothing left
-    open); else a pyplot figure in the process's backend."""
+def _figure(for_file: bool, rows: int = 1):
+    """(figure, its axes, one per row, sharing x): for a file a bare matplotlib Figure (no pyplot,
+    no backend chosen, nothing left open); else a pyplot figure in the process's backend."""
+    size = (6.4, 4.0 if rows == 1 else 6.4)
     if for_file:
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(6.4, 4.0))
-        return fig, fig.add_subplot()
-    import matplotlib.pyplot as plt
+        fig = Figure(figsize=size)
+        axes = fig.subplots(rows, 1, sharex=True, squeeze=False)
+    else:
+        import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(6.4, 4.0))
+        fig, axes = plt.subplots(rows, 1, sharex=True, squeeze=False, figsize=size)
+    return fig, list(axes[:, 0])
 
 
 def plot_accuracy(
@@ -177,15 +180,19 @@ def plot_accuracy(
     metric: str | None = None,
     target: float | None = None,
     search: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+    decisions: Mapping[str, pd.DataFrame] | None = None,
 ):
-    """Accuracy (%) vs seconds for each run; saved to `path` as PNG when given. Returns the figure.
+    """Accuracy (%) vs seconds for each run, and below it the training loss; saved to `path` as PNG
+    when given. Returns the figure.
 
     Each evaluation is a marker; a line joins two evaluations only when no search phase lies between
     them. `metric`: "val_accuracy" (held-out) or "accuracy" (training); default held-out when every
     run has it. `search`: each run's search spans (`search_spans`), shaded and labelled. `target`:
-    a horizontal line. With `path`, the figure is drawn without pyplot: the process's backend (a
-    notebook's inline one) is left as it is and no figure stays open; without, it is a pyplot
-    figure in the current backend, which a notebook shows.
+    a horizontal line. The loss panel (when the histories have a loss) marks each change of the
+    learning rate η (the histories' `lr`) and each rollback (`decisions`: each run's `decisions_`).
+    With `path`, the figure is drawn without pyplot: the process's backend (a notebook's inline
+    one) is left as it is and no figure stays open; without, it is a pyplot figure in the current
+    backend, which a notebook shows.
     """
     frames = {
         name: h if isinstance(h, pd.DataFrame) else pd.DataFrame(list(h)) for name, h in histories.items()
@@ -195,7 +202,9 @@ def plot_accuracy(
         metric = "val_accuracy" if frames and held_out else "accuracy"
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; expected one of {METRICS}")
-    fig, ax = _figure(for_file=path is not None)
+    with_loss = any("loss" in f and f["loss"].notna().any() for f in frames.values())
+    fig, axes = _figure(for_file=path is not None, rows=2 if with_loss else 1)
+    ax = axes[0]
     search = search or {}
     labelled = False
     for i, (name, frame) in enumerate(frames.items()):
@@ -203,7 +212,9 @@ def plot_accuracy(
         spans = list(search.get(name, ()))
         for a, b in spans:
             label = None if labelled else "optimizer search (no evaluation)"
-            ax.axvspan(a, b, color=color if len(frames) > 1 else "0.6", alpha=0.15, lw=0, label=label)
+            for axis in axes:  # labelled in the accuracy panel's legend
+                shade = color if len(frames) > 1 else "0.6"
+                axis.axvspan(a, b, color=shade, alpha=0.15, lw=0, label=label if axis is ax else None)
             labelled = True
         ev = _evaluations(frame, metric)
         x, y = broken_line(ev["time"], ev[metric] * 100, spans)
@@ -211,37 +222,93 @@ def plot_accuracy(
         ax.plot(ev["time"], ev[metric] * 100, color=color, ls="none", marker="o", markersize=3.5)
     if target is not None:
         ax.axhline(target * 100, color="k", ls="--", lw=0.9, label=f"target {target:.1%}")
-    ax.set_xlabel("simulated seconds" if simulated else "seconds (search included)")
+    axes[-1].set_xlabel("simulated seconds" if simulated else "seconds (search included)")
     where = "validation data" if metric == "val_accuracy" else "training samples"
     ax.set_ylabel(f"{METRIC_LABELS[metric]} (%, {where})")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
+    if with_loss:
+        _plot_loss(axes[1], frames, search, decisions or {})
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=120)
     return fig
 
 
-def format_table(df: pd.DataFrame, columns: Iterable[str] | None = None) -> str:
-    """A plain-text table for terminals (no extra dependency)."""
+def lr_changes(
+    history: pd.DataFrame, decisions: pd.DataFrame | None = None
+) -> list[tuple[float, float, float]]:
+    """(time, η before, η after) at each change of the learning rate: between two evaluations of
+    the history (its `lr`, fixed knobs), else at the tuner's chosen decisions (η before NaN at its
+    first choice)."""
+    if "lr" in history and history["lr"].notna().any():
+        rows, first = history.dropna(subset=["lr"]), 1
+    elif decisions is not None and len(decisions) and {"chosen", "lr", "time"} <= set(decisions.columns):
+        rows, first = decisions[decisions["chosen"].fillna(False).astype(bool)].dropna(subset=["lr"]), 0
+    else:
+        return []
+    lr, t = rows["lr"].to_numpy(dtype=float), rows["time"].to_numpy(dtype=float)
+    before = np.concatenate([[np.nan], lr[:-1]])
+    return [(t[i], before[i], lr[i]) for i in range(first, len(lr)) if not np.isclose(lr[i], before[i])]
+
+
+def _plot_loss(ax, frames: Mapping[str, pd.DataFrame], search, decisions) -> None:
+    """The training loss of each run at its evaluations, its η changes and its rollbacks marked."""
+    marked: set[str] = set()
+
+    def once(label: str) -> str | None:
+        seen = label in marked
+        marked.add(label)
+        return None if seen else label
+
+    losses = []
+    for i, (name, frame) in enumerate(frames.items()):
+        color = f"C{i % 10}"
+        if "loss" not in frame:
+            continue
+        ev = frame.dropna(subset=["loss"])
+        losses.extend(ev["loss"].tolist())
+        x, y = broken_line(ev["time"], ev["loss"], list(search.get(name, ())))
+        ax.plot(x, y, color=color, lw=1.2)
+        ax.plot(ev["time"], ev["loss"], color=color, ls="none", marker="o", markersize=3.0)
+        d = decisions.get(name)
+        for t, before, after in lr_changes(ev, d):
+            ax.axvline(t, color=color, ls=":", lw=1.0, label=once("η changed"))
+            text = f"η→{after:.2g}" if np.isnan(before) else f"η {before:.2g}→{after:.2g}"
+            ax.annotate(text, (t, 0.02), xycoords=("data", "axes fraction"),
+                        rotation=90, va="bottom", ha="right", fontsize=7, color=color)  # fmt: skip
+        if d is not None and len(d) and {"action", "time"} <= set(d.columns):
+            for t in d.loc[d["action"] == "rollback", "time"].dropna():
+                ax.axvline(float(t), color="C3", ls="--", lw=1.0, label=once("rollback (η lowered)"))
+    positive = [v for v in losses if np.isfinite(v) and v > 0]
+    if positive and max(positive) / min(positive) > 30:
+        ax.set_yscale("log")
+    ax.set_ylabel("training loss")
+    ax.grid(alpha=0.3)
+    if marked:
+        ax.legend(loc="best", fontsize=8)
+
+
+def format_table(df: pd.DataFrame, columns: Iterable[str] | None = None, na_rep: str = "NaN") -> str:
+    """A plain-text table for terminals (no extra dependency); missing values shown as `na_rep`."""
     view = df if columns is None else df[list(columns)]
-    return view.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+    return view.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep=na_rep)
 
 
 DECISION_VIEW = ("phase", "action", "n_groups", "lr", "momentum", "score", "iterations", "time", "chosen")
 """The columns of the optimizer's decisions `decisions_table` shows (then the reason)."""
 
 
-def decisions_table(decisions: pd.DataFrame, reason_width: int = 90) -> str:
-    """The optimizer's decisions for a terminal: the main columns and the reason, left-aligned and
-    cut to `reason_width` characters (the full record is the DataFrame / decisions.csv)."""
+def decisions_table(decisions: pd.DataFrame) -> str:
+    """The optimizer's decisions for a terminal: the main columns that hold a value (a column empty
+    in every row is left out, an empty cell is blank) and the whole reason, left-aligned (every
+    column is in the DataFrame / decisions.csv)."""
     view = decisions[[c for c in DECISION_VIEW if c in decisions]].copy()
+    view = view.loc[:, view.notna().any()] if len(view) else view
     if "reason" in decisions and len(decisions):
         reasons = decisions["reason"].fillna("").astype(str)
-        long = reasons.str.len() > reason_width
-        cut = reasons.where(~long, reasons.str.slice(0, reason_width - 1) + "…")
-        width = int(cut.str.len().max())
+        width = int(reasons.str.len().max())
         # left-aligned, its header too (to_string right-aligns text)
-        view["reason".ljust(width)] = cut.str.ljust(width)
-    return format_table(view)
+        view["reason".ljust(width)] = reasons.str.ljust(width)
+    return format_table(view, na_rep="")

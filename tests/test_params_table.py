@@ -116,3 +116,30 @@ def test_a_bad_value_gives_the_same_error_from_python_and_from_the_command_line(
     assert python.startswith(name) or name in python
     for option in (p.option, *p.aliases):
         assert _command_error(option, text) == python
+
+
+def _train_help() -> str:
+    import contextlib
+    import io
+
+    from dasknn.cli import build_parser
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    return " ".join(out.getvalue().split())  # argparse's wrapping undone
+
+
+def test_train_help_speaks_the_command_lines_words():
+    text = _train_help()
+    assert "(default None)" not in text  # what leaving an option out means, said in words
+    from dasknn.estimator_params import PARAMS, cli_help
+
+    assert not [p.name for p in PARAMS if p.flag and "`" in cli_help(p)]  # no Python objects
+    assert "a Net" not in text and "copied" not in text
+    assert 'engine="' not in text and "dasknn.nn" not in text
+    backend = text[text.index("--backend {") :]
+    assert "(default: the net's own, 'auto' for zoo and .prototxt nets)" in backend
+    net = text[text.index("--net NET ") : text.index("--batch-size BATCH_SIZE ", text.index("--net NET "))]
+    assert net.count("zoo") == 1 and net.count(".prototxt") == 1  # no phrase said twice
+    assert "--checkpoint-dir" in text[text.index("--resume ") :]  # parameters named as options

@@ -41,6 +41,16 @@ def test_stopped_by_names_max_epochs_the_target_and_the_time_budget(digits):
     assert est.stopped_by_.startswith("time_budget") and "simulated" in est.stopped_by_
 
 
+def test_a_resumed_fit_names_the_budget_that_ended_it(digits, tmp_path):
+    X, y = digits
+    X, y = X.reshape(len(X), -1)[:, ::13].copy(), y  # 61 features: a small MLP, cheap
+    params = {**QUICK, "net": "mlp", "input_shape": "flat", "time_budget": None, "checkpoint_dir": tmp_path}
+    first = DistributedCNN(max_epochs=1, **params).fit(X, y)
+    assert first.stopped_by_ == "max_epochs=1 done: 16 iterations, at iteration 16"
+    resumed = DistributedCNN(max_epochs=2, resume=True, **params).fit(X, y)
+    assert resumed.stopped_by_ == "max_epochs=2 done: 32 iterations, at iteration 32"
+
+
 def test_early_stopping_names_itself_and_callbacks_never_see_iterations_go_back(digits):
     X, y = digits
     seen = Recorder()

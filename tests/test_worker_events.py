@@ -38,6 +38,13 @@ def test_worker_changes_read_both_engines_records_in_time_order():
     assert worker_changes(make_trace([], "dask")) == []
 
 
+class Terminal(io.StringIO):
+    """A string that says it is a terminal: the bar is drawn as on a shell's stderr."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 @pytest.fixture(scope="module")
 def elastic_fit():
     """A fixed-knob fit on the simulator while the cluster goes 8 -> 32 -> 4 workers, with a
@@ -50,7 +57,7 @@ def elastic_fit():
         HEModel(T_cc=0.8, T_nc=0.05, t_fc=0.005, n_workers=8), verbose=0,
         worker_schedule=((0, 8), (3, 32), (6, 4)),
     )  # fmt: skip
-    out = io.StringIO()
+    out = Terminal()
     bar, est = ProgressBar(file=out), SimpleNamespace(time_budget=8.0, engine="simulated")
     changes = []
 

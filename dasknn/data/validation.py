@@ -8,19 +8,21 @@ counts, non-integer labels): nothing is materialised on the client.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import dask
 import dask.array as da
 import numpy as np
 
+from dasknn.user_warning import warn_user
+
 from .chunks import DEFAULT_BATCH_SIZE, check_batch_size, from_numpy
 
 __all__ = ["channels_last_hint", "check_X", "check_X_y"]
 
 _AXES = ("samples", "channels", "height", "width")
-UNSCALED_LIMIT = 20.0  # inputs beyond this in absolute value are warned about as unscaled
+UNSCALED_LIMIT = 20.0  # inputs beyond this in absolute value may be unscaled (`_unscaled`)
+SCALED_RMS = 4.0  # inputs whose root mean square is at most this are of order 1, whatever their outliers
 
 
 def channels_last_hint(sample_shape: tuple[int, ...]) -> str:
@@ -109,7 +111,9 @@ def _check_values(X: da.Array, y: da.Array | None, check_finite: bool, scale: bo
         counts["nan"] = da.isnan(X).sum()
         counts["inf"] = da.isinf(X).sum()
     if scale:
-        counts["largest"] = abs(X).max()
+        counts["largest"], counts["smallest"] = abs(X).max(), X.min()
+        counts["mean_square"] = (X.astype(np.float64) ** 2).mean()
+        counts["integral"] = (X == da.floor(X)).mean()
     if y is not None and y.dtype.kind == "f":
         counts["bad_labels"] = (~da.isfinite(y) | (y != da.floor(y))).sum()
     if not counts:
@@ -125,16 +129,28 @@ def _check_values(X: da.Array, y: da.Array | None, check_finite: bool, scale: bo
             f"y contains {found['bad_labels']} non-integer labels (fractional, NaN or inf); "
             "labels must be integer class indices (floats are accepted only when all are whole numbers)"
         )
-    largest = float(found.get("largest", 0.0))
-    if largest > UNSCALED_LIMIT and not found.get("inf", 0):
-        pixels = " (8-bit pixels)" if largest <= 255 else ""
-        warnings.warn(
-            f"X looks unscaled: its values reach {largest:g}{pixels}, while the nets, their initial weights "
-            "and learning rates expect inputs of order 1, and training on them diverges; scale X first, "
-            "e.g. X / 255 for 8-bit pixels (dasknn.data.load scales unless raw=True)",
-            UserWarning,
-            stacklevel=3,
+    if scale and _unscaled(found):
+        pixels = " (8-bit pixels)" if _pixels(found) else ""
+        warn_user(
+            f"X looks unscaled: its values reach {found['largest']:g}{pixels}, while the nets, their "
+            "initial weights and learning rates expect inputs of order 1, and training on them "
+            "diverges; scale X first, e.g. X / 255 for 8-bit pixels (dasknn.data.load scales unless "
+            "raw=True) or sklearn.preprocessing.StandardScaler"
         )
+
+
+def _pixels(found: dict[str, Any]) -> bool:
+    """X looks like 8-bit pixels: non-negative, at most 255, nine values in ten whole numbers."""
+    return found["smallest"] >= 0 and found["largest"] <= 255 and found["integral"] >= 0.9
+
+
+def _unscaled(found: dict[str, Any]) -> bool:
+    """Values beyond ±UNSCALED_LIMIT, and X either 8-bit pixels or not of order 1 on the whole
+    (a root mean square above SCALED_RMS): standardized X, whose rare features reach far out
+    while its root mean square is 1, is scaled."""
+    if not float(found["largest"]) > UNSCALED_LIMIT:
+        return False
+    return _pixels(found) or not float(found["mean_square"]) ** 0.5 <= SCALED_RMS
 
 
 def check_X(X: Any, *, batch_size: int | None = None, check_finite: bool = True) -> da.Array:
@@ -162,7 +178,8 @@ def check_X_y(
     counted; strings and objects are rejected (encode them first) — and, given `batch_size`, at
     least one full batch of samples. Negative or sparse label values pass: mapping them to
     classes is the estimator's job. y is rechunked to X's sample chunks when they differ.
-    Values beyond ±UNSCALED_LIMIT (such as 0-255 pixels) are warned about, before any training.
+    X that looks unscaled (values beyond ±UNSCALED_LIMIT, and 8-bit pixels or a root mean square
+    beyond SCALED_RMS) is warned about, before any training, at the caller's line outside dasknn.
     All value checks run as one `dask.compute` of reductions.
     """
     if batch_size is not None:

@@ -26,6 +26,16 @@ class Filler:
     max: float = 1.0
     variance_norm: str = "fan_in"
 
+    def __repr__(self) -> str:
+        """As Caffe's prototxt reads: the type, then only the fields set away from their defaults."""
+        default = Filler()
+        rest = [
+            f"{name}={value!r}"
+            for name, value in vars(self).items()
+            if name != "type" and value != getattr(default, name)
+        ]
+        return f"Filler({', '.join([repr(self.type), *rest])})"
+
     def __post_init__(self) -> None:
         if self.type not in FILLER_TYPES:
             raise ValueError(f"unknown filler type {self.type!r}; expected one of {FILLER_TYPES}")

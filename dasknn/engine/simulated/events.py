@@ -46,7 +46,10 @@ __all__ = ["Batches", "Simulation", "conv_backward_shards", "conv_forward_shards
 def shard_slices(batch_size: int, k: int) -> list[slice]:
     """The k shards of a batch inside one compute group, sizes differing by at most one (§III-B)."""
     if not 1 <= int(k) <= int(batch_size):
-        raise ValueError(f"cannot split a batch of {batch_size} images over {k} workers")
+        raise ValueError(
+            f"cannot split a batch of {batch_size} images over {k} workers: a compute group needs "
+            "a batch_size of at least its workers (n_workers / n_groups)"
+        )
     bounds = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(batch_size), k)])
     return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
