@@ -12,12 +12,9 @@ warning to the samples trained on when they are fewer, as scikit-learn's MLPClas
 from __future__ import annotations
 
 import math
-import os
 import time
 import uuid
 from contextlib import ExitStack
-from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import dask
@@ -49,19 +46,17 @@ from dasknn.estimator_input import (
     check_net_on_data,
     check_validation_data,
     clipped_batch,
-    row_shape,
     smallest_rate,
 )
 from dasknn.estimator_params import SIMULATED_GFLOPS, check_params, parameters_doc
 from dasknn.estimator_resume import (
     adopt,
-    checkpoint_meta,
     checkpoint_to_continue,
     fingerprint,
-    save_fit,
     simulated_gflops,
     start_from,
 )
+from dasknn.estimator_saved import SavedModel
 from dasknn.logs import verbose_logging
 from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
@@ -69,7 +64,7 @@ from dasknn.reports import fit_report
 from dasknn.stopping import wall_bound
 
 
-class DistributedCNN(ClassifierMixin, BaseEstimator):
+class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
     """Train a convolutional network on a Dask cluster, Omnivore-style (Hadjis et al., 2016).
 
     {parameters}
@@ -253,50 +248,10 @@ class DistributedCNN(ClassifierMixin, BaseEstimator):
 
         self.tuner_, self.tuner_options_ = resolve_tuner(self.get_params(deep=False))
 
-    def save_checkpoint(self, directory: str | os.PathLike | None = None) -> Path:
-        """Write the fitted state as a checkpoint (on request) to `directory` or `checkpoint_dir`."""
-        self._check_fitted()
-        directory = directory if directory is not None else self.checkpoint_dir
-        if directory is None:
-            raise ValueError("save_checkpoint needs a directory (or checkpoint_dir)")
-        loop = dict(self._loop_, config=asdict(self.config_))
-        tables = {"history": pd.DataFrame(self.history_), "events": self.decisions_, "trace": self.trace_}
-        return save_fit(directory, self.state_, loop, tables, self._checkpoint_meta())
-
-    def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
-        """Write this fitted model to the folder `path`, without pickle (`dasknn.saving`); also from
-        a callback's `on_evaluation` during a fit (the evaluated state)."""
-        from dasknn.saving import save
-
-        return save(self, path, overwrite)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> DistributedCNN:
-        """A model written by `save`: it predicts without a cluster and trains on (`partial_fit`)."""
-        from dasknn.saving import load
-
-        return load(path, cls)
-
-    def to_onnx(self, path: str | os.PathLike) -> Path:
-        """Write the fitted net to the ONNX file `path` (`dasknn.nn.export`): its input is X as
-        predict_proba takes it, its outputs `logits` and `probabilities` (columns: `classes_`).
-        Needs onnx: `pip install "dasknn[export]"`."""
-        from dasknn.nn.export import export_net
-
-        self._check_fitted()
-        crop = getattr(self, "augment_", None) is not None and self.augment_.crop_size is not None
-        rows = row_shape(self.input_shape, self.n_features_in_)
-        return export_net(self.net_, path, rows, crop, self.classes_)
-
     def _check_labels(self, labels, context: str) -> None:
         unseen = np.setdiff1d(labels, self.classes_)
         if unseen.size:
             raise ValueError(f"{context}: y has classes {unseen.tolist()} that the first fit did not see")
-
-    def _checkpoint_meta(self) -> dict[str, Any]:
-        gflops = self.simulated_gflops_ if self.engine == "simulated" else None
-        tuner = getattr(self, "tuner_", self.tuner)
-        return checkpoint_meta(self.get_params(deep=False), tuner, self.classes_, self.n_features_in_, gflops)
 
     def _fit(self, X, y, stored, ckpt: checkpoint.Checkpoint | None, partial_epochs: float | None = None):
         """Train from `ckpt` (resume: its fit's loop too), else the fit in memory (warm_start,

@@ -289,6 +289,7 @@ def _check_field(name: str, value: Any, fitted: dict[str, Any]) -> str:
         ),
         "best_iteration_": lambda: "" if value is None or _int(value, 0, n_iter) else f"not in [0, {n_iter}]",
         "n_train_samples_": lambda: "" if _int(value) else "is not an integer >= 0",
+        "batch_size_": lambda: "" if _int(value, 1) else "is not an integer >= 1",
         "data_": lambda: "" if value in (None, "persist", "stream") else "is not 'persist' or 'stream'",
         "max_wall_time_": lambda: positive,
         "simulated_gflops_": lambda: positive,
@@ -300,7 +301,7 @@ def _check_field(name: str, value: Any, fitted: dict[str, Any]) -> str:
     return rules[name]() if name in rules else ""
 
 
-FITTED_NAMES = ("_loop_", "augment_", "best_iteration_", "checkpoint_", "classes_", "config_", "data_",
+FITTED_NAMES = ("_loop_", "augment_", "batch_size_", "best_iteration_", "checkpoint_", "classes_", "config_", "data_",
                 "decisions_", "history_", "max_wall_time_", "n_features_in_", "n_iter_", "n_train_samples_",
                 "net_", "parts_", "report_", "simulated_gflops_", "state_", "stopped_by_", "trace_",
                 "tradeoff_", "tuner_", "tuner_options_")  # fmt: skip
