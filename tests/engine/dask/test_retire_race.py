@@ -172,3 +172,78 @@ def test_a_retirement_of_the_kept_servers_worker_that_lands_in_the_next_runs_sca
     assert victim in retired and victim not in left and len(left) == 1
     assert second.trace["version_written"].tolist() == list(range(1, 6))
     assert not second.trace["workers"].str.contains(victim, regex=False).any()
+
+
+def _servers_worker(dask_scheduler) -> str | None:
+    """The worker holding a conv model server (an actor), if one does."""
+    for address, ws in dask_scheduler.workers.items():
+        if any(str(getattr(ts, "key", ts)).startswith("ConvModelServer") for ts in ws.actors):
+            return address
+    return None
+
+
+class ServersRetirer(threading.Thread):
+    """Once a fit's servers exist, waits `delay` seconds and retires the worker then holding them
+    (`client.retire_workers`, as a user would); records whether the fit was still going on."""
+
+    def __init__(self, client, delay: float, fitting: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.client, self.delay, self.fitting = client, delay, fitting
+        self.victim = self.retired = self.during_fit = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            deadline = time.monotonic() + 120
+            while self.client.run_on_scheduler(_servers_worker) is None:
+                assert time.monotonic() < deadline, "no conv model server within 120 s"
+                time.sleep(0.02)
+            time.sleep(self.delay)
+            self.victim = self.client.run_on_scheduler(_servers_worker)
+            self.during_fit = self.fitting.is_set() and self.victim is not None
+            if self.victim is not None:
+                self.retired = self.client.retire_workers([self.victim])
+        except BaseException as err:  # reported by the test
+            self.error = err
+
+
+def _scale_back(client, n: int) -> None:
+    """Forget the retired workers' specs (a retirement through the client leaves them in the
+    cluster's spec) and scale the LocalCluster back to `n` workers."""
+    alive = {str(info["name"]) for info in cluster_workers(client).values()}
+    cluster = client.cluster
+    for name in [name for name in cluster.worker_spec if str(name) not in alive]:
+        del cluster.worker_spec[name]
+    cluster.scale(n)
+
+
+@pytest.mark.slow
+def test_a_fit_finishes_whichever_point_the_servers_worker_is_retired_at(digits):
+    """The servers' worker retired at 22 points of a fit (mid-run hand-offs, the runs' boundaries
+    where the kept servers are let go and the next run sends its template): every fit finishes and
+    every retirement completes; the cluster is scaled back to three workers after each."""
+    from dasknn.estimator import DistributedCNN
+
+    X, y = digits
+    points, finished = [0.25 * i for i in range(22)], []
+    with local_client(n_workers=3) as client:
+        for delay in points:
+            fitting = threading.Event()
+            fitting.set()
+            retirer = ServersRetirer(client, delay, fitting)
+            retirer.start()
+            est = DistributedCNN(net="lenet", time_budget=6.0, eval_size=200, random_state=0)
+            est.fit(X, y)
+            fitting.clear()
+            retirer.join(timeout=120)
+            assert retirer.error is None, f"at {delay} s: {retirer.error!r}"
+            if retirer.victim is not None:  # dask did not refuse it, nor did the fit hold it for good
+                assert retirer.victim in retirer.retired, f"at {delay} s the servers' worker was not retired"
+            finished.append((delay, retirer.during_fit, est.n_iter_))
+            _scale_back(client, 3)
+            deadline = time.monotonic() + 60
+            while len(cluster_workers(client)) < 3:
+                assert time.monotonic() < deadline, "the cluster did not scale back to 3 workers"
+                time.sleep(0.1)
+    assert len(finished) == len(points) and all(n > 0 for _, _, n in finished)
+    assert sum(during for _, during, _ in finished) >= 20, finished  # retired while the fit went on
