@@ -208,13 +208,10 @@ class ServersRetirer(threading.Thread):
 
 
 def _scale_back(client, n: int) -> None:
-    """Forget the retired workers' specs (a retirement through the client leaves them in the
-    cluster's spec) and scale the LocalCluster back to `n` workers."""
-    alive = {str(info["name"]) for info in cluster_workers(client).values()}
-    cluster = client.cluster
-    for name in [name for name in cluster.worker_spec if str(name) not in alive]:
-        del cluster.worker_spec[name]
-    cluster.scale(n)
+    """Start workers until the LocalCluster has `n` again: a retirement through the client leaves
+    the retired worker's spec (its nanny closed), so new workers take new names."""
+    missing = n - len(cluster_workers(client))
+    client.cluster.scale(len(client.cluster.worker_spec) + missing)
 
 
 @pytest.mark.slow
