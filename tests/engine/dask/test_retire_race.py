@@ -1,12 +1,12 @@
 """A worker retired while the driver sends data (a scatter, its copy to every worker) on a real
 LocalCluster: the step is done again on the workers left (`shipping.ship`).
 
-The retirement is made to land inside the step by a scheduler plugin (`RetireInside`): it wraps
-the scheduler's own `scatter` or `replicate` and, when the keys of the value the test sends
-arrive there, retires the chosen worker (or waits until a retirement under way has removed it)
-before dask's code goes on. Nothing of dask is replaced: dask's scatter and copy run as always,
-only at the worst moment.
-"""
+Scheduler plugins make the retirement land inside the step: they wrap the scheduler's own
+`scatter`, `replicate` and `retire_workers` and, when the keys of the value sent arrive there,
+retire the chosen worker (`RetireInside`), or hold a retirement until the scatter has listed its
+workers and the copy until the worker is gone (`RetirementBetweenScatterAndCopy`). Nothing of dask
+is replaced: its scatter, copy and retirement run as always, only at the worst moment. A slow test
+retires the servers' worker at 22 points of a fit."""
 
 from __future__ import annotations
 
