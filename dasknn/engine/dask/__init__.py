@@ -4,7 +4,8 @@
 task and the `ShardServer` actors); `actors.py` how servers become actors pinned to workers;
 `placement.py` which worker does what; `segment.py` and `recovery.py` a run's stretches on one
 placement and what happens when a worker is lost; `runs.py` the driver-side helpers every Dask run
-shares; `unmerged.py` and `replicas.py` the other papers' layouts on the cluster.
+shares; `elastic.py` workers that join and leave a fit, `shipping.py` what the driver sends them;
+`unmerged.py` and `replicas.py` the other papers' layouts on the cluster.
 """
 
 from dasknn.engine.dask.driver import DaskEngine, local_client

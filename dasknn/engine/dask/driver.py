@@ -50,6 +50,7 @@ from dasknn.engine.dask.runs import (
     stream_data,
 )
 from dasknn.engine.dask.segment import Segment, SegmentFailed, await_data
+from dasknn.engine.dask.shipping import ship
 from dasknn.engine.dask.unmerged import run_unmerged
 from dasknn.engine.strategy import Strategy
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
@@ -309,23 +310,27 @@ class DaskEngine:
                 raise
             raise lost_error({}, 0, 0, self.max_recoveries, alive, self.placement_, done) from err
 
-    def _streamed(self, client, X, y, config: RunConfig) -> Data:
+    def _streamed(self, client, X, y, config: RunConfig, installed: bool = False) -> Data:
         """`stream_data` once per (X, y, batch size) this engine trains on, its source scattered once.
 
         A fit runs the engine many times (a run between two evaluations); each run's loops get the
         scattered source (a Future: a few bytes) rather than X's whole graph (megabytes for a store
         of many chunks, unpickled by the scheduler every time), and the labels are not read again.
-        The source is scattered again when its worker was lost."""
+        The source is scattered again when its worker was lost. `installed`: whether
+        `elastic.ElasticPlugin` is (the source then goes to no worker being retired)."""
         cached = self._stream_cache
         if cached is not None and cached.X is X and cached.y is y and cached.batch_size == config.batch_size:
-            return self._reship(client) if cached.data.shipped.status != "finished" else cached.data
+            if cached.data.shipped.status == "finished":
+                return cached.data
+            return self._reship(client, installed)
         self._stream_cache = _Streamed(X, y, config.batch_size, stream_data(X, y, config))
-        return self._reship(client)
+        return self._reship(client, installed)
 
-    def _reship(self, client) -> Data:
-        """Scatter the cached stream source (again, when its worker was lost) and return its Data."""
+    def _reship(self, client, installed: bool = False) -> Data:
+        """Scatter the cached stream source (again, when its worker was lost) to a usable worker
+        (`shipping.ship`) and return its Data."""
         data = self._stream_cache.data
-        data = replace(data, shipped=client.scatter(data.source, hash=False))
+        data = replace(data, shipped=ship(client, data.source, installed=installed))
         self._stream_cache = self._stream_cache._replace(data=data)
         return data
 
@@ -399,13 +404,13 @@ class _GroupsRun:
         self, engine: DaskEngine, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None
     ) -> None:
         client = engine_client(engine)
+        self.elastic_on = elastic.install(client)
         if engine.data == "stream":
-            data = engine._streamed(client, X, y, config)
+            data = engine._streamed(client, X, y, config, self.elastic_on)
         else:
             data = persist_data(engine, client, X, y, config)
         self.engine, self.client, self.config, self.budget = engine, client, config, budget
         self.data, self.X, self.y = data, data.X, data.y
-        self.elastic_on = elastic.install(client)
         usable = elastic.usable_now(client, self.elastic_on)
         self.placement = plan(usable, config.n_groups, engine._throughput(client))
         before = engine.placement_.n_groups if engine.placement_ is not None else config.n_groups
@@ -421,7 +426,7 @@ class _GroupsRun:
             begun = begin_run(engine, client, net, config, start)
             self.state, self.conv_net, self.fc_net = begun.state, begun.conv_net, begun.fc_net
             self.run_id = begun.run_id
-            self.template = client.scatter(self.conv_net.copy(), broadcast=True, hash=False)
+            self.template = ship(client, self.conv_net.copy(), broadcast=True, installed=self.elastic_on)
         self.t0 = time.time()
         self.deadline = None if budget.seconds is None else self.t0 + budget.seconds
         self.bar = engine._progress(budget)
@@ -526,8 +531,8 @@ class _GroupsRun:
         if self.data.source is None:
             await_data(engine, client, self.X, self.y)  # the persisted chunks, recomputed there
         elif self.data.shipped.status != "finished":
-            self.data = engine._reship(client)
-        self.template = client.scatter(self.conv_net.copy(), broadcast=True, hash=False)
+            self.data = engine._reship(client, self.elastic_on)
+        self.template = ship(client, self.conv_net.copy(), broadcast=True, installed=self.elastic_on)
         placement = plan(workers, self.config.n_groups, engine._throughput(client))
         return elastic.ClusterChange(placement, sorted(workers), change.leaving, elastic.conv_count(workers))
 
@@ -553,9 +558,9 @@ class _GroupsRun:
         if not alive:
             raise self._lost(seg, alive) from failure
         # the conv-phase template again: its copies may all have been on lost workers
-        self.template = client.scatter(self.conv_net.copy(), broadcast=True, hash=False)
+        self.template = ship(client, self.conv_net.copy(), broadcast=True, installed=self.elastic_on)
         if streamed and self.data.shipped.status != "finished":  # its worker was lost
-            self.data = engine._reship(client)
+            self.data = engine._reship(client, self.elastic_on)
         self.placement = replan(alive, self.placement, engine._throughput(client))
         self.recoveries.append(
             Recovery(

@@ -27,6 +27,7 @@ from dasknn.engine.dask.placement import Placement, worker_devices
 from dasknn.engine.dask.replicas import AverageModel, LearnerSpec, learner_loop, learner_workers
 from dasknn.engine.dask.runs import engine_client, persist_data, wait_for_loops
 from dasknn.engine.dask.segment import await_data
+from dasknn.engine.dask.shipping import ship
 from dasknn.engine.strategy import Strategy
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
@@ -191,7 +192,7 @@ class _ReplicasRun:
                 self._restore(average)
             work = self.net.copy()
             work.set_params(held["z"])
-            template = client.scatter(work, broadcast=True, hash=False)
+            template = ship(client, work, broadcast=True, installed=self.elastic_on)
             specs = self._specs(p, alpha, rounds)
             loops = [
                 submit_pinned(client, learner_loop, spec, template, average, worker=spec.worker)

@@ -23,6 +23,7 @@ from dasknn.engine.dask.batches import BatchReader
 from dasknn.engine.dask.placement import Placement, plan
 from dasknn.engine.dask.runs import begin_run, engine_client, forget_on_workers, persist_data, wait_for_loops
 from dasknn.engine.dask.segment import await_data
+from dasknn.engine.dask.shipping import ship
 from dasknn.engine.servers import ConvModelServer
 from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace, on_run_clock
 from dasknn.nn.net import Net
@@ -142,7 +143,7 @@ class _UnmergedRun:
         )
         self.work = net.copy()  # the template every worker's loops copy (sent again after a wait)
         self.work.set_params(params)
-        self.template = client.scatter(self.work, broadcast=True, hash=False)
+        self.template = ship(client, self.work, broadcast=True, installed=self.elastic_on)
         self.t0 = time.time()
         self.deadline = None if budget.seconds is None else self.t0 + budget.seconds
         self.rows: list[dict[str, Any]] = []
@@ -260,7 +261,7 @@ class _UnmergedRun:
         engine, client = self.engine, self.client
         workers = elastic.await_return(engine, client, self.run_id, change.leaving, self.elastic_on)
         await_data(engine, client, self.data.X, self.data.y)
-        self.template = client.scatter(self.work, broadcast=True, hash=False)
+        self.template = ship(client, self.work, broadcast=True, installed=self.elastic_on)
         placement = plan(workers, self.config.n_groups, engine._throughput(client))
         return elastic.ClusterChange(placement, sorted(workers), change.leaving, elastic.conv_count(workers))
 
