@@ -16,16 +16,22 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 
 
-def pyproject_requirements() -> dict[str, str]:
+def pyproject_dependencies() -> dict[str, tuple[str, str]]:
+    """{name: (version spec, environment marker or "")} of pyproject.toml's plain dependencies."""
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     out = {}
     for dep in deps:
-        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]+\])?\s*(.*)", dep)
-        name, extras, spec = m.group(1).lower(), m.group(2), m.group(3)
-        out[name] = spec
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]+\])?\s*([^;]*?)\s*(?:;\s*(.*))?", dep)
+        name, extras, spec, marker = m.group(1).lower(), m.group(2), m.group(3), m.group(4) or ""
+        out[name] = (spec, marker)
         if extras and "distributed" in extras:
-            out["distributed"] = spec
+            out["distributed"] = (spec, marker)
     return out
+
+
+def pyproject_requirements() -> dict[str, str]:
+    """The dependencies every platform installs (those conda lists by name), with their specs."""
+    return {name: spec for name, (spec, marker) in pyproject_dependencies().items() if not marker}
 
 
 def conda_requirements() -> dict[str, str]:
@@ -38,8 +44,21 @@ def conda_requirements() -> dict[str, str]:
     return out
 
 
+def conda_pip_lines() -> list[str]:
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    return [line for dep in env["dependencies"] if isinstance(dep, dict) for line in dep.get("pip", [])]
+
+
 def test_environment_yml_matches_pyproject():
     assert conda_requirements() == pyproject_requirements()
+
+
+def test_onednn_is_a_dependency_on_linux_x86_64_and_environment_yml_installs_it():
+    spec, marker = pyproject_dependencies()["onednn-cpu-gomp"]
+    assert spec == "==2023.2.0"
+    assert marker == "platform_system == 'Linux' and platform_machine == 'x86_64'"
+    # conda-forge has no GNU-OpenMP oneDNN wheel: environment.yml gets it by pip-installing dasknn
+    assert "-e ." in conda_pip_lines()
 
 
 def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():

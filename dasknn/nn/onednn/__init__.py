@@ -6,20 +6,19 @@ docs: docs/architecture.md "Arrays and devices". Batched lowering (`dasknn.nn.lo
 - "lowering": the layers' own numpy/cupy maths, always.
 - "onednn": oneDNN's direct kernels on blocked layouts (float32 numpy arrays only; an error when
   the library is missing or the data is float64 or on a GPU).
-- "auto" (default): "onednn" for float32 numpy data when the library loads, else "lowering" (one
-  warning when it is missing).
+- "auto" (default): "onednn" for float32 numpy data when the library loads, else "lowering",
+  quietly (`dasknn info` and `describe_kernels` say which).
 
 With "onednn" and "auto" a layer still falls back to lowering where oneDNN does not compute the
 same function (Caffe's average pooling whose last window overflows its padding) or where oneDNN
 would run a reference (`ref`) kernel. `layer.backend_ran` names what ran last, with oneDNN's
 implementation. `net_backends(net, batch)` lists it per layer from one forward of zeros.
-The library is the `onednn-cpu-gomp` wheel's (`pip install 'dasknn[onednn]'`), or the one
-$DASKNN_ONEDNN_LIBRARY names (empty: none).
+The library is the `onednn-cpu-gomp` wheel's (a dependency of dasknn on x86-64 Linux, the only
+platform it has wheels for), or the one $DASKNN_ONEDNN_LIBRARY names (empty: none).
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,9 +45,6 @@ __all__ = [
 
 BACKENDS = ("auto", "lowering", "onednn")
 
-_warned = False
-
-
 @dataclass
 class OneDNNCache:
     """A layer's forward cache when oneDNN computed it: the kernel and what its backward reads."""
@@ -71,7 +67,6 @@ def check_backend(value: str, where: str) -> str:
 
 def _wanted(layer, x) -> bool:
     """Whether `layer` should try oneDNN on input `x` (the library, the dtype and the device)."""
-    global _warned
     backend = layer.backend
     if backend == "lowering":
         return False
@@ -86,12 +81,6 @@ def _wanted(layer, x) -> bool:
     if not capi.available():
         if backend == "onednn":
             capi.library()  # raises OneDNNUnavailable with the install hint
-        if not _warned:
-            _warned = True
-            warnings.warn(
-                "oneDNN is not installed: convolutions use batched lowering (pip install 'dasknn[onednn]')",
-                stacklevel=4,
-            )
         return False
     return True
 

@@ -3,8 +3,8 @@
 Written from oneDNN's own headers (include/oneapi/dnnl/dnnl.h, dnnl_types.h, dnnl_common_types.h
 at tag v3.2); the enum values below are theirs. Every call that returns a status goes through
 `check`, so a failure is one `OneDNNError` naming the call. `library()` loads libdnnl once per
-process and raises `OneDNNUnavailable` when it is not installed (the default install has no
-oneDNN; `pip install dasknn[onednn]` adds it).
+process and raises `OneDNNUnavailable` when it is not installed (dasknn depends on the wheel
+on x86-64 Linux; it has no wheels for other platforms).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ __all__ = [
 
 DISTRIBUTION = "onednn-cpu-gomp"
 """The wheel that ships libdnnl.so.3 built for GNU OpenMP (Apache-2.0)."""
+WHEEL_VERSION = "2023.2.0"
+"""The wheel's version dasknn depends on (oneDNN 3.2)."""
 WAIT_POLICY = "PASSIVE"
 """The OpenMP wait policy dasknn sets (`OMP_WAIT_POLICY`, unless the user set one) before libgomp
 starts with libdnnl. By default GNU OpenMP's idle threads spin for a while after each parallel
@@ -214,7 +216,8 @@ def _load() -> None:
     if path is None or not os.path.exists(path) and os.sep in path:
         env = os.environ.get(LIBRARY_ENV)
         where = f"{LIBRARY_ENV}={env!r}" if env is not None else f"no {DISTRIBUTION} wheel"
-        raise OneDNNUnavailable(f"oneDNN is not installed ({where}); pip install 'dasknn[onednn]'")
+        hint = f"pip install {DISTRIBUTION}=={WHEEL_VERSION}"
+        raise OneDNNUnavailable(f"oneDNN is not installed ({where}); {hint}")
     os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)  # read once, when libgomp starts with libdnnl
     try:
         lib = ctypes.CDLL(path)
