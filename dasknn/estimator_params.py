@@ -351,7 +351,8 @@ PARAMS: tuple[Param, ...] = (
     Param("backend", None, Choice(("auto", "lowering", "onednn", None)),
           "The conv phase's kernels (`dasknn.nn.onednn`), set on every layer that has a choice: "
           "\"lowering\" is Caffe con Troll's batched lowering on numpy's BLAS (the reference); \"onednn\" "
-          "calls oneDNN's direct convolutions (installed with dasknn on Linux x86-64); \"auto\" takes oneDNN for float32 on a "
+          "calls oneDNN's direct convolutions (installed with dasknn on Linux x86-64); \"auto\" takes "
+          "oneDNN for float32 on a "
           "CPU when it is installed and lowering elsewhere. None keeps the net's own setting (\"auto\" for "
           "zoo and .prototxt nets). A resumed fit must use the same kernels (their roundings differ)."),
 )  # fmt: skip
@@ -568,7 +569,8 @@ CLI_HELP = {
     "augment": "What the workers do to each training batch: 'shift' (digits moved by up to 2 px) or "
     "'crop_mirror:SIZE' (Caffe's random crop of SIZE and mirror) (default: none)",
     "backend": "The conv phase's kernels: 'lowering' (batched lowering on numpy's BLAS, the reference), "
-    "'onednn' (oneDNN's direct convolutions, installed with dasknn on Linux x86-64) or 'auto' (oneDNN for float32 on a CPU when "
+    "'onednn' (oneDNN's direct convolutions, installed with dasknn on Linux x86-64) or 'auto' "
+    "(oneDNN for float32 on a CPU when "
     "installed, else lowering) (default: the net's own, 'auto' for zoo and .prototxt nets)",
     "early_stopping": "Stop when the held-out loss has not improved by more than --tol for "
     "--n-iter-no-change evaluations, ending with the best evaluation's weights",
