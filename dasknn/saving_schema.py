@@ -303,8 +303,8 @@ def _check_field(name: str, value: Any, fitted: dict[str, Any]) -> str:
 
 FITTED_NAMES = ("_loop_", "augment_", "batch_size_", "best_iteration_", "checkpoint_", "classes_", "config_",
                 "data_", "decisions_", "history_", "max_wall_time_", "n_features_in_", "n_iter_",
-                "n_train_samples_", "net_", "parts_", "report_", "simulated_gflops_", "state_", "stopped_by_", "trace_",
-                "tradeoff_", "tuner_", "tuner_options_")  # fmt: skip
+                "n_train_samples_", "net_", "parts_", "report_", "simulated_gflops_", "state_", "stopped_by_",
+                "trace_", "tradeoff_", "tuner_", "tuner_options_")  # fmt: skip
 """The learned attributes a saved model may hold (`checkpoint_`, a path, is never restored)."""
 REQUIRED = {"classes_", "n_features_in_", "net_", "state_"}
 
