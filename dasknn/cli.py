@@ -527,6 +527,15 @@ class _Parser(argparse.ArgumentParser):
             EXIT_BAD_INPUT, f"{self.prog}: error: {' '.join(message.split())}; see `{self.prog} --help`\n"
         )
 
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse takes `--flag=--` as an empty list, past its choices and type: refused here."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            value = getattr(namespace, action.dest, None)
+            if action.option_strings and action.nargs is None and isinstance(value, list) and not value:
+                self.error(f"argument {'/'.join(action.option_strings)}: expected one value, got '--'")
+        return namespace, extras
+
 
 def _add_dataset_flags(parser: argparse.ArgumentParser) -> None:
     """--dataset and the dataset flags (`DATASET_FLAGS`) of `dasknn train` and `dasknn predict`."""

@@ -9,8 +9,10 @@ and its workers' imports start while the command goes on with its own set-up.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import weakref
 from contextlib import ExitStack
 
 import dask
@@ -38,7 +40,9 @@ def dask_client(stack: ExitStack, scheduler: str | None, security, n_workers: in
     from dasknn.engine.dask import local_client
 
     if scheduler is not None:
-        return stack.enter_context(connect(scheduler, security))
+        client = stack.enter_context(connect(scheduler, security))
+        stack.enter_context(closed_on_loss(client))
+        return client
     if in_dask_task():
         from distributed import worker_client
 
@@ -115,6 +119,45 @@ def connect(address: str, security):
         ) from err
 
 
+_CLOSED_ON_LOSS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""client → the address of the scheduler it lost (`closed_on_loss`), which its close forgets."""
+
+
+@contextlib.contextmanager
+def closed_on_loss(client, poll: float = 0.2):
+    """Close `client` as soon as it loses its scheduler, while the block runs.
+
+    A client that loses its scheduler cancels its futures, but a call that opens a connection to
+    the scheduler (`client.run`, `scatter`, `identity`) retries it for the whole reconnection window
+    (`distributed.comm.timeouts.connect`, `dasknn train --connect-timeout`) before failing. A fit
+    cannot go on without its scheduler (the scheduler holds its tasks and actors), so for a client
+    dasknn connected itself such a call should fail at once: closing the client cancels the
+    pending connections. A client the user passed is not closed behind their back."""
+    from dasknn.engine.dask.recovery import scheduler_connected
+
+    done = threading.Event()
+    address = client.scheduler.address
+
+    def watch() -> None:
+        while not done.wait(poll):
+            if client.status in ("closing", "closed"):
+                return
+            if not scheduler_connected(client):
+                logger.debug("the client lost its scheduler at %s: closing it", address)
+                _CLOSED_ON_LOSS[client] = address
+                with contextlib.suppress(Exception):
+                    client.close(timeout=10)
+                return
+
+    thread = threading.Thread(target=watch, name="dasknn-scheduler-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def scheduler_answers(client, timeout: float = 10.0) -> bool:
     """True when the client's scheduler still answers (a bounded identity call)."""
     from dasknn.engine.dask.recovery import scheduler_connected
@@ -131,7 +174,9 @@ def scheduler_answers(client, timeout: float = 10.0) -> bool:
 def scheduler_lost(client, err: BaseException):
     from dasknn.engine.dask.recovery import SchedulerError
 
-    address = getattr(client.scheduler, "address", None) or "the client's address"
+    address = (
+        _CLOSED_ON_LOSS.get(client) or getattr(client.scheduler, "address", None) or "the client's address"
+    )
     return SchedulerError(
         f"lost the scheduler at {address} during the fit ({type(err).__name__}: {err}); restart "
         "`dask scheduler` and its workers, then resume from the last checkpoint (checkpoint_dir, resume=True)"

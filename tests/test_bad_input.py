@@ -305,7 +305,7 @@ BAD_FLAGS = {
     "--max-epochs": _not_positive_float,
     "--engine": st.text(max_size=6).filter(lambda s: s not in ("dask", "simulated")),
     "--n-groups": st.sampled_from(["fast", "", "one", "1,2", "0x", "auto!"]),
-    "--lr": st.sampled_from(["fast", "", "1e", "0.1.2"]),  # not "--": argparse drops it
+    "--lr": st.sampled_from(["fast", "", "1e", "0.1.2", "--"]),
     "--momentum": st.sampled_from(["high", "", "9/10"]),
     "--seed": st.one_of(st.floats().map(str), _text.filter(lambda s: not s.strip().lstrip("+-").isdigit())),
 }
@@ -316,6 +316,12 @@ BAD_FLAGS = {
 def test_a_bad_flag_value_exits_2_naming_the_flag_before_loading_data(flag_value):
     flag, value = flag_value
     refused(flag, f"{flag}={value}")
+
+
+@pytest.mark.parametrize("flag", ["--engine", "--lr", "--dataset", "--batch-size", "--scheduler"])
+def test_a_flag_given_the_separator_as_its_value_is_refused(flag):
+    """argparse turns `--flag=--` into an empty list that skips choices= and type=."""
+    assert "expected one value, got '--'" in refused(flag, f"{flag}=--")
 
 
 def test_unknown_flags_and_commands_exit_2():

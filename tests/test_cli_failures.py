@@ -173,3 +173,30 @@ def test_a_killed_scheduler_is_a_cluster_failure_naming_it_within_bounded_time(d
     assert seconds < WINDOW / 2, (
         f"{seconds:.0f} s to notice the lost scheduler (reconnection window {WINDOW} s)"
     )
+
+
+def test_a_call_to_a_lost_scheduler_fails_at_once_not_after_the_reconnection_window(deployment):
+    """A call that opens a connection to the scheduler (here its identity) retries for the whole
+    reconnection window once the scheduler is gone; a client dasknn connected is closed as soon as it
+    loses its scheduler (`closed_on_loss`), which ends such a call. Without that, this call takes
+    WINDOW seconds; the bound is a tenth of it."""
+    import dask
+
+    from dasknn.cluster import closed_on_loss, connect, scheduler_lost
+
+    address, procs = deployment
+    with dask.config.set({"distributed.comm.timeouts.connect": f"{WINDOW}s"}):
+        client = connect(address, None)
+        try:
+            with closed_on_loss(client):
+                assert client.status == "running"
+                os.killpg(procs["scheduler"].pid, signal.SIGKILL)
+                procs["scheduler"].wait(timeout=HANG)
+                t0 = time.monotonic()
+                with pytest.raises(Exception) as failed:
+                    client.sync(client.scheduler.identity)
+                seconds = time.monotonic() - t0
+        finally:
+            client.close(timeout=10)
+    assert seconds < WINDOW / 10, f"{seconds:.0f} s for a call to the lost scheduler"
+    assert str(scheduler_lost(client, failed.value)).startswith(f"lost the scheduler at {address} ")

@@ -45,6 +45,7 @@ __all__ = [
 
 BACKENDS = ("auto", "lowering", "onednn")
 
+
 @dataclass
 class OneDNNCache:
     """A layer's forward cache when oneDNN computed it: the kernel and what its backward reads."""
