@@ -15,7 +15,7 @@ accuracy** (`--target`; the estimator's stratified 20% split, 1,000 samples, see
 random_state; first evaluation at or above); a miss counts as the fit's end time and is marked.
 
 The workload. The design's 32-worker benchmark asks for one where plain async g = 32 needs at least 2,000
-iterations. On unshifted digits (`--augment none`, the workload until the fifth session) plain
+iterations. On unshifted digits (`--augment none`, the earlier workload) plain
 async at its selected η = 0.01 needed a median of 1,719 iterations to 94% (1,375-3,562 over seeds
 0-5), and 95% sat at its plateau on seed 3. The ±2 px shifts (the usual MNIST augmentation) lower
 each iteration's progress without lowering the plateau: plain async at its selected η = 0.003, run
@@ -45,14 +45,13 @@ of each "auto" fit is written next to the table.
 Writes experiments/results/bench_auto_sim32/{selection.csv, runs.csv, table.md,
 decisions_auto_SEED.csv}.
 
-Found (2026-11-26, fifth session, main bf3f0c1, shifted digits, seeds 0-5; the clock does not
-depend on the machine's load): selection chose η = 0.01 for sync (every η missed in 60 s) and
-η = 0.003 for plain async (1.21 s; 0.001 1.70 s, 0.01 2.44 s, 0.03 at chance); plain async
-1.23 s refined, 2,531 iterations (refined median), sync 42 s (seeds 0-2, 2 of 3); "auto" 1.16 s
-median on bf3f0c1 (1.07×) and 1.06 s with trials judged beyond their noise (8ccf8e1: **1.17×**,
-per seed 0.53-1.81; 6 of 6 reached): the 1.2× is not met. On unshifted digits (fourth session, main
-98ef34a): "auto" 0.67 s, plain async η = 0.01 0.84 s refined (1.25×), 1,719 iterations. Details:
-experiments/README.md, "Simulated 32 workers, fifth session (2026-11-26)" and the sections before it.
+Found (measured 2026-11-26; the clock does not depend on the machine's load), shifted digits,
+seeds 0-5: selection chose η = 0.01 for sync (every η missed in 60 s) and η = 0.003 for plain
+async (1.21 s; 0.001 1.70 s, 0.01 2.44 s, 0.03 at chance); plain async 1.23 s refined, 2,531
+iterations (refined median), sync 42 s (seeds 0-2, 2 of 3); "auto" at main 62dfe1e 1.10 s median:
+plain async ÷ "auto" **1.12** (per seed 0.42-2.83; 6 of 6 reached): the 1.2× is not met. On
+unshifted digits (`--augment none`, main 8ccf8e1): "auto" 0.768 s median, plain async η = 0.01
+0.84 s refined (1.09×), 1,719 iterations. Details: experiments/README.md, "bench_auto_sim32".
 """
 
 from __future__ import annotations

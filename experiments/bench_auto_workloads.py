@@ -9,10 +9,9 @@ not here. Two workloads:
 - `cifar10_quick`: CIFAR-10 quick (Caffe's) on `synthetic` 3×32×32 images (5,000, noise 3.0;
   CIFAR-10 itself is not on this machine) brought to the scale Caffe's CIFAR-10 example trains on
   (pixels × 255, the per-channel mean subtracted: the solver's η = 0.001 is tuned for those inputs,
-  and on [0, 1] inputs it stays at chance for epochs; as experiments/bench_long), unshifted (until
-  the fifth session the workload named `augment="shift"`, which `SimulatedCNN`'s `GroupDevices`
-  never applied: every number recorded for it is on unshifted images, so that is what it now says
-  it runs), batch 128, weight decay 0.004 (its solver's), no time budget (a fixed run
+  and on [0, 1] inputs it stays at chance for epochs; as experiments/bench_long), unshifted (the
+  workload once named `augment="shift"`, which `SimulatedCNN`'s `GroupDevices` never applied:
+  every number recorded for it is on unshifted images, so that is what it now says it runs), batch 128, weight decay 0.004 (its solver's), no time budget (a fixed run
   is evaluated every 3 simulated s), a 12-epoch cap (372 iterations, about 40 s of real time per
   fit here), target 70% held-out: below the 76-77% that g = 1 at η = 0.001 and 0.003 reach at the
   cap, still rising (chosen from those fixed runs before "auto" ran on it);
@@ -32,18 +31,14 @@ solver's settings.
 
 Writes experiments/results/bench_auto_workloads/{runs.csv, table.md, decisions_WORKLOAD_SEED.csv}.
 
-Found (2026-11-26, fourth session, seeds 0 and 1): LeNet b = 128 to 96%: "auto" median 8.34
-simulated s, the best grid point (g = 2, η = 0.03) 5.73 s (1.46×, target ≤ 1.5: met), LeNet's
-solver settings 11.12 s (0.75×: met at the median; on seed 0 alone "auto" 9.35 s against the
-solver's 9.13 s). CIFAR-10 quick to 70%: "auto" **missed on both seeds** (best held-out 40.3% and
-65.9% within the cap); the best grid point (g = 1, η = 0.003) 38.98 s and the solver's settings
-43.39 s reached it on both, every g = 2 point and g = 1 at η = 0.01 on neither. On seed 0 the ramp's
-first step (0.001 → 0.004) kept a window whose loss rose within its noise and whose held-out fell
-(26% → 20%); η = 0.004 is at the edge of stability there (a fixed η = 0.004 collapses at
-iteration 62 and needs 63 s), and training at 0.002 from that kept state crawled (28% at 43 s,
-where a fresh η = 0.002 has 69%). On seed 1 the momentum feedback raised µ 0.9 → 0.956 at g = 1 on
-measured total momenta of 0.73-0.83 (µ pinned at 0.9: best 69.0%, still a miss). Details:
-experiments/README.md, "Other workloads again (2026-11-26, fourth session)".
+Found (measured 2026-11-26, seeds 0-2; "auto" at main 62dfe1e): LeNet b = 128 to 96%: "auto"
+median 9.35 simulated s, the best grid point (g = 2, η = 0.03) 5.75 s (1.63×, target ≤ 1.5: not
+met; 1.46× on seeds 0-1), LeNet's solver settings 11.77 s (0.79×: met). CIFAR-10 quick to 70%:
+"auto" 49.34 s, 64.76 s and a miss (best held-out 57.1%): not met; the best grid point (g = 1,
+η = 0.003, median 39.00 s) and the solver's settings (44.91 s) reach it on every seed, every g = 2
+point and g = 1 at η = 0.01 on none. On seed 0 the ramp's first step (0.001 → 0.004) is at the
+edge of stability (a fixed η = 0.004 collapses at iteration 62 and needs 63 s). Details:
+experiments/README.md, "bench_auto_workloads".
 """
 
 from __future__ import annotations

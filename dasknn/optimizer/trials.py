@@ -13,13 +13,10 @@ because its epochs last an hour).
 A trial is short (the cap gives it tens of iterations where a training run has hundreds), so its
 progress per second is noisy: it is adopted only when it beats the runs around it beyond the
 standard error of the difference (`trial_noise`), as the ramp keeps a doubled rate only beyond a
-window's noise. On 32 simulated asynchronous groups at batch 8 (experiments/bench_auto_sim32.py)
-trials of 36 iterations were adopted on swings such as +14/s against −4.5/s around them (the loss
-of the runs around a trial rising and falling at a steady η), and switching the trials off made
-"auto" faster on 5 of 6 seeds (experiments/README.md, "Simulated 32 workers, fifth session").
-So a trial is not started at all when the noise it would have (`predicted_noise`: the last run's,
-scaled to the trial's length) lets it be adopted only above `MAX_TRIAL_GAIN` times the current
-progress (`resolvable`): it would cost its time and could be adopted only on noise.
+window's noise. A trial is not started at all when the noise it would have (`predicted_noise`:
+the last run's, scaled to the trial's length) lets it be adopted only above `MAX_TRIAL_GAIN` times
+the current progress (`resolvable`): it would cost its time and could be adopted only on noise.
+The measurements behind both rules: experiments/README.md, "bench_auto_sim32".
 """
 
 from __future__ import annotations

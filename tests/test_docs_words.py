@@ -1,0 +1,51 @@
+"""The code and docs speak of the project, not of when it was written: no "fourth session" wording."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.conftest import REPO
+
+SESSION_WORDS = re.compile(
+    r"\b(first|second|third|fourth|fifth|sixth|seventh|this|last|previous)[\s-]+session", re.IGNORECASE
+)
+SCANNED = ("dasknn", "docs", "experiments", "README.md")
+SUFFIXES = {".py", ".md", ".txt", ".toml", ".yml"}
+SKIPPED_DIRS = {"results", "__pycache__"}
+
+
+def text_files() -> list[Path]:
+    """The text files of the package, the docs and the experiments (not their generated results)."""
+    files = []
+    for name in SCANNED:
+        root = REPO / name
+        if root.is_file():
+            files.append(root)
+            continue
+        for path in root.rglob("*"):
+            rel = path.relative_to(root).parts
+            if path.is_file() and path.suffix in SUFFIXES and not SKIPPED_DIRS.intersection(rel):
+                files.append(path)
+    return files
+
+
+def session_wording(text: str) -> list[str]:
+    """Each place in `text` that dates itself by a work session (a line break inside the words included)."""
+    return [f"line {text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}" for m in SESSION_WORDS.finditer(text)]
+
+
+def test_pattern_finds_session_wording() -> None:
+    """The pattern catches the phrasings that date a text, and leaves the code's own session objects alone."""
+    assert session_wording("measured in the fourth session\nat the end of the Fifth session")
+    assert session_wording("a fifth-session rerun")
+    assert session_wording("nothing changed in this\nsession") == ["line 1: 'this\\nsession'"]
+    assert session_wording("session = dict(resume_from.meta)\nan onnxruntime InferenceSession") == []
+
+
+def test_no_session_wording_in_code_and_docs() -> None:
+    """No file of dasknn/, docs/, experiments/ or README.md speaks of a first/.../last session."""
+    files = text_files()
+    assert any(p.name == "README.md" for p in files) and any(p.suffix == ".py" for p in files)
+    found = {str(p.relative_to(REPO)): hits for p in files if (hits := session_wording(p.read_text(errors="replace")))}
+    assert not found, f"session wording (say the date or the commit instead): {found}"
