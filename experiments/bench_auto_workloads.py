@@ -11,8 +11,9 @@ not here. Two workloads:
   (pixels × 255, the per-channel mean subtracted: the solver's η = 0.001 is tuned for those inputs,
   and on [0, 1] inputs it stays at chance for epochs; as experiments/bench_long), unshifted (the
   workload once named `augment="shift"`, which `SimulatedCNN`'s `GroupDevices` never applied:
-  every number recorded for it is on unshifted images, so that is what it now says it runs), batch 128, weight decay 0.004 (its solver's), no time budget (a fixed run
-  is evaluated every 3 simulated s), a 12-epoch cap (372 iterations, about 40 s of real time per
+  every number recorded for it is on unshifted images, so that is what it now says it runs),
+  batch 128, weight decay 0.004 (its solver's), no time budget (a fixed run is evaluated every 3
+  simulated s), a 12-epoch cap (372 iterations, about 40 s of real time per
   fit here), target 70% held-out: below the 76-77% that g = 1 at η = 0.001 and 0.003 reach at the
   cap, still rising (chosen from those fixed runs before "auto" ran on it);
 - `lenet128`: LeNet on mnist-sample at batch 128, weight decay 5e-4.

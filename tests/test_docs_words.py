@@ -32,7 +32,8 @@ def text_files() -> list[Path]:
 
 def session_wording(text: str) -> list[str]:
     """Each place in `text` that dates itself by a work session (a line break inside the words included)."""
-    return [f"line {text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}" for m in SESSION_WORDS.finditer(text)]
+    hits = SESSION_WORDS.finditer(text)
+    return [f"line {text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}" for m in hits]
 
 
 def test_pattern_finds_session_wording() -> None:
@@ -47,5 +48,6 @@ def test_no_session_wording_in_code_and_docs() -> None:
     """No file of dasknn/, docs/, experiments/ or README.md speaks of a first/.../last session."""
     files = text_files()
     assert any(p.name == "README.md" for p in files) and any(p.suffix == ".py" for p in files)
-    found = {str(p.relative_to(REPO)): hits for p in files if (hits := session_wording(p.read_text(errors="replace")))}
+    texts = {str(p.relative_to(REPO)): p.read_text(errors="replace") for p in files}
+    found = {name: hits for name, text in texts.items() if (hits := session_wording(text))}
     assert not found, f"session wording (say the date or the commit instead): {found}"
