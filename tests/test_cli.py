@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pytest
 import xarray as xr
 
 from tests.conftest import REPO
@@ -74,6 +75,7 @@ def test_summary_prints_layers_and_costs():
     assert "Filler" not in out.stdout
 
 
+@pytest.mark.slow
 def test_train_with_a_replica_strategy_on_the_simulator(tmp_path):
     """--strategy / --physical-map reach the engine; simulated seconds are labelled as such."""
     run = tmp_path / "sma"
@@ -90,6 +92,7 @@ def test_train_with_a_replica_strategy_on_the_simulator(tmp_path):
     assert code == 2 and "--strategy" in err
 
 
+@pytest.mark.slow
 def test_lr_grid_sets_the_optimizers_cold_start_rates(tmp_path):
     run = tmp_path / "grid"
     out = dasknn(
@@ -144,6 +147,7 @@ def test_val_split_test_holds_out_the_datasets_test_split(tmp_path):
     assert np.allclose(history["val_accuracy"] * 64, np.round(history["val_accuracy"] * 64))
 
 
+@pytest.mark.slow
 def test_train_streams_and_augments_on_the_workers(tmp_path):
     out = dasknn(
         "train", "--dataset", "digits", "--data", "stream", "--augment", "shift", "--shuffle-window", "2",

@@ -57,6 +57,7 @@ def test_grid_search_under_the_joblib_dask_backend_trains_every_candidate(client
     assert search.best_score_ >= 0.75 and search.best_estimator_.n_iter_ > 0
 
 
+@pytest.mark.slow
 def test_grid_search_with_n_jobs_2_and_no_client_trains_every_candidate(digits):
     X, y = digits
     search = GridSearchCV(DistributedCNN(**PARAMS), {"learning_rate": [0.1, 0.03]}, cv=2, n_jobs=2)

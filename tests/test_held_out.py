@@ -186,6 +186,7 @@ def test_validation_data_goes_through_the_same_gate(digits):
         DistributedCNN(validation_data=(X[:40], [11] + list(y[1:40])), max_epochs=1, **SMALL).fit(X, y)
 
 
+@pytest.mark.slow
 def test_every_plotted_line_segment_joins_two_evaluations_outside_the_search(digits):
     X, y = digits
     est = DistributedCNN(validation_fraction=0.2, tuner="grid", **{**SMALL, "time_budget": 0.05}).fit(X, y)

@@ -319,6 +319,7 @@ def test_lenet_on_digits_reaches_99_percent_training_accuracy_within_its_budget(
     assert result.trace["t_end"].is_monotonic_increasing and result.trace["t_end"].iloc[-1] <= 3000
 
 
+@pytest.mark.slow
 def test_stop_check_iterations_makes_train_runs_of_at_most_that_many_iterations(digits8):
     """Training runs end every `stop_check_iterations` so should_stop (the estimator's evaluation)
     sees the model as often as a fixed run's loop does; without it an epoch is 4 runs."""

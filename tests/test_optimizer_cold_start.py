@@ -68,6 +68,7 @@ def test_momentum_zero_at_g2_stops_the_ladder_and_g2_wins_at_equal_time(digits8)
     assert rows(d, "probe")["start_hash"].nunique() == 1
 
 
+@pytest.mark.slow
 def test_equal_time_lets_the_faster_g_win_when_every_g_learns_alike(digits8):
     """A loss that falls with the iterations done, the same at every g (no SE penalty) and lowest at
     µ = 0.6: at equal time the g that iterates fastest (FC-saturated g = 4) has done the most."""

@@ -148,6 +148,7 @@ def logs(tmp: Path) -> str:
     )
 
 
+@pytest.mark.slow
 def test_deployed_cluster_places_fc_on_the_fc_worker_and_trains_from_two_clients(deployment):
     from distributed import get_task_stream
 

@@ -372,6 +372,7 @@ def test_a_checkpoint_resumes_on_a_cluster_of_another_size(tmp_path):
     assert resumed.n_iter_ == whole.n_iter_ and resumed.score(X, y) >= 0.9
 
 
+@pytest.mark.slow
 def test_the_auto_tuner_decides_g_again_after_a_worker_joins():
     """The "auto" tuner on a DaskEngine learns the new worker count from the run the join happened
     in (`trace.attrs["n_workers"]`) and decides g again at the next run boundary."""
@@ -421,6 +422,7 @@ def _until(condition, what: str, seconds: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_run_on_an_adaptive_cluster_at_zero_workers_waits_for_one(digits):
     """cluster.adapt(minimum=0): a run that finds no worker waits with a task pending, the
     Adaptive starts a worker for it, and the run trains there instead of raising WorkerLostError."""
@@ -503,6 +505,7 @@ def test_a_worker_retired_between_two_runs_leaves_when_the_next_run_starts_witho
     assert second.trace["version_written"].tolist() == list(range(1, 11))
 
 
+@pytest.mark.slow
 def test_when_every_worker_is_lost_abruptly_the_run_waits_and_recovers_on_a_new_one(digits):
     """With worker_wait, an abrupt loss of the only worker is not the end: the run waits for a
     worker (the test starts one once the loss is seen) and recovers there from the last snapshot."""

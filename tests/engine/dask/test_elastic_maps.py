@@ -152,6 +152,7 @@ def test_the_unmerged_map_hands_over_for_every_role_and_trigger(role, how, digit
     _unmerged_leave(role, how, digits)
 
 
+@pytest.mark.slow
 def test_a_worker_that_joins_an_unmerged_run_becomes_a_shard_of_its_group(digits):
     """n_groups=1 pinned on one worker: the worker that joins is planned as the group's second
     shard and trains within 10 s of its join, from the model servers' exact states."""
@@ -261,6 +262,7 @@ def test_model_averaging_hands_over_when_the_average_models_worker_is_retired(di
     _sma_leave("average model", "client.retire_workers", digits, Strategy(name="model_averaging", tau=2))
 
 
+@pytest.mark.slow
 def test_a_worker_that_joins_an_sma_run_takes_a_learner_and_k_stays(digits):
     """k = 2 learners on one worker: the worker that joins takes learner 1 with its replica, moved
     bit for bit, and trains within 10 s of its join; k stays 2 (Crossbow's statistical knob, α = 1/2)
@@ -308,6 +310,7 @@ def test_a_worker_that_joins_an_sma_run_takes_a_learner_and_k_stays(digits):
     assert later.groupby("group")["workers"].nunique().eq(1).all() and later["workers"].nunique() == 2
 
 
+@pytest.mark.slow
 def test_the_unmerged_map_and_sma_report_workers_that_changed_between_runs(digits):
     """A worker that joins and one that is retired while no run is going on: the next run of the
     unmerged map and of SMA reports both at its start (`elastic.between_runs`), as the merged map

@@ -94,6 +94,7 @@ def check_trace(result, iterations: int) -> None:
     assert (trace["staleness"] >= 0).all() and np.isfinite(trace["loss"]).all()
 
 
+@pytest.mark.slow
 def test_losing_the_fc_machine_goes_back_to_the_snapshot_and_still_reaches_the_target(digits):
     X, y = digits
     with local_client(n_workers=2) as client:
