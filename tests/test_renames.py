@@ -5,14 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from dasknn.engine.dask import DaskEngine
-
-
-def test_dask_engine_window_is_deprecated_and_does_nothing():
-    with pytest.warns(DeprecationWarning, match="shuffle_window"):
-        engine = DaskEngine(window=4)
-    assert not hasattr(engine, "window") and engine.shuffle_window == 1
-
 
 def test_the_optimizers_old_class_names_are_deprecated_aliases():
     import dasknn.optimizer as optimizer
