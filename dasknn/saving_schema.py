@@ -352,6 +352,8 @@ def _net_param(value: Any, arrays, fitted: dict[str, Any]) -> Any:
 
 FORMER_NAMES = {"optimizer": "tuner", "optimizer_options": "tuner_options"}
 """Parameters that models saved by earlier versions hold under a former name, and their names now."""
+FORMER_OPTIONS = {"segment_iterations": "run_iterations"}
+"""Likewise for the tuners' options (`tuner_options`)."""
 
 
 def _present_names(doc: Any) -> Any:
@@ -371,6 +373,18 @@ def _present_names(doc: Any) -> Any:
     return out
 
 
+def _present_options(options: Any) -> Any:
+    """Tuner options with each former name (`FORMER_OPTIONS`) read as its present one; where both
+    are given, the present one counts (as it did when both names were accepted)."""
+    if not isinstance(options, dict):
+        return options
+    return {
+        FORMER_OPTIONS.get(k, k): v
+        for k, v in options.items()
+        if not (k in FORMER_OPTIONS and FORMER_OPTIONS[k] in options)
+    }
+
+
 def _params(doc: Any, arrays, fitted: dict[str, Any]) -> dict[str, Any]:
     """The parameters, each by its rule; one that is missing takes its default (a model saved
     before that parameter existed), one under a former name is read as its present one."""
@@ -385,7 +399,7 @@ def _params(doc: Any, arrays, fitted: dict[str, Any]) -> dict[str, Any]:
             continue
         value = untagged(value, arrays, f"params.{name}")
         if name == "tuner_options":
-            value = without_paths(value)
+            value = _present_options(without_paths(value))
         try:
             BY_NAME[name].rule.check(name, value)
         except (ValueError, FileNotFoundError) as err:
