@@ -138,8 +138,7 @@ class DaskEngine:
 
     `blas_threads` limits BLAS threads per worker process (None: leave the workers as they are);
     `timeout` bounds every wait on a server or a task (seconds); `verbose` > 0 shows a progress
-    bar; `poll` is how often (s) the driver checks the groups and the workers. `window` is
-    deprecated and does nothing (each group's loop runs one iteration at a time).
+    bar; `poll` is how often (s) the driver checks the groups and the workers.
 
     Fault tolerance: every `snapshot_every` conv updates (checked each `poll`) the driver
     snapshots both servers. When a worker of the placement dies, the run continues on the surviving
