@@ -78,9 +78,6 @@ _BAD_INPUT = (
     PermissionError,
 )
 
-DEFAULT_TARGET = 0.96
-"""The main job's held-out accuracy target (mnist-sample, LeNet, 20% held out; see the README)."""
-
 
 def _default_dataset() -> str:
     try:

@@ -114,8 +114,6 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         resume: bool = False,
         tuner_options: dict | None = None,
         tuner: str = "auto",
-        optimizer: str | None = None,
-        optimizer_options: dict | None = None,
         simulated_gflops: Any = SIMULATED_GFLOPS,
         data: str = "auto",
         augment: Any = None,
@@ -154,7 +152,6 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         self.verbose = verbose
         self.warm_start, self.checkpoint_dir, self.resume = warm_start, checkpoint_dir, resume
         self.tuner_options, self.tuner = tuner_options, tuner
-        self.optimizer, self.optimizer_options = optimizer, optimizer_options  # deprecated names
         self.simulated_gflops = simulated_gflops
         self.data = data
         self.augment = augment
@@ -209,7 +206,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         in_memory = hasattr(self, "net_")
         ckpt = checkpoint_to_continue(self.checkpoint_dir, self.resume, self.warm_start, in_memory)
         if ckpt is not None:
-            default = self.tuner == "auto" and self.optimizer is None
+            default = self.tuner == "auto"
             adopted = adopt(ckpt, fingerprint(self.get_params(deep=False), self.tuner_), self.resume, default)
             self.tuner_ = adopted.tuner or self.tuner_
             self.classes_, self.n_features_in_ = adopted.classes, adopted.n_features_in
@@ -243,10 +240,9 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
             return self._fit(X, y, stored, None, partial_epochs=epochs)
 
     def _resolve_tuner(self) -> None:
-        """`tuner_` and `tuner_options_`: the tuner, the deprecated `optimizer=` names mapped onto it."""
-        from dasknn.estimator_params import resolve_tuner
-
-        self.tuner_, self.tuner_options_ = resolve_tuner(self.get_params(deep=False))
+        """`tuner_` and `tuner_options_`: the tuner and its options this fit starts with (a resumed
+        fit may adopt its checkpoint's tuner)."""
+        self.tuner_, self.tuner_options_ = self.tuner, self.tuner_options
 
     def _check_labels(self, labels, context: str) -> None:
         unseen = np.setdiff1d(labels, self.classes_)

@@ -34,7 +34,7 @@ from dasknn.rules import (
 
 ENGINES = ("dask", "simulated")
 TUNERS = ("auto", "grid", "online")
-"""The tuners of the knobs left "auto"; `optimizer` was the old name of `tuner`."""
+"""The tuners of the knobs left "auto"."""
 DATA_CHOICES = ("auto", "persist", "stream")
 """The values of DistributedCNN's `data`: the Dask engine's two ways of getting the training
 batches to the workers (`dasknn.engine.dask.driver.DATA_MODES`), or "auto" to choose between them."""
@@ -310,14 +310,7 @@ PARAMS: tuple[Param, ...] = (
           "η doubled while it pays, A-B-A trials within 5% of the elapsed time, η ÷ 3 on a plateau and a "
           "stop on convergence (`dasknn.optimizer.auto`). \"grid\": Omnivore's Algorithm 1, a cold "
           "start then grid searches from checkpoints. \"online\": the goodput optimizer (Pollux, "
-          "YellowFin, AdaScale; `dasknn.optimizer.online`).", aliases=("--optimizer",)),
-    Param("optimizer", None, Custom("None or one of 'auto', 'grid', 'online'",
-                                    accepts=lambda v: v is None or v in TUNERS),
-          "Deprecated: the old name of `tuner` (a DeprecationWarning; it read as the SGD/Adam choice of "
-          "Keras and skorch).", flag=False, resume=False),
-    Param("optimizer_options", None,
-          Custom("None or a dict", accepts=lambda v: v is None or isinstance(v, dict)),
-          "Deprecated: the old name of `tuner_options` (a DeprecationWarning).", flag=False, resume=False),
+          "YellowFin, AdaScale; `dasknn.optimizer.online`)."),
     Param("simulated_gflops", SIMULATED_GFLOPS,
           Custom("a number > 0 or 'calibrate'", accepts=lambda v: (isinstance(v, str) and v == "calibrate")
                  or Number(0, low_open=True).ok(v), parse_text=_simulated_gflops_word),
@@ -387,33 +380,6 @@ def optimizer_class(name: str):
     return {"auto": AutoPolicy, "online": OnlinePolicy, "grid": GridPolicy}[name]
 
 
-def resolve_tuner(params: dict[str, Any], warn: bool = True) -> tuple[str, dict[str, Any] | None]:
-    """(tuner, tuner_options) with the deprecated names `optimizer` / `optimizer_options` mapped
-    onto them (a DeprecationWarning each); both names of one setting given is a ValueError."""
-    import warnings
-
-    tuner, options = params["tuner"], params["tuner_options"]
-    if params.get("optimizer") is not None:
-        if tuner != "auto" and tuner != params["optimizer"]:
-            raise ValueError(
-                f"give tuner={tuner!r} or the deprecated optimizer={params['optimizer']!r}, not both"
-            )
-        tuner = params["optimizer"]
-        if warn:
-            warnings.warn(
-                "optimizer= is deprecated: use tuner= (same values)", DeprecationWarning, stacklevel=4
-            )
-    if params.get("optimizer_options") is not None:
-        if options is not None:
-            raise ValueError("give tuner_options or the deprecated optimizer_options, not both")
-        options = params["optimizer_options"]
-        if warn:
-            warnings.warn(
-                "optimizer_options= is deprecated: use tuner_options=", DeprecationWarning, stacklevel=4
-            )
-    return tuner, options
-
-
 class _NoEngine:
     """Stands in for the engine while optimizer options are checked: nothing may run."""
 
@@ -445,8 +411,7 @@ def _check_combinations(params: dict[str, Any], partial: bool) -> None:
         aggregation=params["aggregation"],
         split=params["split"],
     )
-    tuner, options = resolve_tuner(params, warn=False)
-    _check_optimizer_options(options, tuner)
+    _check_optimizer_options(params["tuner_options"], params["tuner"])
     _check_tls(params["scheduler"], params["security"])
     _check_data(params)
     n_groups, n_workers = params["n_groups"], params["n_workers"] or SIMULATED_WORKERS

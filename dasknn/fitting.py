@@ -89,10 +89,6 @@ class Evaluator:
             sets["val_"] = (self.X_val, self.y_val)
         self.scorer = Scorer(net, sets, scoring_batch_size(net))
 
-    @property
-    def has_validation(self) -> bool:
-        return self.X_val is not None
-
     def __call__(self, state: TrainState) -> dict[str, float]:
         scores = {}
         for prefix, (loss, acc) in self.scorer(state.params).items():

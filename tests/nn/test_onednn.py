@@ -414,8 +414,8 @@ def test_lenet_reaches_the_main_jobs_target_with_onednn_as_with_lowering():
     import dask
     from sklearn.model_selection import train_test_split
 
-    from dasknn.cli import DEFAULT_TARGET
     from dasknn.data import load
+    from dasknn.estimator_params import BY_NAME
     from dasknn.nn.train import evaluate
 
     X, y = dask.compute(*load("mnist-sample"))
@@ -428,7 +428,8 @@ def test_lenet_reaches_the_main_jobs_target_with_onednn_as_with_lowering():
         )
         train_arrays(net, solver, X_train, y_train, batch_size=64, iterations=300, seed=0)
         accuracy[backend] = evaluate(net, X_val, y_val)[1]
-    assert min(accuracy.values()) >= DEFAULT_TARGET, accuracy
+    target = BY_NAME["target_accuracy"].command_default  # `dasknn train`'s
+    assert min(accuracy.values()) >= target, accuracy
     assert abs(accuracy["onednn"] - accuracy["lowering"]) <= 0.01, accuracy
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -139,8 +138,7 @@ class DaskEngine:
 
     `blas_threads` limits BLAS threads per worker process (None: leave the workers as they are);
     `timeout` bounds every wait on a server or a task (seconds); `verbose` > 0 shows a progress
-    bar; `poll` is how often (s) the driver checks the groups and the workers. `window` is
-    deprecated and does nothing (each group's loop runs one iteration at a time).
+    bar; `poll` is how often (s) the driver checks the groups and the workers.
 
     Fault tolerance: every `snapshot_every` conv updates (checked each `poll`) the driver
     snapshots both servers. When a worker of the placement dies, the run continues on the surviving
@@ -199,7 +197,6 @@ class DaskEngine:
         *,
         blas_threads: int | None = None,
         timeout: float = 120.0,
-        window: int | None = None,
         verbose: int = 0,
         poll: float = 1.0,
         strategy: Strategy | None = None,
@@ -216,13 +213,6 @@ class DaskEngine:
         worker_wait: float | None = None,
     ) -> None:
         strategy = strategy if strategy is not None else Strategy()
-        if window is not None:
-            warnings.warn(
-                "DaskEngine(window=...) is deprecated and does nothing: each group's loop runs one "
-                "iteration at a time (`window` now names only the shuffle window, `shuffle_window`)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
         if shard_reads not in SHARD_READS:
             raise ValueError(f"shard_reads must be one of {SHARD_READS}, got {shard_reads!r}")
         self.shard_reads = shard_reads
