@@ -97,12 +97,13 @@ def sim_run(X, y, config, iterations, start=None, net=None):
     return engine.run(net, X, y, config, Budget(iterations=iterations), start)
 
 
-@pytest.mark.parametrize("g", [1, 3])
-def test_a_step_schedule_changes_eta_at_exactly_its_iteration(tiny_data, g):
+@pytest.mark.parametrize("g, physical_map", [(1, "merged"), (3, "merged"), (3, "unmerged")])
+def test_a_step_schedule_changes_eta_at_exactly_its_iteration(tiny_data, g, physical_map):
     X, y = tiny_data
     k = 7
     config = RunConfig(n_groups=g, lr=Schedule.steps_of(0.05, {k: 0.2}), momentum=0.5, batch_size=8)
-    trace = sim_run(X, y, config, 12).trace
+    engine = SimulatedEngine(t_conv=2.0, t_fc=0.5, verbose=0, strategy=Strategy(physical_map=physical_map))
+    trace = engine.run(tiny_net(), X, y, config, Budget(iterations=12)).trace
     # update index i = iteration - 1: the first k updates apply 0.05, the others 0.2
     before = trace["iteration"] <= k
     assert (trace["lr"][before] == 0.05).all() and (trace["lr"][~before] == 0.2).all()
