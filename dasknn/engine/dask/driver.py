@@ -278,6 +278,7 @@ class DaskEngine:
         When every worker is gone, whatever dask call noticed it first (a scatter's "No valid
         workers found", a placement over an empty cluster), the run raises WorkerLostError.
         """
+        self.strategy.check_knobs(config.lr, config.momentum)
         done, client = (0 if start is None else start.iterations_done), engine_client(self)
         if not cluster_workers(client):
             waited = elastic.await_workers(client, self._worker_wait(client), self.poll, installed=False)
