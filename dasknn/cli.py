@@ -47,6 +47,7 @@ EXIT_BAD_INPUT = 2
 EXIT_CLUSTER_FAILURE = 3
 EXIT_INTERNAL_ERROR = 4
 EXIT_LOCAL_IO = 5
+EXIT_DIVERGED = 6
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 """`dasknn` exit codes: 0 target reached (or a command done: `predict` scored or wrote), 1 the
@@ -54,7 +55,8 @@ time budget ran out first, 2 bad input (options, files, data; for `predict` also
 no saved model, or one of a newer format), 3 the cluster failed (scheduler unreachable or lost,
 workers lost), 4 anything else (a bug: rerun with --debug and report the traceback), 5 a local
 file could not be written or read (disk full, permission denied, read-only folder: the path is
-named), 130 interrupted (SIGINT, Ctrl-C), 143 terminated (SIGTERM)."""
+named), 6 training diverged (X not scaled, or a learning rate too high), 130 interrupted
+(SIGINT, Ctrl-C), 143 terminated (SIGTERM)."""
 
 _LOCAL_IO_ERRNOS = {
     errno.ENOSPC,
@@ -650,8 +652,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dasknn",
         description=__doc__.splitlines()[0],
         epilog="exit codes: 0 target reached, 1 time budget ran out, 2 bad input, 3 cluster failure, "
-        "4 internal error, 5 local I/O failure (disk full, permission denied), 130 interrupted, "
-        "143 terminated",
+        "4 internal error, 5 local I/O failure (disk full, permission denied), 6 training diverged, "
+        "130 interrupted, 143 terminated",
     )
     parser.add_argument("--version", action="version", version=f"dasknn {__version__}")
     parser.add_argument("--debug", action="store_true", help="on a failure, print the traceback too")
@@ -729,6 +731,8 @@ def failure(err: BaseException) -> tuple[int, str]:
         )
     if isinstance(err, ClusterError):
         return EXIT_CLUSTER_FAILURE, f"cluster failure: {text}"
+    if isinstance(err, FloatingPointError):
+        return EXIT_DIVERGED, _diverged(text)
     if isinstance(err, _BAD_INPUT):
         return EXIT_BAD_INPUT, f"error: {text}"
     if is_worker_loss(err) or type(err).__module__.startswith("distributed"):
@@ -738,6 +742,17 @@ def failure(err: BaseException) -> tuple[int, str]:
         )
     return EXIT_INTERNAL_ERROR, (
         f"internal error: {type(err).__name__}: {text}; rerun with --debug and report the traceback"
+    )
+
+
+def _diverged(text: str) -> str:
+    """The line for a fit that diverged (a FloatingPointError: the loop's rollbacks ran out, or
+    every rate the tuner tried blew up): what happened, and its likely causes."""
+    said = text if text.startswith("training diverged") else f"training diverged: {text}"
+    return (
+        f"{said}; likely causes: X not scaled (the nets expect inputs of order 1, e.g. 8-bit pixels "
+        "/ 255) or a learning rate too high (lower --learning-rate, or let the tuner choose it: "
+        "--learning-rate auto)"
     )
 
 
