@@ -38,6 +38,7 @@ from dasknn.data import DATASETS
 from dasknn.data.images import RESIZE_MODES
 from dasknn.estimator_params import BY_NAME, add_flags, flag_values
 from dasknn.logs import command_logging
+from dasknn.written import check_writable, new_folder, written
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +178,7 @@ def cmd_train(args) -> int:
     validation_data, fraction, held_out = _validation(args)
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}-{Path(args.net).stem}-{args.dataset}"
     out = Path(args.output or Path("dasknn-runs") / stamp)
+    check_writable(_nearest_folder(out))
     params = dict(
         **flag_values(args),
         security=_security(args),
@@ -210,7 +212,8 @@ def cmd_train(args) -> int:
             est.fit(X, y)
         if cluster is not None:
             cluster.close_behind()
-        best = _report_run(est, args, out, held_out)
+        with new_folder(out):
+            best = _report_run(est, args, out, held_out)
     target = args.target_accuracy
     return EXIT_TARGET_REACHED if target is None or best >= target else EXIT_BUDGET_OUT
 
@@ -221,27 +224,28 @@ def _report_run(est, args, out: Path, held_out: str) -> float:
     from dasknn.reports import METRIC_LABELS, decisions_table, format_table, plot_accuracy, search_spans
     from dasknn.tradeoff.record import save
 
-    out.mkdir(parents=True, exist_ok=True)
     history = pd.DataFrame(est.history_)
-    history.to_csv(out / "history.csv", index=False)
-    est.report_.to_csv(out / "report.csv", index=False)
-    est.trace_.to_csv(out / "trace.csv", index=False)
-    written = ["history.csv", "report.csv", "trace.csv", "accuracy.png"]
+    _write_table(history, out / "history.csv")
+    _write_table(est.report_, out / "report.csv")
+    _write_table(est.trace_, out / "trace.csv")
+    files = ["history.csv", "report.csv", "trace.csv", "accuracy.png"]
     if len(est.decisions_):
-        est.decisions_.to_csv(out / "decisions.csv", index=False)
-        written.append("decisions.csv")
+        _write_table(est.decisions_, out / "decisions.csv")
+        files.append("decisions.csv")
         print("\noptimizer decisions (every column in decisions.csv):")
         print(decisions_table(est.decisions_))
     if est.tradeoff_ is not None:
         est.tradeoff_.attrs["dataset"] = args.dataset
-        save(est.tradeoff_, out / "experiment.nc")
-        written.append("experiment.nc")
+        with written(out / "experiment.nc") as tmp:
+            save(est.tradeoff_, tmp)
+        files.append("experiment.nc")
     _save_model(est, out / "model")
-    written.append("model/ (dasknn predict --model)")
+    files.append("model/ (dasknn predict --model)")
     simulated = args.engine == "simulated"
     label = f"{args.net} on {args.dataset}"
     metric = "val_accuracy" if "val_accuracy" in history else "accuracy"
-    (out / "run.json").write_text(json.dumps({k: v for k, v in vars(args).items() if k != "func"}, indent=2))
+    with written(out / "run.json") as tmp:
+        tmp.write_text(json.dumps({k: v for k, v in vars(args).items() if k != "func"}, indent=2))
     final = history.iloc[-1]
     unit = "simulated s" if simulated else "s"
     held = f"held-out accuracy {final['val_accuracy']:.2%}, " if metric == "val_accuracy" else ""
@@ -259,34 +263,49 @@ def _report_run(est, args, out: Path, held_out: str) -> float:
         rows = est.report_[est.report_["metric"] == name]
         print(format_table(rows, ["threshold", "reached", "seconds", "iterations", "epochs"]))
     sys.stdout.flush()  # the results show before the plot (matplotlib's import and drawing: ~1 s)
-    plot_accuracy(
-        {label: history},
-        out / "accuracy.png",
-        title=f"{label}: {METRIC_LABELS[metric]}",
-        simulated=simulated,
-        target=args.target_accuracy,
-        search={label: search_spans(est.trace_, est.decisions_)},
-        decisions={label: est.decisions_},
-    )
-    print(f"wrote {out}/: {', '.join(written)}")
+    with written(out / "accuracy.png") as tmp:
+        plot_accuracy(
+            {label: history},
+            tmp,
+            title=f"{label}: {METRIC_LABELS[metric]}",
+            simulated=simulated,
+            target=args.target_accuracy,
+            search={label: search_spans(est.trace_, est.decisions_)},
+            decisions={label: est.decisions_},
+        )
+    print(f"wrote {out}/: {', '.join(files)}")
     return float(history[metric].max())
 
 
-def _save_model(est, path: Path) -> None:
-    """The fitted model into the run folder (`DistributedCNN.save`), replacing an earlier run's: the
-    TLS settings and the held-out split are the run's, not the model's, and are not saved."""
-    import shutil
+def _nearest_folder(path: Path) -> Path:
+    """`path`, or its nearest parent that exists: where a command creates the folders it writes."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
-    if path.is_dir() and (path / "model.json").is_file():
-        shutil.rmtree(path)
+
+def _write_table(table: pd.DataFrame, path: Path) -> None:
+    with written(path) as tmp:
+        table.to_csv(tmp, index=False)
+
+
+def _save_model(est, path: Path) -> None:
+    """The fitted model into the run folder (`DistributedCNN.save`), replacing an earlier run's once
+    the new one is complete: the TLS settings and the held-out split are the run's, not the
+    model's, and are not saved."""
+    if path.exists() and not (path.is_dir() and ((path / "model.json").is_file() or not any(path.iterdir()))):
+        raise FileExistsError(f"{path} exists and is not a saved model; choose another --output")
     est.set_params(security=None, validation_data=None)
-    est.save(path)
+    with written(path) as tmp:
+        est.save(tmp)
 
 
 def cmd_predict(args) -> int:
     """Score a dataset with a saved model, or write its predictions (no cluster: in this process)."""
     from dasknn.estimator import DistributedCNN
 
+    if args.output is not None:
+        check_writable(Path(args.output).resolve().parent)
     est = DistributedCNN.load(args.model)
     args.dataset = args.dataset or _default_dataset()
     args.batch_size = est.batch_size
@@ -302,12 +321,13 @@ def cmd_predict(args) -> int:
     labels = est.classes_[proba.argmax(axis=1)]
     path = Path(args.output)
     if path.suffix == ".npy":
-        np.save(path, labels, allow_pickle=False)
+        with written(path) as tmp:
+            np.save(tmp, labels, allow_pickle=False)
     else:
         table = pd.DataFrame({"index": np.arange(len(labels)), "prediction": labels})
         for i, label in enumerate(est.classes_):
             table[f"p_{label}"] = proba[:, i]
-        table.to_csv(path, index=False)
+        _write_table(table, path)
     print(f"wrote {len(labels)} predictions for {where} to {path}")
     return 0
 
@@ -487,13 +507,13 @@ def _existing_file(text: str) -> str:
 
 
 def _predictions_file(text: str) -> str:
-    """An argparse type: a .csv or .npy file in a writable folder."""
+    """An argparse type: a .csv or .npy file in a folder (one that cannot be written: exit 5, local I/O)."""
     path = Path(text)
     if path.suffix not in (".csv", ".npy"):
         raise argparse.ArgumentTypeError(f"the predictions file must end in .csv or .npy, got {text!r}")
     folder = path.resolve().parent
-    if not (folder.is_dir() and os.access(folder, os.W_OK)):
-        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {folder} is not a writable folder")
+    if not folder.is_dir() or path.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {folder} is not a folder")
     return text
 
 
@@ -509,14 +529,13 @@ def _onnx_file(text: str) -> str:
 
 
 def _output(text: str) -> str:
-    """An argparse type: a folder that exists or can be created (checked before any training)."""
+    """An argparse type: a folder that exists or can be created (checked before any training; one
+    in a folder that cannot be written: exit 5, local I/O)."""
     path = Path(text).resolve()
-    parent = path
-    while not parent.exists():
-        parent = parent.parent
-    if (path.exists() and not path.is_dir()) or not parent.is_dir() or not os.access(parent, os.W_OK):
+    parent = _nearest_folder(path)
+    if (path.exists() and not path.is_dir()) or not parent.is_dir():
         raise argparse.ArgumentTypeError(
-            f"cannot create the output folder {text!r} ({parent} is not a writable folder)"
+            f"cannot create the output folder {text!r} ({parent} is not a folder)"
         )
     return text
 

@@ -5,12 +5,16 @@ Each runs the command in this process on the simulated engine."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 import dask.array as da
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from dasknn.cli import EXIT_DIVERGED
+from dasknn.cli import EXIT_DIVERGED, EXIT_LOCAL_IO
 from dasknn.data.store import write_store
 from tests.test_bad_input import cli
 
@@ -48,3 +52,126 @@ def test_a_fit_that_diverges_exits_6_naming_the_likely_causes(digits_store, tmp_
     assert "scale" in last and "learning rate" in last and "internal error" not in last
     assert TRACEBACK not in err
     assert not run.exists()  # nothing written for a fit that ended in divergence
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory) -> Path:
+    """The model folder of a tiny `dasknn train` run (an MLP on digits, 0.3 epochs)."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    code, err = cli("train", "--dataset", "digits", *TINY, "--max-epochs", "0.3", "--output", str(run))
+    assert code in (0, 1), err
+    return run / "model"
+
+
+def mounted(where: Path, *options: str):
+    """A 64 KiB tmpfs mounted at `where` (with `options`); skips where mounting is not allowed."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    where.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", ",".join(["size=64k", *options]), "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+
+
+def unmount(where: Path) -> None:
+    """Unmount `where`; lazily where a file stays open on it (HDF5 keeps the netCDF file it failed
+    to write open until the process ends)."""
+    if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "--lazy", str(where)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """An empty file system of 64 KiB."""
+    where = tmp_path / "small"
+    mounted(where)
+    try:
+        yield where
+    finally:
+        unmount(where)
+
+
+def fill(folder: Path, leave: int = 0) -> None:
+    """Fill `folder`'s file system with one file, leaving `leave` KiB of it free."""
+    with open(folder / "filler", "wb", buffering=0) as filler:
+        with pytest.raises(OSError, match="No space left"):
+            while True:
+                filler.write(b"\\0" * 4096)
+    if leave:
+        os.truncate(folder / "filler", (folder / "filler").stat().st_size - leave * 1024)
+
+
+@pytest.fixture
+def full_disk(small_disk):
+    """A file system of 64 KiB with no space left."""
+    fill(small_disk)
+    yield small_disk
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    where = tmp_path / "read-only"
+    mounted(where, "ro")
+    try:
+        yield where
+    finally:
+        unmount(where)
+
+
+def left_in(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("name", ["pred.csv", "pred.npy"])
+def test_predictions_to_a_full_disk_exit_5_naming_the_file_and_leave_nothing(saved_model, full_disk, name):
+    out = full_disk / name
+    code, err = cli("predict", "--model", str(saved_model), "--dataset", "digits", "--output", str(out))
+    assert code == EXIT_LOCAL_IO == 5, err
+    (line,) = lines(err)
+    assert line.startswith("dasknn predict: local I/O failure: No space left on device: " + str(out)), line
+    assert left_in(full_disk) == ["filler"]
+
+
+def test_a_run_folder_on_a_full_disk_exits_5_naming_the_file_and_leaves_nothing(full_disk):
+    run = full_disk / "run"
+    code, err = cli("train", "--dataset", "digits", *TINY, "--max-epochs", "0.3", "--output", str(run))
+    assert code == EXIT_LOCAL_IO == 5, err
+    line = lines(err)[-1]
+    assert line.startswith(f"dasknn train: local I/O failure: No space left on device: {run}/history.csv;"), (
+        line
+    )
+    assert "cluster" not in line and TRACEBACK not in err
+    assert left_in(full_disk) == ["filler"]  # the run folder it created, empty, is removed too
+
+
+@pytest.mark.parametrize(
+    "room, fails",
+    [(16, "experiment.nc"), (64, "model")],  # netCDF's error on a full disk is EACCES: named as full
+)
+def test_a_run_folder_that_fills_the_disk_midway_leaves_only_complete_files(small_disk, room, fails):
+    if room < 64:
+        fill(small_disk, leave=room)
+    run = small_disk / "run"
+    code, err = cli("train", "--dataset", "digits", *TINY, "--max-epochs", "0.3", "--output", str(run))
+    assert code == EXIT_LOCAL_IO == 5, err
+    line = lines(err)[-1]
+    assert line.startswith(f"dasknn train: local I/O failure: No space left on device: {run / fails};"), line
+    assert not (run / fails).exists()
+    kept = left_in(small_disk)
+    assert {"run/history.csv", "run/report.csv", "run/trace.csv"} <= set(kept), kept  # written whole
+    assert not [k for k in kept if "/." in k]  # no temporary file or folder left
+
+
+def test_predictions_into_a_read_only_folder_exit_5_before_any_work(saved_model, read_only):
+    out = read_only / "pred.csv"
+    code, err = cli("predict", "--model", str(saved_model), "--dataset", "digits", "--output", str(out))
+    assert code == EXIT_LOCAL_IO, err
+    (line,) = lines(err)
+    assert line.startswith(f"dasknn predict: local I/O failure: Read-only file system: {read_only};"), line
+    code, err = cli("train", "--dataset", "digits", *TINY, "--output", str(read_only / "run"))
+    assert code == EXIT_LOCAL_IO, err
+    assert lines(err)[-1].startswith(f"dasknn train: local I/O failure: Read-only file system: {read_only};")
