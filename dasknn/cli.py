@@ -349,6 +349,7 @@ def _security(args):
         return None
     if not all(files):
         raise ValueError("TLS needs all three of --tls-ca-file, --tls-cert and --tls-key")
+    _check_pem(args.tls_ca_file, args.tls_cert, args.tls_key)
     from distributed.security import Security
 
     return Security(
@@ -357,6 +358,25 @@ def _security(args):
         tls_client_key=args.tls_key,
         require_encryption=True,
     )
+
+
+def _check_pem(ca_file: str, cert: str, key: str) -> None:
+    """ValueError naming the file, before connecting, unless the CA file and the certificate hold
+    PEM certificates and the key is a PEM private key of that certificate."""
+    import ssl
+
+    for flag, path in (("--tls-ca-file", ca_file), ("--tls-cert", cert)):
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+        except ssl.SSLError as err:
+            raise ValueError(f"{flag} {path}: holds no PEM certificate ({err.reason or err})") from None
+    try:  # an empty passphrase, not OpenSSL's prompt: dask gives a key none
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=lambda: b"")
+    except ssl.SSLError as err:
+        raise ValueError(
+            f"--tls-key {key}: not an unencrypted PEM private key of the certificate {cert} "
+            f"({err.reason or err})"
+        ) from None
 
 
 def _validation(args):

@@ -14,13 +14,26 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from dasknn.cli import EXIT_DIVERGED, EXIT_LOCAL_IO
+from dasknn.cli import EXIT_BAD_INPUT, EXIT_CLUSTER_FAILURE, EXIT_DIVERGED, EXIT_LOCAL_IO
 from dasknn.data.store import write_store
 from tests.test_bad_input import cli
 
 TRACEBACK = "Traceback (most recent call last)"
 TINY = ["--engine", "simulated", "--net", "mlp", "--n-groups", "1", "--lr", "0.01", "--momentum", "0.9"]
 TINY += ["--eval-size", "64", "--n-workers", "1", "-q"]
+ON_DASK = [
+    "--dataset",
+    "digits",
+    "--engine",
+    "dask",
+    "--n-groups",
+    "1",
+    "--lr",
+    "0.01",
+    "--momentum",
+    "0.9",
+    "-q",
+]
 
 
 def lines(stderr: str) -> list[str]:
@@ -175,3 +188,47 @@ def test_predictions_into_a_read_only_folder_exit_5_before_any_work(saved_model,
     code, err = cli("train", "--dataset", "digits", *TINY, "--output", str(read_only / "run"))
     assert code == EXIT_LOCAL_IO, err
     assert lines(err)[-1].startswith(f"dasknn train: local I/O failure: Read-only file system: {read_only};")
+
+
+@pytest.fixture(scope="module")
+def pem_files(tmp_path_factory) -> dict[str, Path]:
+    """A throwaway CA certificate, client certificate and key (`Security.temporary()`) as files."""
+    from distributed.security import Security
+
+    made = Security.temporary()
+    where = tmp_path_factory.mktemp("tls")
+    files = {"ca": made.tls_ca_file, "cert": made.tls_client_cert, "key": made.tls_client_key}
+    for name, text in files.items():
+        (where / f"{name}.pem").write_text(text)
+    return {name: where / f"{name}.pem" for name in files}
+
+
+@pytest.mark.parametrize("bad", ["ca", "cert", "key"])
+@pytest.mark.parametrize("content", ["", "garbage\n"])
+def test_a_tls_file_that_holds_no_pem_exits_2_naming_it_before_connecting(pem_files, tmp_path, bad, content):
+    broken = tmp_path / f"broken-{bad}.pem"
+    broken.write_text(content)
+    files = {**pem_files, bad: broken}
+    flags = [
+        "--tls-ca-file",
+        str(files["ca"]),
+        "--tls-cert",
+        str(files["cert"]),
+        "--tls-key",
+        str(files["key"]),
+    ]
+    scheduler = "tls://127.0.0.1:9"  # nothing listens: a check made after connecting would fail there
+    code, err = cli("train", *ON_DASK, "--scheduler", scheduler, *flags)
+    (line,) = lines(err)
+    assert code == EXIT_BAD_INPUT, err
+    assert line.startswith(f"dasknn train: error: --tls-{'ca-file' if bad == 'ca' else bad} {broken}: "), line
+    assert "cluster" not in line
+
+
+def test_working_tls_files_pass_the_check_and_reach_the_scheduler(pem_files):
+    flags = ["--tls-ca-file", str(pem_files["ca"]), "--tls-cert", str(pem_files["cert"])]
+    scheduler = "tls://127.0.0.1:9"
+    code, err = cli("train", *ON_DASK, "--scheduler", scheduler, *flags,
+                    "--tls-key", str(pem_files["key"]), "--connect-timeout", "1")  # fmt: skip
+    assert code == EXIT_CLUSTER_FAILURE, err  # the files were read: the connection is what failed
+    assert "cannot reach the scheduler" in lines(err)[-1]
