@@ -6,6 +6,7 @@ Each runs the command in this process on the simulated engine."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -232,3 +233,16 @@ def test_working_tls_files_pass_the_check_and_reach_the_scheduler(pem_files):
                     "--tls-key", str(pem_files["key"]), "--connect-timeout", "1")  # fmt: skip
     assert code == EXIT_CLUSTER_FAILURE, err  # the files were read: the connection is what failed
     assert "cannot reach the scheduler" in lines(err)[-1]
+
+
+@pytest.mark.parametrize("name", ["X", "y"])
+def test_a_store_without_its_x_or_y_exits_2_naming_the_store_and_the_array(tmp_path, name):
+    X, y = np.random.default_rng(0).random((100, 1, 8, 8), dtype=np.float32), np.arange(100) % 3
+    store = write_store(
+        da.from_array(X, chunks=50), da.from_array(y, chunks=50), tmp_path / "s.zarr", attrs={"unit_max": 1.0}
+    )
+    shutil.rmtree(store / name)
+    code, err = cli("train", "--dataset", "zarr", "--data-dir", str(store), *TINY)
+    assert code == EXIT_BAD_INPUT, err
+    (line,) = lines(err)
+    assert line.startswith(f"dasknn train: error: {store}: no array {name!r} in the store"), line
