@@ -175,10 +175,10 @@ def cmd_train(args) -> int:
     from dasknn.estimator_params import check_params, defaults
 
     args.dataset = args.dataset or _default_dataset()
-    validation_data, fraction, held_out = _validation(args)
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}-{Path(args.net).stem}-{args.dataset}"
     out = Path(args.output or Path("dasknn-runs") / stamp)
     check_writable(_nearest_folder(out))
+    validation_data, fraction, held_out = _validation(args)
     params = dict(
         **flag_values(args),
         security=_security(args),
