@@ -336,6 +336,7 @@ def cmd_export(args) -> int:
     """Write a saved model's net as an ONNX file (`DistributedCNN.to_onnx`)."""
     from dasknn.estimator import DistributedCNN
 
+    check_writable(Path(args.output).resolve().parent)
     est = DistributedCNN.load(args.model)
     path = est.to_onnx(args.output)
     print(f"wrote {path}: outputs logits and probabilities of {len(est.classes_)} classes")
@@ -538,13 +539,13 @@ def _predictions_file(text: str) -> str:
 
 
 def _onnx_file(text: str) -> str:
-    """An argparse type: a .onnx file in a writable folder."""
+    """An argparse type: a .onnx file in a folder (one that cannot be written: exit 5, local I/O)."""
     path = Path(text)
     if path.suffix != ".onnx":
         raise argparse.ArgumentTypeError(f"the ONNX file must end in .onnx, got {text!r}")
     folder = path.resolve().parent
-    if not (folder.is_dir() and os.access(folder, os.W_OK)) or path.is_dir():
-        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {folder} is not a writable folder")
+    if not folder.is_dir() or path.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {folder} is not a folder")
     return text
 
 

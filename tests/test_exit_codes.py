@@ -180,7 +180,7 @@ def test_a_run_folder_that_fills_the_disk_midway_leaves_only_complete_files(smal
     assert not [k for k in kept if "/." in k]  # no temporary file or folder left
 
 
-def test_predictions_into_a_read_only_folder_exit_5_before_any_work(saved_model, read_only):
+def test_outputs_into_a_read_only_folder_exit_5_before_any_work(saved_model, read_only):
     out = read_only / "pred.csv"
     code, err = cli("predict", "--model", str(saved_model), "--dataset", "digits", "--output", str(out))
     assert code == EXIT_LOCAL_IO, err
@@ -189,6 +189,9 @@ def test_predictions_into_a_read_only_folder_exit_5_before_any_work(saved_model,
     code, err = cli("train", "--dataset", "digits", *TINY, "--output", str(read_only / "run"))
     assert code == EXIT_LOCAL_IO, err
     assert lines(err)[-1].startswith(f"dasknn train: local I/O failure: Read-only file system: {read_only};")
+    code, err = cli("export", "--model", str(saved_model), "--output", str(read_only / "m.onnx"))
+    assert code == EXIT_LOCAL_IO, err
+    assert lines(err)[-1].startswith(f"dasknn export: local I/O failure: Read-only file system: {read_only};")
 
 
 @pytest.fixture(scope="module")
