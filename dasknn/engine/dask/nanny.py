@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 CLOSE_TIMEOUT = 15.0
 """How long a closing nanny waits for its worker process to end (dask: 5 s, 80% of which before a
 kill): a worker's process ends after its interpreter's teardown (numpy, pandas, scipy, dask and
-the net's modules), which takes more than 4 s on a busy machine; dask kills it then, with a
+the net's modules), which can outlast dask's 4 s on a busy machine; dask kills it then, with a
 warning. A close that waits is quiet, and takes no longer where the process ends at once."""
 
 
@@ -155,8 +155,8 @@ class QuietClose(WorkerPlugin):
     """Drops the worker's log record of a heartbeat that its own orderly close cut off.
 
     Only that record, and only once the worker is closing: it is dask's own race at a close that
-    went as planned (a heartbeat every 0.5 s against a close of about 0.1 s), not a failure; a
-    heartbeat that fails while the worker runs is still logged."""
+    went as planned (a periodic heartbeat against a short close), not a failure; a heartbeat that
+    fails while the worker runs is still logged."""
 
     name = "dasknn-quiet-close"
     idempotent = True
