@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from dasknn.cluster import unguarded
 from tests.conftest import REPO
 
@@ -63,6 +65,7 @@ def test_a_script_that_fits_at_its_top_level_gets_one_line_and_no_traceback(tmp_
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # 30 s on 2 cores (the default run checks one worker's: test_cli.py)
 def test_dasknn_train_on_a_local_cluster_prints_no_error_and_no_dask_warning(tmp_path):
     """Two workers: the cluster's close removes them one at a time, and nothing the scheduler
     sends may reach the one still closing."""
