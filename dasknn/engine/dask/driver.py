@@ -28,7 +28,7 @@ from dasknn.data.batching import check_window
 from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.dask import elastic, tasks
 from dasknn.engine.dask.kept import Kept, knobs_of, release_kept, take_kept
-from dasknn.engine.dask.nanny import TunedNanny, share_cores
+from dasknn.engine.dask.nanny import QuietClose, TunedNanny, share_cores, unshare_cores
 from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
 from dasknn.engine.dask.recovery import (
     ClusterError,
@@ -97,7 +97,7 @@ def local_client(
     if tune_malloc:
         worker_env["MALLOC_MMAP_THRESHOLD_"] = str(32 * 2**20)
         worker_env["MALLOC_TRIM_THRESHOLD_"] = str(64 * 2**20)
-    kwargs = {"dashboard_address": None, **cluster_kwargs}
+    kwargs = {"dashboard_address": ":0", **cluster_kwargs}  # a free port: 8787 may be taken
     if security is not None:
         kwargs["security"] = security
         kwargs.setdefault("protocol", "tls://")
@@ -110,8 +110,11 @@ def local_client(
     try:
         if processes:
             share_cores(client, cores)
+            client.register_plugin(QuietClose(), name=QuietClose.name)
         yield client
     finally:
+        if processes:  # nothing left to tell the workers while they close
+            unshare_cores(client)
         client.close()
         cluster.close()
 
