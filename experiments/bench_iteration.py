@@ -26,6 +26,7 @@ backends_t{threads}_{nets}.csv (threads joined by "-", e.g. t1-2).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -303,14 +304,18 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         help="dasknn's kernel backends to time (default: every one installed)",
     )
     args = cli.parse_args(argv)
+    threads = args.threads or sorted({1, device_info()["cores"]})
+    if min(threads) < 1:
+        sys.exit(f"--threads must be >= 1; got {threads}")
+    # oneDNN first: GNU OpenMP, which PyTorch and oneDNN share, reads its wait policy once, when it
+    # loads; loaded by torch, it would spin by default rather than wait as dasknn sets it
+    backends = backends_available()  # loads oneDNN
+    backends = args.backends or backends
     try:
         import torch  # noqa: F401
     except ImportError:
         sys.exit("this benchmark compares against PyTorch: pip install 'dasknn[bench]' (or torch==2.13.0)")
-    threads = args.threads or sorted({1, device_info()["cores"]})
-    if min(threads) < 1:
-        sys.exit(f"--threads must be >= 1; got {threads}")
-    backends = args.backends or backends_available()
+    print(f"OpenMP wait policy (both sides): {os.environ.get('OMP_WAIT_POLICY', 'the default (spin)')}")
     rows, layers = [], []
     for name in args.nets:
         r, lr = bench(name, args.repeats, threads, backends)
