@@ -9,7 +9,7 @@ conv phase (forward and backward), the FC phase (forward, loss, backward), the s
 rest. The table reports medians, the spread (min..max), the ratio over PyTorch's median at the same
 thread count (below 1: dasknn is faster) and the scaling, a side's median over its own at the first
 thread count (t(2)/t(1) for `--threads 1 2`: below 1, more threads help); a second table names the
-backend and oneDNN implementation each conv-phase layer ran.
+backend and oneDNN implementation each layer ran.
 
 Targets of "auto" at 1 thread: LeNet (b = 64) ≤ 1.05× PyTorch, CIFAR-10 quick (b = 128) ≤ 1.1×,
 CaffeNet (b = 32, 1000 classes) ≤ 1.1×.
@@ -176,8 +176,8 @@ def backends_available() -> list[str]:
 
 
 def build_sides(name: str, backends: list[str], x, y, rng) -> tuple[dict, list[dict]]:
-    """{side: one timed step} for every dasknn backend and PyTorch, and the backend each conv-phase
-    layer ran (at the thread count in force)."""
+    """{side: one timed step} for every dasknn backend and PyTorch, and the backend each layer ran
+    (at the thread count in force)."""
     import torch
 
     from dasknn.nn.onednn import net_backends
@@ -189,7 +189,7 @@ def build_sides(name: str, backends: list[str], x, y, rng) -> tuple[dict, list[d
         conv, fc = net.split_phases()
         solver = SGD.for_net(net, base_lr=1e-3, momentum=0.9, weight_decay=5e-4)
         sides[backend] = lambda conv=conv, fc=fc, solver=solver: ours_step(conv, fc, solver, x, y, rng)
-        for row in net_backends(conv, batch=batch):
+        for row in net_backends(net, batch=batch):
             layer_rows.append({"net": name, "side": backend, **row})
     tnet = torch_net(name)
     tconv, tfc = split_torch(tnet)
