@@ -342,7 +342,8 @@ PARAMS: tuple[Param, ...] = (
           "(`dasknn.data.batching.window_indices`): 1 shuffles within chunks; larger mixes more and makes a "
           "streaming reader hold more chunks."),
     Param("backend", None, Choice(("auto", "lowering", "onednn", None)),
-          "The conv phase's kernels (`dasknn.nn.onednn`), set on every layer that has a choice: "
+          "The kernels of the conv phase and of the FC phase's inner products (`dasknn.nn.onednn`), set "
+          "on every layer that has a choice: "
           "\"lowering\" is Caffe con Troll's batched lowering on numpy's BLAS (the reference); \"onednn\" "
           "calls oneDNN's direct convolutions (installed with dasknn on Linux x86-64); \"auto\" takes "
           "oneDNN for float32 on a "
@@ -533,7 +534,7 @@ CLI_HELP = {
     "(default: none written)",
     "augment": "What the workers do to each training batch: 'shift' (digits moved by up to 2 px) or "
     "'crop_mirror:SIZE' (Caffe's random crop of SIZE and mirror) (default: none)",
-    "backend": "The conv phase's kernels: 'lowering' (batched lowering on numpy's BLAS, the reference), "
+    "backend": "The conv and FC kernels: 'lowering' (batched lowering on numpy's BLAS, the reference), "
     "'onednn' (oneDNN's direct convolutions, installed with dasknn on Linux x86-64) or 'auto' "
     "(oneDNN for float32 on a CPU when "
     "installed, else lowering) (default: the net's own, 'auto' for zoo and .prototxt nets)",
