@@ -16,6 +16,10 @@ loop leaves its behaviour unchanged, against a worktree of the commit it starts 
 `compare A B TABLE.COLUMN ...` leaves those columns out (e.g. `history.loss history.accuracy`,
 the history's training figures, which come from the trace's iterations since they stopped being
 a scoring of training samples: the records otherwise identical show that nothing else moved).
+Against pins written before that change, the "auto" case also differs in its decisions' reasons
+only: its progress is measured on the tuner's own training samples (`MEASURED_SAMPLES`, 2,000:
+here all of the training part) where it read the history's loss on `eval_size` (200) samples;
+its decisions and weights are the same (and with MEASURED_SAMPLES = 200 its records are too).
 """
 
 from __future__ import annotations
