@@ -54,6 +54,8 @@ __all__ = [
     "Loop",
     "run_policy",
     "runs_by_config",
+    "TrainingFigures",
+    "blew_up",
     "training_scores",
 ]
 
@@ -75,7 +77,7 @@ class Evaluator:
     """The held-out scores of a state that the history records: `val_loss` and `val_accuracy` on
     the validation data (at most `eval_size` samples of it, drawn once), nothing without any; and,
     for the "auto" tuner only, `tuner_loss` and `tuner_accuracy` on its fixed training samples
-    (`tuner`), which the loop keeps for it (`Loop.measured_loss`) and no row records.
+    (`tuner`), which the loop keeps for it (`TrainingFigures.measured_loss`) and no row records.
 
     The history's training figures come from the trace (`training_scores`). The batches of both
     sets run side by side on the process's threads (`nn.scoring.Scorer`), which counts the
@@ -119,6 +121,54 @@ def training_scores(interval: pd.DataFrame) -> dict[str, float]:
         name: float(np.average(rows[name].to_numpy(dtype=float), weights=weights))
         for name in ("loss", "accuracy")
     }
+
+
+def blew_up(seg: pd.DataFrame, limit: float) -> bool:
+    """Whether a run's training loss at its end (its smoothed batch losses) exceeds `limit` and
+    `DIVERGED_LOSS` × its first batch's loss (the start state's: an untrained net on raw inputs
+    starts beyond the limit, so it is measured from it)."""
+    if not len(seg):
+        return False
+    now = final_loss(seg)
+    return not now <= limit and not now <= DIVERGED_LOSS * float(seg["loss"].iloc[0])
+
+
+class TrainingFigures:
+    """What the history's training figures are taken from: the traces of the kept runs since the
+    last row (`unrecorded`), and the "auto" tuner's samples' loss of the state last scored."""
+
+    def __init__(self) -> None:
+        self.unrecorded: list[pd.DataFrame] = []
+        self.measured: tuple[int, float] | None = None  # (iterations, the tuner's samples' loss)
+
+    def of(self, state: TrainState, snapshots: dict[str, TrainState], traces: list) -> dict[str, float]:
+        """`training_scores` of the trace rows that trained `state` since the last row: the kept
+        runs not yet recorded for the current state, the run that made it for a snapshot of a run
+        ("run3", `traces` indexed by run), none for the start."""
+        if state is snapshots.get(CURRENT):
+            frames = self.unrecorded
+        else:
+            made = [n for n, s in snapshots.items() if s is state and n.startswith("run")]
+            frames = [traces[int(made[0][3:])]] if made else []
+        return training_scores(pd.concat(frames, ignore_index=True) if frames else make_trace([], "unknown"))
+
+    def recorded(self, state: TrainState, scores: dict[str, float], current: bool) -> dict[str, float]:
+        """The row's scores of `state`, less the tuner's, which are kept (`measured_loss`); a row of
+        the `current` state starts the next interval."""
+        scores = dict(scores)
+        if "tuner_loss" in scores:
+            self.measured = (state.iterations_done, scores.pop("tuner_loss"))
+            scores.pop("tuner_accuracy", None)
+        if current:
+            self.unrecorded = []
+        return scores
+
+    def measured_loss(self, state: TrainState) -> float | None:
+        """The loss of `state` on the "auto" tuner's fixed training samples, when the last history
+        row scored them at its iterations (None otherwise, or without such samples)."""
+        if self.measured is None or self.measured[0] != state.iterations_done:
+            return None
+        return self.measured[1]
 
 
 @dataclass
@@ -241,8 +291,7 @@ class Loop:
         self.meta = dict(meta or {})
         self.history: list[dict[str, Any]] = []
         self.snapshots: dict[str, TrainState] = {}
-        self.unrecorded: list[pd.DataFrame] = []  # kept runs' traces since the last history row
-        self.measured: tuple[int, float] | None = None  # (iterations, the tuner's samples' loss)
+        self.figures = TrainingFigures()
         self.rollbacks_in_row = 0
         self.stop_at_start = False
         self.stopped_by = ""
@@ -277,13 +326,6 @@ class Loop:
     def score(self, name: str) -> float:
         return self._score(self.snapshot(name), make_trace([], "unknown"))
 
-    def measured_loss(self, state: TrainState) -> float | None:
-        """The loss of `state` on the "auto" tuner's fixed training samples, when the last history
-        row scored them at its iterations (None otherwise, or without such samples)."""
-        if self.measured is None or self.measured[0] != state.iterations_done:
-            return None
-        return self.measured[1]
-
     def evaluate(self, fields: dict[str, Any]) -> bool:
         """Evaluate the current state now (a history row with `fields`); True when the fit should stop."""
         return self.record(self.snapshots[CURRENT], self.log.elapsed, **fields)
@@ -302,13 +344,8 @@ class Loop:
         (the best model restored, an earlier state returned)."""
         if scores is None:
             with np.errstate(over="ignore", invalid="ignore"):
-                scores = {**training_scores(self._interval(state)), **self.evaluator(state)}
-        scores = dict(scores)
-        if "tuner_loss" in scores:
-            self.measured = (state.iterations_done, scores.pop("tuner_loss"))
-            scores.pop("tuner_accuracy", None)
-        if state is self.snapshots.get(CURRENT):
-            self.unrecorded = []
+                scores = {**self.figures.of(state, self.snapshots, self.log.traces), **self.evaluator(state)}
+        scores = self.figures.recorded(state, scores, current=state is self.snapshots.get(CURRENT))
         row = {
             "time": float(t),
             "iteration": state.iterations_done,
@@ -338,10 +375,9 @@ class Loop:
     ) -> bool:
         """An evaluation: `note` the row of `state`, then call the callbacks with it.
 
-        True when the fit should stop: the target accuracy reached (on the held-out metric when there
-        is validation data, else on the training iterations since the last row), a callback asked
-        (`notify` returned True, or the reason as a string), or `max_wall_time` passed; `stopped_by`
-        then says which.
+        True when the fit should stop: the target accuracy reached (held-out metric if any, else the
+        training one), a callback asked (`notify` returned True, or the reason as a string), or
+        `max_wall_time` passed; `stopped_by` then says which.
         """
         if self.evaluator is None:
             return bool(self.should_stop is not None and self.should_stop(state, self.log.trace()))
@@ -525,10 +561,9 @@ class Loop:
             diverged = bool(step.diverges(seg, math.inf if score is None else score))
         scores = None
         if step.keep and not diverged and self.evaluator is not None:
-            diverged = step.loss_limit and self._blew_up(seg)
-            if not diverged:
-                with np.errstate(over="ignore", invalid="ignore"):
-                    scores = {**training_scores(seg), **self.evaluator(state)}
+            with np.errstate(over="ignore", invalid="ignore"):
+                scores = {**training_scores(seg), **self.evaluator(state)}
+            diverged = step.loss_limit and blew_up(seg, self.loss_limit)
         out = Outcome(run, step, seg, state, f"run{run}", start, diverged, seconds, score)
         if state is not None:
             self.snapshots[out.snapshot] = state
@@ -538,8 +573,7 @@ class Loop:
             return self._rolled_back(out)
         self.rollbacks_in_row = 0
         self.log.kept.add(run)
-        if self.evaluator is not None:
-            self.unrecorded.append(seg)
+        self.figures.unrecorded.append(seg)
         held = (START, step.hold)
         self.snapshots = {n: s for n, s in self.snapshots.items() if s is start or n in held}
         self.snapshots.update({CURRENT: state, out.snapshot: state})
@@ -562,26 +596,6 @@ class Loop:
                 f"{out.start_state.iterations_done}, down to lr={out.config.lr:g}; check the data and the net"
             )
         return out
-
-    def _blew_up(self, seg: pd.DataFrame) -> bool:
-        """Whether a run's training loss at its end (the smoothed batch losses) exceeds
-        `DIVERGED_LOSS` × ln(n_classes) and `DIVERGED_LOSS` × its first batch's loss (the start
-        state's: an untrained net on raw inputs starts beyond the limit, so it is measured from it)."""
-        if not len(seg):
-            return False
-        now = final_loss(seg)
-        return not now <= self.loss_limit and not now <= DIVERGED_LOSS * float(seg["loss"].iloc[0])
-
-    def _interval(self, state: TrainState) -> pd.DataFrame:
-        """The trace rows that trained `state` since the last history row: the kept runs not yet
-        recorded for the current state, the run that made it for a snapshot of a run ("run3"),
-        none for the start."""
-        if state is self.snapshots.get(CURRENT):
-            frames = self.unrecorded
-        else:
-            made = [n for n, s in self.snapshots.items() if s is state and n.startswith("run")]
-            frames = [self.log.traces[int(made[0][3:])]] if made else []
-        return pd.concat(frames, ignore_index=True) if frames else make_trace([], "unknown")
 
     def _trace_end(self) -> float:
         trace = self.log.trace()

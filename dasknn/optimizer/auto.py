@@ -672,9 +672,9 @@ def held_out(fit) -> float | None:
 
 def measured_loss(fit, state) -> float | None:
     """The loss of `state` on the tuner's fixed training samples, scored by the loop's last
-    evaluation (`Loop.measured_loss`); None when it did not score them at that state."""
-    get = getattr(fit, "measured_loss", None)
-    return None if get is None or state is None else get(state)
+    evaluation (`fitting.TrainingFigures.measured_loss`); None when it did not score them then."""
+    figures = getattr(fit, "figures", None)
+    return None if figures is None or state is None else figures.measured_loss(state)
 
 
 def start_loss(fit) -> float | None:
