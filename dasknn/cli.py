@@ -253,7 +253,7 @@ def _report_run(est, args, out: Path, held_out: str) -> float:
     augmented = f"; augmented on the workers: {est.augment_}" if est.augment_ is not None else ""
     print(f"data: {est.data_} ({DATA_WORDS[est.data_]}){augmented}")
     for name in dict.fromkeys(est.report_["metric"]):
-        where = held_out if name == "val_accuracy" else f"{args.eval_size} training samples"
+        where = held_out if name == "val_accuracy" else "the training iterations' batches"
         rule = "rule: first evaluation at or above the threshold"
         rule += "; seconds are simulated" if simulated else ""
         print(f"\ntime to {METRIC_LABELS[name]} ({where}; {rule}):")

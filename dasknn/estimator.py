@@ -27,7 +27,15 @@ from dasknn.data import check_X
 from dasknn.data.split import Carved, split_parts
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import TrainState
-from dasknn.estimator_data import carved, choose_data, class_indices, merged, placed, resolve_augment
+from dasknn.estimator_data import (
+    carved,
+    choose_data,
+    class_indices,
+    merged,
+    placed,
+    resolve_augment,
+    tuner_samples,
+)
 from dasknn.estimator_fit import (
     FitSettings,
     began,
@@ -94,7 +102,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         n_workers: int | None = None,
         worker_wait: float | None = None,
         input_shape: Any = None,
-        eval_size: int = 2000,
+        eval_size: int | None = None,
         validation_data: Any = None,
         validation_fraction: float | None = None,
         selection_size: int = 512,
@@ -292,6 +300,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
             data = carved(
                 X, y_idx, parts, given, train_from, classes=self.classes_, augment=self.augment_,
                 batch_size=self.batch_size_, eval_size=self.eval_size, seed=self.random_state,
+                tuner_size=tuner_samples(self.get_params(deep=False)),
             )  # fmt: skip
             self.n_train_samples_ = int(data.X.shape[0])
             if self.data_ != "stream" and client is not None and len(parts.train) < len(y_all):

@@ -205,7 +205,8 @@ PARAMS: tuple[Param, ...] = (
           "is None.", resume=False),
     Param("target_accuracy", None, replace(ACCURACY, also=(None,)),
           "Stop once the held-out accuracy (`val_accuracy`, on the validation data) reaches it; "
-          "without validation data, once the training accuracy (on `eval_size` training samples) does. "
+          "without validation data, once the training accuracy (the running mean of the iterations' "
+          "batch accuracies since the last evaluation) does. "
           "A resumed fit may give a new one.",
           cli_default=0.96, resume=False),
     Param("engine", "dask", Choice(ENGINES), "Train on a Dask cluster, or on the simulator."),
@@ -226,13 +227,17 @@ PARAMS: tuple[Param, ...] = (
     Param("input_shape", None, Custom("None, 'flat' or (C, H, W) of positive integers", accepts=_input_shape),
           "None: X is 4-D (n, C, H, W). A tuple reshapes 2-D rows to images. \"flat\": each row's "
           "features are the channels of a 1×1 image (tabular data; use net=\"mlp\").", flag=False),
-    Param("eval_size", 2000, Number(1, integer=True),
-          "Training samples scored to track the training accuracy over time (`accuracy`)."),
+    Param("eval_size", None, Number(1, integer=True, also=(None,)),
+          "Held-out samples scored at each evaluation: at most this many of the validation data, drawn "
+          "once (seeded by `random_state`); None: all of it. No training sample is scored: `loss` and "
+          "`accuracy` in the history are the running means of the iterations' own batch figures since "
+          "the last evaluation. A resumed fit may give a new one.", resume=False),
     Param("validation_data", None,
           Custom("None or a pair (X_val, y_val)", accepts=lambda v: v is None or (
               isinstance(v, (tuple, list)) and len(v) == 2)),
-          "Held-out data, never trained on: scored in full at every evaluation (`val_loss`, "
-          "`val_accuracy`), the metric of `target_accuracy`, `report_` and early stopping. Checked like X.",
+          "Held-out data, never trained on: scored at every evaluation (all of it, or `eval_size` of it: "
+          "`val_loss`, `val_accuracy`), the metric of `target_accuracy`, `report_` and early stopping. "
+          "Checked like X.",
           flag=False, resume=False, saved=False),
     Param("validation_fraction", None, Number(0, 1, low_open=True, high_open=True, also=(None,)),
           "Instead of `validation_data`: this fraction of X, stratified and seeded by `random_state`, "
