@@ -12,6 +12,7 @@ import textwrap
 
 import joblib
 import numpy as np
+import pandas as pd
 import pytest
 
 from dasknn.data import load
@@ -60,7 +61,12 @@ def _probas_in_fresh_process(paths, X, tmp_path) -> list[np.ndarray]:
             print("no client")
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # oneDNN's inner product splits its sums over the threads it runs on: the same thread count as
+    # this process, so that "identically" means bit for bit (across counts: float32 rounding)
+    from threadpoolctl import threadpool_info
+
+    n = str(max([pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"] or [1]))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "no client"  # predicted without a cluster
@@ -101,7 +107,8 @@ def test_a_loaded_model_continues_with_partial_fit_and_round_trips_its_records(d
     est = DistributedCNN(net="lenet", batch_size=32, max_epochs=0.25, **QUICK).fit(X, y)
     loaded = DistributedCNN.load(est.save(tmp_path / "m"))
     assert loaded.get_params()["net"] == "lenet" and loaded.n_iter_ == est.n_iter_
-    assert list(loaded.classes_) == list(est.classes_) and loaded.history_ == est.history_
+    assert list(loaded.classes_) == list(est.classes_)
+    assert pd.DataFrame(loaded.history_).equals(pd.DataFrame(est.history_))  # NaN where there is no figure
     assert loaded.trace_.equals(est.trace_) and loaded.report_.equals(est.report_)
     assert loaded.stopped_by_ == est.stopped_by_
     before = loaded.n_iter_

@@ -75,8 +75,11 @@ class TunedNanny(Nanny):
                         os.environ[k] = v
 
 
-STAYING = (Status.running, Status.paused)
-"""The statuses of a worker that stays in the cluster (not retiring, not closing)."""
+LEAVING = (
+    Status.closing_gracefully, Status.closing, Status.closed, Status.stopping, Status.stopped, Status.failed
+)  # fmt: skip
+"""The statuses of a worker that is leaving the cluster (retiring or closing); a worker that has just
+joined may still be starting (`init`) and stays."""
 
 
 def threads_per_worker(cores: int, n_workers: int) -> int:
@@ -108,7 +111,7 @@ class SharedCores(SchedulerPlugin):
         scheduler._ongoing_background_tasks.call_soon(self.apply)
 
     async def apply(self) -> None:
-        """Set the threads of every worker that stays (running or paused) for their number.
+        """Set the threads of every worker that stays (not retiring or closing) for their number.
 
         A retired worker or one of a closing cluster is left out: a cluster's close retires all
         its workers at once, then removes them one by one, and a message sent to a worker that
@@ -117,7 +120,7 @@ class SharedCores(SchedulerPlugin):
 
         s = self.scheduler
         async with self._lock:
-            staying = [w for w, ws in s.workers.items() if ws.status in STAYING]
+            staying = [w for w, ws in s.workers.items() if ws.status not in LEAVING]
             if not staying or s.status != Status.running:
                 return
             n = threads_per_worker(self.cores, len(staying))
