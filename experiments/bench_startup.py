@@ -16,11 +16,13 @@ wall-clock numbers: compare only numbers of the same rounds; the machine's load 
   process's start − the loop (imports, options, data, cluster start, the fit's set-up and end),
   "report" = accuracy.png's write − history.csv's (the files, the model, the plot; the cluster
   closes meanwhile), "exit" = the process's end − accuracy.png's write (waiting for the cluster's
-  close, the interpreter's exit).
+  close, the interpreter's exit). Also the CPU-seconds of each process (its tree's, for `dasknn
+  train`: the workers' too), which a busy machine moves less than wall time.
 
 Every process runs with a bytecode cache of the benchmark's own (PYTHONPYCACHEPREFIX, written
-whatever PYTHONDONTWRITEBYTECODE says, filled by a first round, -1, which is not counted): an installed
-package has its modules compiled, and compiling dasknn's on every start is not what a user waits for.
+whatever PYTHONDONTWRITEBYTECODE says, filled by a first round, -1, which is not counted): an
+installed package has its modules compiled; compiling dasknn's at every start is not what a user
+waits for.
 
 `--base PATH` runs the same measurements on another checkout (PYTHONPATH=PATH), in the same rounds:
 before and after on one machine state.
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shlex
 import subprocess
 import sys
@@ -71,17 +74,17 @@ def import_once(statement: str, env: dict[str, str]) -> dict:
     modules it loaded."""
     probe = (
         "import json, sys, time\n"
-        "t = time.perf_counter()\n"
+        "t, c = time.perf_counter(), time.process_time()\n"
         f"{statement}\n"
-        "t = time.perf_counter() - t\n"
-        f"print(json.dumps([t, [m for m in {list(DEFERRED)!r} if m in sys.modules]]))\n"
+        "t, c = time.perf_counter() - t, time.process_time() - c\n"
+        f"print(json.dumps([t, c, [m for m in {list(DEFERRED)!r} if m in sys.modules]]))\n"
     )
     # run from the file system's root: `python -c` puts its working directory first on the path
     done = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True, cwd="/"
     )
-    seconds, loaded = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"seconds": seconds, "loaded": " ".join(loaded)}
+    seconds, cpu, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"seconds": seconds, "cpu_seconds": cpu, "loaded": " ".join(loaded)}
 
 
 def train_once(env: dict[str, str], flags: list[str], folder: Path) -> dict:
@@ -89,10 +92,13 @@ def train_once(env: dict[str, str], flags: list[str], folder: Path) -> dict:
     and the parts of the rest (the module docstring)."""
     env = {**env, "DASKNN_PRIOR_CACHE": "off"}
     command = [sys.executable, "-m", "dasknn", "train", "--output", str(folder), *flags]
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=folder.parent)
     end = time.time()
-    row = {"exit": done.returncode, "process_wall": end - start}
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
+    row = {"exit": done.returncode, "process_wall": end - start, "cpu_seconds": cpu}
     history, plot = folder / "history.csv", folder / "accuracy.png"
     if not history.is_file() or not plot.is_file():
         print(done.stderr[-2000:], file=sys.stderr)
@@ -141,12 +147,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     table = table[table["round"] >= 0]
     print(machine_line())
     imports = table[table["measure"].str.startswith("import")]
-    print(imports.groupby(["tree", "measure"], sort=False)["seconds"].median().to_string())
+    print(imports.groupby(["tree", "measure"], sort=False)[["seconds", "cpu_seconds"]].median().to_string())
     for (tree, name), grp in imports.groupby(["tree", "measure"], sort=False):
         print(f"{tree} {name} loaded: {grp['loaded'].iloc[-1] or 'none of ' + ', '.join(DEFERRED)}")
     trains = table[table["measure"] == "train"]
     if len(trains):
-        parts = ("process_wall", "loop_wall", "outside_loop", "before", "report", "exit_s")
+        parts = ("process_wall", "cpu_seconds", "loop_wall", "outside_loop", "before", "report", "exit_s")
         columns = [c for c in parts if c in trains]
         print(trains.groupby("tree", sort=False)[columns].median().T.to_string())
     write_tables(results_dir("bench_startup"), {"": table}, f"bench_startup_{timestamp()}")
