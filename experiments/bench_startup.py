@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     with tempfile.TemporaryDirectory(prefix="bench_startup_") as tmp:
         envs = {tree: environment(path, Path(tmp) / "pycache") for tree, path in trees.items()}
         for r in range(-1, repetitions(args)):  # round -1 fills the bytecode cache
-            for tree, env in envs.items():
+            order = list(envs.items())
+            for tree, env in order if r % 2 == 0 else order[::-1]:  # each checkout first in turn
                 for name, statement in STATEMENTS.items():
                     if name == "sklearn.base" and tree != "this":
                         continue  # the floor does not depend on the checkout
