@@ -38,6 +38,7 @@ from dasknn.data import DATASETS
 from dasknn.data.images import RESIZE_MODES
 from dasknn.estimator_params import BY_NAME, add_flags, flag_values
 from dasknn.logs import command_logging
+from dasknn.written import check_writable, new_folder, written
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ EXIT_BAD_INPUT = 2
 EXIT_CLUSTER_FAILURE = 3
 EXIT_INTERNAL_ERROR = 4
 EXIT_LOCAL_IO = 5
+EXIT_DIVERGED = 6
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 """`dasknn` exit codes: 0 target reached (or a command done: `predict` scored or wrote), 1 the
@@ -54,7 +56,8 @@ time budget ran out first, 2 bad input (options, files, data; for `predict` also
 no saved model, or one of a newer format), 3 the cluster failed (scheduler unreachable or lost,
 workers lost), 4 anything else (a bug: rerun with --debug and report the traceback), 5 a local
 file could not be written or read (disk full, permission denied, read-only folder: the path is
-named), 130 interrupted (SIGINT, Ctrl-C), 143 terminated (SIGTERM)."""
+named), 6 training diverged (X not scaled, or a learning rate too high), 130 interrupted
+(SIGINT, Ctrl-C), 143 terminated (SIGTERM)."""
 
 _LOCAL_IO_ERRNOS = {
     errno.ENOSPC,
@@ -77,9 +80,6 @@ _BAD_INPUT = (
     IsADirectoryError,
     PermissionError,
 )
-
-DEFAULT_TARGET = 0.96
-"""The main job's held-out accuracy target (mnist-sample, LeNet, 20% held out; see the README)."""
 
 
 def _default_dataset() -> str:
@@ -172,9 +172,10 @@ def cmd_train(args) -> int:
     from dasknn.estimator_params import check_params, defaults
 
     args.dataset = args.dataset or _default_dataset()
-    validation_data, fraction, held_out = _validation(args)
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}-{Path(args.net).stem}-{args.dataset}"
     out = Path(args.output or Path("dasknn-runs") / stamp)
+    check_writable(_nearest_folder(out))
+    validation_data, fraction, held_out = _validation(args)
     params = dict(
         **flag_values(args),
         security=_security(args),
@@ -208,7 +209,8 @@ def cmd_train(args) -> int:
             est.fit(X, y)
         if cluster is not None:
             cluster.close_behind()
-        best = _report_run(est, args, out, held_out)
+        with new_folder(out):
+            best = _report_run(est, args, out, held_out)
     target = args.target_accuracy
     return EXIT_TARGET_REACHED if target is None or best >= target else EXIT_BUDGET_OUT
 
@@ -219,27 +221,28 @@ def _report_run(est, args, out: Path, held_out: str) -> float:
     from dasknn.reports import METRIC_LABELS, decisions_table, format_table, plot_accuracy, search_spans
     from dasknn.tradeoff.record import save
 
-    out.mkdir(parents=True, exist_ok=True)
     history = pd.DataFrame(est.history_)
-    history.to_csv(out / "history.csv", index=False)
-    est.report_.to_csv(out / "report.csv", index=False)
-    est.trace_.to_csv(out / "trace.csv", index=False)
-    written = ["history.csv", "report.csv", "trace.csv", "accuracy.png"]
+    _write_table(history, out / "history.csv")
+    _write_table(est.report_, out / "report.csv")
+    _write_table(est.trace_, out / "trace.csv")
+    files = ["history.csv", "report.csv", "trace.csv", "accuracy.png"]
     if len(est.decisions_):
-        est.decisions_.to_csv(out / "decisions.csv", index=False)
-        written.append("decisions.csv")
+        _write_table(est.decisions_, out / "decisions.csv")
+        files.append("decisions.csv")
         print("\noptimizer decisions (every column in decisions.csv):")
         print(decisions_table(est.decisions_))
     if est.tradeoff_ is not None:
         est.tradeoff_.attrs["dataset"] = args.dataset
-        save(est.tradeoff_, out / "experiment.nc")
-        written.append("experiment.nc")
+        with written(out / "experiment.nc") as tmp:
+            save(est.tradeoff_, tmp)
+        files.append("experiment.nc")
     _save_model(est, out / "model")
-    written.append("model/ (dasknn predict --model)")
+    files.append("model/ (dasknn predict --model)")
     simulated = args.engine == "simulated"
     label = f"{args.net} on {args.dataset}"
     metric = "val_accuracy" if "val_accuracy" in history else "accuracy"
-    (out / "run.json").write_text(json.dumps({k: v for k, v in vars(args).items() if k != "func"}, indent=2))
+    with written(out / "run.json") as tmp:
+        tmp.write_text(json.dumps({k: v for k, v in vars(args).items() if k != "func"}, indent=2))
     final = history.iloc[-1]
     unit = "simulated s" if simulated else "s"
     held = f"held-out accuracy {final['val_accuracy']:.2%}, " if metric == "val_accuracy" else ""
@@ -250,41 +253,56 @@ def _report_run(est, args, out: Path, held_out: str) -> float:
     augmented = f"; augmented on the workers: {est.augment_}" if est.augment_ is not None else ""
     print(f"data: {est.data_} ({DATA_WORDS[est.data_]}){augmented}")
     for name in dict.fromkeys(est.report_["metric"]):
-        where = held_out if name == "val_accuracy" else f"{args.eval_size} training samples"
+        where = held_out if name == "val_accuracy" else "the training iterations' batches"
         rule = "rule: first evaluation at or above the threshold"
         rule += "; seconds are simulated" if simulated else ""
         print(f"\ntime to {METRIC_LABELS[name]} ({where}; {rule}):")
         rows = est.report_[est.report_["metric"] == name]
         print(format_table(rows, ["threshold", "reached", "seconds", "iterations", "epochs"]))
     sys.stdout.flush()  # the results show before the plot (matplotlib's import and drawing: ~1 s)
-    plot_accuracy(
-        {label: history},
-        out / "accuracy.png",
-        title=f"{label}: {METRIC_LABELS[metric]}",
-        simulated=simulated,
-        target=args.target_accuracy,
-        search={label: search_spans(est.trace_, est.decisions_)},
-        decisions={label: est.decisions_},
-    )
-    print(f"wrote {out}/: {', '.join(written)}")
+    with written(out / "accuracy.png") as tmp:
+        plot_accuracy(
+            {label: history},
+            tmp,
+            title=f"{label}: {METRIC_LABELS[metric]}",
+            simulated=simulated,
+            target=args.target_accuracy,
+            search={label: search_spans(est.trace_, est.decisions_)},
+            decisions={label: est.decisions_},
+        )
+    print(f"wrote {out}/: {', '.join(files)}")
     return float(history[metric].max())
 
 
-def _save_model(est, path: Path) -> None:
-    """The fitted model into the run folder (`DistributedCNN.save`), replacing an earlier run's: the
-    TLS settings and the held-out split are the run's, not the model's, and are not saved."""
-    import shutil
+def _nearest_folder(path: Path) -> Path:
+    """`path`, or its nearest parent that exists: where a command creates the folders it writes."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
-    if path.is_dir() and (path / "model.json").is_file():
-        shutil.rmtree(path)
+
+def _write_table(table: pd.DataFrame, path: Path) -> None:
+    with written(path) as tmp:
+        table.to_csv(tmp, index=False)
+
+
+def _save_model(est, path: Path) -> None:
+    """The fitted model into the run folder (`DistributedCNN.save`), replacing an earlier run's once
+    the new one is complete: the TLS settings and the held-out split are the run's, not the
+    model's, and are not saved."""
+    if path.exists() and not (path.is_dir() and ((path / "model.json").is_file() or not any(path.iterdir()))):
+        raise FileExistsError(f"{path} exists and is not a saved model; choose another --output")
     est.set_params(security=None, validation_data=None)
-    est.save(path)
+    with written(path) as tmp:
+        est.save(tmp)
 
 
 def cmd_predict(args) -> int:
     """Score a dataset with a saved model, or write its predictions (no cluster: in this process)."""
     from dasknn.estimator import DistributedCNN
 
+    if args.output is not None:
+        check_writable(Path(args.output).resolve().parent)
     est = DistributedCNN.load(args.model)
     args.dataset = args.dataset or _default_dataset()
     args.batch_size = est.batch_size
@@ -300,12 +318,13 @@ def cmd_predict(args) -> int:
     labels = est.classes_[proba.argmax(axis=1)]
     path = Path(args.output)
     if path.suffix == ".npy":
-        np.save(path, labels, allow_pickle=False)
+        with written(path) as tmp:
+            np.save(tmp, labels, allow_pickle=False)
     else:
         table = pd.DataFrame({"index": np.arange(len(labels)), "prediction": labels})
         for i, label in enumerate(est.classes_):
             table[f"p_{label}"] = proba[:, i]
-        table.to_csv(path, index=False)
+        _write_table(table, path)
     print(f"wrote {len(labels)} predictions for {where} to {path}")
     return 0
 
@@ -314,6 +333,7 @@ def cmd_export(args) -> int:
     """Write a saved model's net as an ONNX file (`DistributedCNN.to_onnx`)."""
     from dasknn.estimator import DistributedCNN
 
+    check_writable(Path(args.output).resolve().parent)
     est = DistributedCNN.load(args.model)
     path = est.to_onnx(args.output)
     print(f"wrote {path}: outputs logits and probabilities of {len(est.classes_)} classes")
@@ -327,6 +347,7 @@ def _security(args):
         return None
     if not all(files):
         raise ValueError("TLS needs all three of --tls-ca-file, --tls-cert and --tls-key")
+    _check_pem(args.tls_ca_file, args.tls_cert, args.tls_key)
     from distributed.security import Security
 
     return Security(
@@ -335,6 +356,25 @@ def _security(args):
         tls_client_key=args.tls_key,
         require_encryption=True,
     )
+
+
+def _check_pem(ca_file: str, cert: str, key: str) -> None:
+    """ValueError naming the file, before connecting, unless the CA file and the certificate hold
+    PEM certificates and the key is a PEM private key of that certificate."""
+    import ssl
+
+    for flag, path in (("--tls-ca-file", ca_file), ("--tls-cert", cert)):
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+        except ssl.SSLError as err:
+            raise ValueError(f"{flag} {path}: holds no PEM certificate ({err.reason or err})") from None
+    try:  # an empty passphrase, not OpenSSL's prompt: dask gives a key none
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=lambda: b"")
+    except ssl.SSLError as err:
+        raise ValueError(
+            f"--tls-key {key}: not an unencrypted PEM private key of the certificate {cert} "
+            f"({err.reason or err})"
+        ) from None
 
 
 def _validation(args):
@@ -485,36 +525,35 @@ def _existing_file(text: str) -> str:
 
 
 def _predictions_file(text: str) -> str:
-    """An argparse type: a .csv or .npy file in a writable folder."""
+    """An argparse type: a .csv or .npy file in a folder (one that cannot be written: exit 5, local I/O)."""
     path = Path(text)
     if path.suffix not in (".csv", ".npy"):
         raise argparse.ArgumentTypeError(f"the predictions file must end in .csv or .npy, got {text!r}")
     folder = path.resolve().parent
-    if not (folder.is_dir() and os.access(folder, os.W_OK)):
-        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {folder} is not a writable folder")
+    if not folder.is_dir() or path.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {folder} is not a folder")
     return text
 
 
 def _onnx_file(text: str) -> str:
-    """An argparse type: a .onnx file in a writable folder."""
+    """An argparse type: a .onnx file in a folder (one that cannot be written: exit 5, local I/O)."""
     path = Path(text)
     if path.suffix != ".onnx":
         raise argparse.ArgumentTypeError(f"the ONNX file must end in .onnx, got {text!r}")
     folder = path.resolve().parent
-    if not (folder.is_dir() and os.access(folder, os.W_OK)) or path.is_dir():
-        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {folder} is not a writable folder")
+    if not folder.is_dir() or path.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {folder} is not a folder")
     return text
 
 
 def _output(text: str) -> str:
-    """An argparse type: a folder that exists or can be created (checked before any training)."""
+    """An argparse type: a folder that exists or can be created (checked before any training; one
+    in a folder that cannot be written: exit 5, local I/O)."""
     path = Path(text).resolve()
-    parent = path
-    while not parent.exists():
-        parent = parent.parent
-    if (path.exists() and not path.is_dir()) or not parent.is_dir() or not os.access(parent, os.W_OK):
+    parent = _nearest_folder(path)
+    if (path.exists() and not path.is_dir()) or not parent.is_dir():
         raise argparse.ArgumentTypeError(
-            f"cannot create the output folder {text!r} ({parent} is not a writable folder)"
+            f"cannot create the output folder {text!r} ({parent} is not a folder)"
         )
     return text
 
@@ -650,8 +689,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dasknn",
         description=__doc__.splitlines()[0],
         epilog="exit codes: 0 target reached, 1 time budget ran out, 2 bad input, 3 cluster failure, "
-        "4 internal error, 5 local I/O failure (disk full, permission denied), 130 interrupted, "
-        "143 terminated",
+        "4 internal error, 5 local I/O failure (disk full, permission denied), 6 training diverged, "
+        "130 interrupted, 143 terminated",
     )
     parser.add_argument("--version", action="version", version=f"dasknn {__version__}")
     parser.add_argument("--debug", action="store_true", help="on a failure, print the traceback too")
@@ -729,6 +768,8 @@ def failure(err: BaseException) -> tuple[int, str]:
         )
     if isinstance(err, ClusterError):
         return EXIT_CLUSTER_FAILURE, f"cluster failure: {text}"
+    if isinstance(err, FloatingPointError):
+        return EXIT_DIVERGED, _diverged(text)
     if isinstance(err, _BAD_INPUT):
         return EXIT_BAD_INPUT, f"error: {text}"
     if is_worker_loss(err) or type(err).__module__.startswith("distributed"):
@@ -738,6 +779,17 @@ def failure(err: BaseException) -> tuple[int, str]:
         )
     return EXIT_INTERNAL_ERROR, (
         f"internal error: {type(err).__name__}: {text}; rerun with --debug and report the traceback"
+    )
+
+
+def _diverged(text: str) -> str:
+    """The line for a fit that diverged (a FloatingPointError: the loop's rollbacks ran out, or
+    every rate the tuner tried blew up): what happened, and its likely causes."""
+    said = text if text.startswith("training diverged") else f"training diverged: {text}"
+    return (
+        f"{said}; likely causes: X not scaled (the nets expect inputs of order 1, e.g. 8-bit pixels "
+        "/ 255) or a learning rate too high (lower --learning-rate, or let the tuner choose it: "
+        "--learning-rate auto)"
     )
 
 

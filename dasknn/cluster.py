@@ -14,6 +14,7 @@ import logging
 import threading
 import weakref
 from contextlib import ExitStack
+from pathlib import Path
 
 import dask
 
@@ -27,6 +28,8 @@ __all__ = [
     "in_dask_task",
     "scheduler_answers",
     "scheduler_lost",
+    "unguarded",
+    "unguarded_script",
 ]
 
 logger = logging.getLogger(__name__)
@@ -53,9 +56,10 @@ def dask_client(stack: ExitStack, scheduler: str | None, security, n_workers: in
         return default_client()
     except ValueError:
         # inside joblib's or multiprocessing's workers (n_jobs > 1) a nanny cannot start
-        # worker processes: the LocalCluster runs its workers as threads there; a free port
-        # for the scheduler's HTTP server (the dashboard when bokeh is installed)
-        threads = in_daemon_process()
+        # worker processes, nor from a script's top level that each of them would run again:
+        # the LocalCluster runs its workers as threads there; a free port for the scheduler's
+        # HTTP server (the dashboard when bokeh is installed)
+        threads = in_daemon_process() or unguarded_script()
         client = stack.enter_context(
             local_client(
                 n_workers=n_workers, security=security, processes=not threads, dashboard_address=":0"
@@ -100,6 +104,69 @@ def in_daemon_process() -> bool:
     method = multiprocessing.get_start_method(allow_none=True)
     standard = method is None or method in multiprocessing.get_all_start_methods()
     return bool(multiprocessing.current_process().daemon) or not standard
+
+
+def unguarded_script() -> bool:
+    """True (after a warning line saying what to add) when this call runs at the top level of the
+    main script, outside `if __name__ == "__main__":`, and dask starts worker processes with spawn
+    or forkserver: each worker process imports the main script again (multiprocessing's rule), so
+    it would start a cluster of its own, which fails while the process is starting."""
+    import multiprocessing
+    import sys
+
+    if dask.config.get("distributed.worker.multiprocessing-method", "spawn") == "fork":
+        return False
+    if multiprocessing.parent_process() is not None:
+        return False  # a worker's own process: its parent decided (`in_daemon_process`)
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec = getattr(main, "__spec__", None)
+    if path is None or (spec is not None and spec.name.endswith(".__main__")):
+        return False  # an interactive session or a package's __main__: not imported again
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    if frame is None:
+        return False
+    try:
+        source = Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    if not unguarded(source, frame.f_lineno):
+        return False
+    logger.warning(
+        f"{path} starts a LocalCluster at its top level (line {frame.f_lineno}), which every worker "
+        'process runs again: put that code under `if __name__ == "__main__":` to train on worker '
+        "processes; this fit runs its workers as threads"
+    )
+    return True
+
+
+def unguarded(source: str, lineno: int) -> bool:
+    """True when line `lineno` of a script's `source` runs on import: it is in a top-level
+    statement other than `if __name__ == "__main__":`."""
+    import ast
+
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return False
+    for stmt in body:
+        if stmt.lineno <= lineno <= (stmt.end_lineno or stmt.lineno):
+            return not (isinstance(stmt, ast.If) and _is_main_test(stmt.test))
+    return False
+
+
+def _is_main_test(test) -> bool:
+    """`__name__ == "__main__"` (either way round)."""
+    import ast
+
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    values = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return names == ["__name__"] and values == ["__main__"]
 
 
 def connect(address: str, security):

@@ -26,7 +26,15 @@ from dasknn.data.chunks import is_dask_array
 from dasknn.data.split import Carved, split_parts
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import TrainState
-from dasknn.estimator_data import carved, choose_data, class_indices, merged, placed, resolve_augment
+from dasknn.estimator_data import (
+    carved,
+    choose_data,
+    class_indices,
+    merged,
+    placed,
+    resolve_augment,
+    tuner_samples,
+)
 from dasknn.estimator_fit import (
     FitSettings,
     began,
@@ -94,7 +102,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         n_workers: int | None = None,
         worker_wait: float | None = None,
         input_shape: Any = None,
-        eval_size: int = 2000,
+        eval_size: int | None = None,
         validation_data: Any = None,
         validation_fraction: float | None = None,
         selection_size: int = 512,
@@ -114,8 +122,6 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         resume: bool = False,
         tuner_options: dict | None = None,
         tuner: str = "auto",
-        optimizer: str | None = None,
-        optimizer_options: dict | None = None,
         simulated_gflops: Any = SIMULATED_GFLOPS,
         data: str = "auto",
         augment: Any = None,
@@ -154,7 +160,6 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         self.verbose = verbose
         self.warm_start, self.checkpoint_dir, self.resume = warm_start, checkpoint_dir, resume
         self.tuner_options, self.tuner = tuner_options, tuner
-        self.optimizer, self.optimizer_options = optimizer, optimizer_options  # deprecated names
         self.simulated_gflops = simulated_gflops
         self.data = data
         self.augment = augment
@@ -209,7 +214,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         in_memory = hasattr(self, "net_")
         ckpt = checkpoint_to_continue(self.checkpoint_dir, self.resume, self.warm_start, in_memory)
         if ckpt is not None:
-            default = self.tuner == "auto" and self.optimizer is None
+            default = self.tuner == "auto"
             adopted = adopt(ckpt, fingerprint(self.get_params(deep=False), self.tuner_), self.resume, default)
             self.tuner_ = adopted.tuner or self.tuner_
             self.classes_, self.n_features_in_ = adopted.classes, adopted.n_features_in
@@ -243,10 +248,9 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
             return self._fit(X, y, stored, None, partial_epochs=epochs)
 
     def _resolve_tuner(self) -> None:
-        """`tuner_` and `tuner_options_`: the tuner, the deprecated `optimizer=` names mapped onto it."""
-        from dasknn.estimator_params import resolve_tuner
-
-        self.tuner_, self.tuner_options_ = resolve_tuner(self.get_params(deep=False))
+        """`tuner_` and `tuner_options_`: the tuner and its options this fit starts with (a resumed
+        fit may adopt its checkpoint's tuner)."""
+        self.tuner_, self.tuner_options_ = self.tuner, self.tuner_options
 
     def _check_labels(self, labels, context: str) -> None:
         unseen = np.setdiff1d(labels, self.classes_)
@@ -296,6 +300,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
             data = carved(
                 X, y_idx, parts, given, train_from, classes=self.classes_, augment=self.augment_,
                 batch_size=self.batch_size_, eval_size=self.eval_size, seed=self.random_state,
+                tuner_size=tuner_samples(self.get_params(deep=False)),
             )  # fmt: skip
             self.n_train_samples_ = int(data.X.shape[0])
             if self.data_ != "stream" and client is not None and len(parts.train) < len(y_all):

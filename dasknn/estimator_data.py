@@ -99,13 +99,25 @@ def placed(mode: str, client: Any, X, y, y_all: np.ndarray, stored):
     return X, y, X
 
 
+def tuner_samples(params: dict[str, Any]) -> int:
+    """The training samples to carve for the "auto" tuner's measure (`optimizer.auto.MEASURED_SAMPLES`)
+    when the fit's tuner is "auto" and a knob is "auto", else 0."""
+    knobs = (params["n_groups"], params["learning_rate"], params["momentum"])
+    if params.get("tuner", "auto") != "auto" or "auto" not in knobs:
+        return 0
+    from dasknn.optimizer.auto import MEASURED_SAMPLES
+
+    return MEASURED_SAMPLES
+
+
 def carved(
     X, y, parts: Parts, given, train_from, *, classes: np.ndarray, augment: Augment | None,
-    batch_size: int, eval_size: int, seed: int,
+    batch_size: int, eval_size: int | None, seed: int, tuner_size: int = 0,
 ) -> Carved:  # fmt: skip
-    """The fit's data in its `parts` (`dasknn.data.split.carve`): the scored training samples are
-    `eval_size` of the training part, seeded; the user's validation data (`given`) with its labels
-    as class indices; all seen through `augment`'s test view."""
+    """The fit's data in its `parts` (`dasknn.data.split.carve`): the user's validation data
+    (`given`) with its labels as class indices, else the validation part; at most `eval_size` of
+    it kept for scoring (seeded, drawn once; None: all); `tuner_size` of the training part for the
+    "auto" tuner (seeded; 0: none); all seen through `augment`'s test view."""
     import dask
 
     from dasknn.data.chunks import samples_per_chunk
@@ -113,14 +125,19 @@ def carved(
     if given is not None:
         given = (given[0], label_index(np.asarray(dask.compute(given[1])[0]), classes))
     n = len(parts.train)
-    scored = np.sort(np.random.default_rng(seed).choice(n, min(eval_size, n), replace=False))
-    return carve(
+    tuned = np.sort(np.random.default_rng(seed).choice(n, min(tuner_size, n), replace=False))
+    data = carve(
         X,
         y,
         parts,
-        scored=parts.train[scored],
         view=(lambda X: X) if augment is None else augment.test,
         train_from=train_from,
         rows_per_chunk=samples_per_chunk(X.shape[1:], batch_size),
         given=given,
+        tuner_rows=parts.train[tuned] if tuner_size else None,
     )
+    n = 0 if data.validation is None else len(data.validation[1])
+    if eval_size is not None and n > eval_size:
+        kept = np.sort(np.random.default_rng(seed).choice(n, eval_size, replace=False))
+        data.validation = (data.validation[0][kept], data.validation[1][kept])
+    return data

@@ -14,7 +14,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pandas as pd
 
 from dasknn.data.augment import Augment
@@ -180,7 +179,6 @@ def build_loop(
     `time.perf_counter()` max_wall_time counts from."""
     from dasknn.optimizer.search import SelectionLoss
 
-    X_eval, y_eval = data.evaluation
     X_val, y_val = data.validation or (None, None)
     return Loop(
         engine,
@@ -192,7 +190,7 @@ def build_loop(
         seed=s.random_state,
         time_budget=s.time_budget if p.auto else None,
         max_iterations=p.max_iterations if p.auto else None,
-        evaluate=Evaluator(net, np.asarray(X_eval, dtype=np.float32), y_eval, X_val, y_val),
+        evaluate=Evaluator(net, X_val, y_val, data.tuner if p.auto and s.tuner == "auto" else None),
         selection=SelectionLoss(net, *data.selection) if p.auto and data.selection else None,
         notify=notify,
         target_accuracy=s.target_accuracy,

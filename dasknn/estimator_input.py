@@ -226,11 +226,10 @@ def smallest_rate(params: dict[str, Any]) -> float:
         return float(params["learning_rate"])
     import inspect
 
-    from dasknn.estimator_params import resolve_tuner
     from dasknn.optimizer import GridPolicy
     from dasknn.optimizer.prior import solver_prior
 
-    tuner, options = resolve_tuner(params, warn=False)
+    tuner, options = params["tuner"], params["tuner_options"]
     if tuner == "auto":
         return solver_prior(params["net"])[0]
     grid = (options or {}).get("lr_grid")

@@ -33,7 +33,7 @@ from dasknn.rules import (
 
 ENGINES = ("dask", "simulated")
 TUNERS = ("auto", "grid", "online")
-"""The tuners of the knobs left "auto"; `optimizer` was the old name of `tuner`."""
+"""The tuners of the knobs left "auto"."""
 DATA_CHOICES = ("auto", "persist", "stream")
 """The values of DistributedCNN's `data`: the Dask engine's two ways of getting the training
 batches to the workers (`dasknn.engine.dask.driver.DATA_MODES`), or "auto" to choose between them."""
@@ -206,7 +206,8 @@ PARAMS: tuple[Param, ...] = (
           "is None.", resume=False),
     Param("target_accuracy", None, replace(ACCURACY, also=(None,)),
           "Stop once the held-out accuracy (`val_accuracy`, on the validation data) reaches it; "
-          "without validation data, once the training accuracy (on `eval_size` training samples) does. "
+          "without validation data, once the training accuracy (the running mean of the iterations' "
+          "batch accuracies since the last evaluation) does. "
           "A resumed fit may give a new one.",
           cli_default=0.96, resume=False),
     Param("engine", "dask", Choice(ENGINES), "Train on a Dask cluster, or on the simulator."),
@@ -227,13 +228,17 @@ PARAMS: tuple[Param, ...] = (
     Param("input_shape", None, Custom("None, 'flat' or (C, H, W) of positive integers", accepts=_input_shape),
           "None: X is 4-D (n, C, H, W). A tuple reshapes 2-D rows to images. \"flat\": each row's "
           "features are the channels of a 1×1 image (tabular data; use net=\"mlp\").", flag=False),
-    Param("eval_size", 2000, Number(1, integer=True),
-          "Training samples scored to track the training accuracy over time (`accuracy`)."),
+    Param("eval_size", None, Number(1, integer=True, also=(None,)),
+          "Held-out samples scored at each evaluation: at most this many of the validation data, drawn "
+          "once (seeded by `random_state`); None: all of it. No training sample is scored: `loss` and "
+          "`accuracy` in the history are the running means of the iterations' own batch figures since "
+          "the last evaluation. A resumed fit may give a new one.", resume=False),
     Param("validation_data", None,
           Custom("None or a pair (X_val, y_val)", accepts=lambda v: v is None or (
               isinstance(v, (tuple, list)) and len(v) == 2)),
-          "Held-out data, never trained on: scored in full at every evaluation (`val_loss`, "
-          "`val_accuracy`), the metric of `target_accuracy`, `report_` and early stopping. Checked like X.",
+          "Held-out data, never trained on: scored at every evaluation (all of it, or `eval_size` of it: "
+          "`val_loss`, `val_accuracy`), the metric of `target_accuracy`, `report_` and early stopping. "
+          "Checked like X.",
           flag=False, resume=False, saved=False),
     Param("validation_fraction", None, Number(0, 1, low_open=True, high_open=True, also=(None,)),
           "Instead of `validation_data`: this fraction of X, stratified and seeded by `random_state`, "
@@ -311,14 +316,7 @@ PARAMS: tuple[Param, ...] = (
           "η doubled while it pays, A-B-A trials within 5% of the elapsed time, η ÷ 3 on a plateau and a "
           "stop on convergence (`dasknn.optimizer.auto`). \"grid\": Omnivore's Algorithm 1, a cold "
           "start then grid searches from checkpoints. \"online\": the goodput optimizer (Pollux, "
-          "YellowFin, AdaScale; `dasknn.optimizer.online`).", aliases=("--optimizer",)),
-    Param("optimizer", None, Custom("None or one of 'auto', 'grid', 'online'",
-                                    accepts=lambda v: v is None or v in TUNERS),
-          "Deprecated: the old name of `tuner` (a DeprecationWarning; it read as the SGD/Adam choice of "
-          "Keras and skorch).", flag=False, resume=False),
-    Param("optimizer_options", None,
-          Custom("None or a dict", accepts=lambda v: v is None or isinstance(v, dict)),
-          "Deprecated: the old name of `tuner_options` (a DeprecationWarning).", flag=False, resume=False),
+          "YellowFin, AdaScale; `dasknn.optimizer.online`)."),
     Param("simulated_gflops", SIMULATED_GFLOPS,
           Custom("a number > 0 or 'calibrate'", accepts=lambda v: (isinstance(v, str) and v == "calibrate")
                  or Number(0, low_open=True).ok(v), parse_text=_simulated_gflops_word),
@@ -350,7 +348,8 @@ PARAMS: tuple[Param, ...] = (
           "(`dasknn.data.batching.window_indices`): 1 shuffles within chunks; larger mixes more and makes a "
           "streaming reader hold more chunks."),
     Param("backend", None, Choice(("auto", "lowering", "onednn", None)),
-          "The conv phase's kernels (`dasknn.nn.onednn`), set on every layer that has a choice: "
+          "The kernels of the conv phase and of the FC phase's inner products (`dasknn.nn.onednn`), set "
+          "on every layer that has a choice: "
           "\"lowering\" is Caffe con Troll's batched lowering on numpy's BLAS (the reference); \"onednn\" "
           "calls oneDNN's direct convolutions (installed with dasknn on Linux x86-64); \"auto\" takes "
           "oneDNN for float32 on a "
@@ -388,33 +387,6 @@ def optimizer_class(name: str):
     return {"auto": AutoPolicy, "online": OnlinePolicy, "grid": GridPolicy}[name]
 
 
-def resolve_tuner(params: dict[str, Any], warn: bool = True) -> tuple[str, dict[str, Any] | None]:
-    """(tuner, tuner_options) with the deprecated names `optimizer` / `optimizer_options` mapped
-    onto them (a DeprecationWarning each); both names of one setting given is a ValueError."""
-    import warnings
-
-    tuner, options = params["tuner"], params["tuner_options"]
-    if params.get("optimizer") is not None:
-        if tuner != "auto" and tuner != params["optimizer"]:
-            raise ValueError(
-                f"give tuner={tuner!r} or the deprecated optimizer={params['optimizer']!r}, not both"
-            )
-        tuner = params["optimizer"]
-        if warn:
-            warnings.warn(
-                "optimizer= is deprecated: use tuner= (same values)", DeprecationWarning, stacklevel=4
-            )
-    if params.get("optimizer_options") is not None:
-        if options is not None:
-            raise ValueError("give tuner_options or the deprecated optimizer_options, not both")
-        options = params["optimizer_options"]
-        if warn:
-            warnings.warn(
-                "optimizer_options= is deprecated: use tuner_options=", DeprecationWarning, stacklevel=4
-            )
-    return tuner, options
-
-
 class _NoEngine:
     """Stands in for the engine while optimizer options are checked: nothing may run."""
 
@@ -446,8 +418,7 @@ def _check_combinations(params: dict[str, Any], partial: bool) -> None:
         aggregation=params["aggregation"],
         split=params["split"],
     )
-    tuner, options = resolve_tuner(params, warn=False)
-    _check_optimizer_options(options, tuner)
+    _check_optimizer_options(params["tuner_options"], params["tuner"])
     _check_tls(params["scheduler"], params["security"])
     _check_data(params)
     n_groups, n_workers = params["n_groups"], params["n_workers"] or SIMULATED_WORKERS
@@ -569,7 +540,7 @@ CLI_HELP = {
     "(default: none written)",
     "augment": "What the workers do to each training batch: 'shift' (digits moved by up to 2 px) or "
     "'crop_mirror:SIZE' (Caffe's random crop of SIZE and mirror) (default: none)",
-    "backend": "The conv phase's kernels: 'lowering' (batched lowering on numpy's BLAS, the reference), "
+    "backend": "The conv and FC kernels: 'lowering' (batched lowering on numpy's BLAS, the reference), "
     "'onednn' (oneDNN's direct convolutions, installed with dasknn on Linux x86-64) or 'auto' "
     "(oneDNN for float32 on a CPU when "
     "installed, else lowering) (default: the net's own, 'auto' for zoo and .prototxt nets)",

@@ -39,7 +39,7 @@ __all__ = [
 
 def fingerprint(params: dict[str, Any], tuner: str) -> dict[str, Any]:
     """The parameters a resumed fit must share with the checkpointed one (they shape the run), as
-    JSON-able values; `tuner`: the resolved one (`tuner_`, the deprecated `optimizer=` mapped)."""
+    JSON-able values; `tuner`: the resolved one (`tuner_`)."""
     from dasknn.nn.net import Net
 
     out = {}
@@ -111,7 +111,7 @@ class Adopted:
 def adopt(ckpt: checkpoint.Checkpoint, ours: dict[str, Any], check: bool, tuner_default: bool) -> Adopted:
     """A checkpoint's classes and feature count; with `check`, a ValueError naming each parameter
     of our `fingerprint` that differs from the checkpointed fit's. `tuner_default`: this fit left
-    tuner (and the deprecated optimizer) at its default."""
+    tuner at its default."""
     meta = ckpt.meta
     if "params" not in meta or "classes" not in meta:
         raise ValueError(f"{ckpt.path} is not a DistributedCNN checkpoint (no params/classes)")

@@ -5,8 +5,9 @@ divergence rollback, checkpoints and callbacks; a policy says what to run next.
 online optimizer or fixed knobs) for the next run, makes it on the engine from the state the
 policy names (the current one, or a snapshot of an earlier run), charges it to the clock
 (`dasknn.policy.RunLog`), judges divergence, and for a run whose iterations are kept evaluates the
-new state (training samples and validation data, `Evaluator`), appends a history row and calls the
-callbacks (`dasknn.callbacks`), then hands the policy what it measured and asks again
+new state (its training figures from the run's trace, `training_scores`; the validation data
+scored, `Evaluator`), appends a history row and calls the callbacks (`dasknn.callbacks`), then
+hands the policy what it measured and asks again
 (docs/architecture.md, "The loop and its policies"). The loop's own state (elapsed time, budgets
 spent, history, trace, decisions) and the policy's session travel in each checkpoint's metadata,
 and the engines continue a `TrainState` exactly (the simulator carries its in-flight iterations,
@@ -14,9 +15,9 @@ clock and random generators in `TrainState.extra`), so a fit resumed from a chec
 simulated engine makes the same engine calls as the uninterrupted fit and ends with the same weights.
 
 Divergence, judged here only: a FloatingPointError, a non-finite loss, `attrs["diverged"]`, weights
-that are non-finite or larger than `checkpoint.WEIGHT_LIMIT`, an evaluation loss above
-`DIVERGED_LOSS` × ln(n_classes) and above `DIVERGED_LOSS` × the run's start loss (when the policy
-asks: `NextRun.loss_limit`; the start is scored only then), or the policy's
+that are non-finite or larger than `checkpoint.WEIGHT_LIMIT`, a training loss at the run's end
+(its smoothed batch losses) above `DIVERGED_LOSS` × ln(n_classes) and above `DIVERGED_LOSS` × its
+first batch's loss (when the policy asks: `NextRun.loss_limit`), or the policy's
 own rule for the run (`NextRun.diverges`). A kept run that diverged is rolled back: the current
 state stays the one it started from, its trace rows stay on the record (phase "rolled_back", their
 time spent), and the policy chooses what follows (fixed knobs and Algorithm 1 divide η by 10, the
@@ -53,6 +54,9 @@ __all__ = [
     "Loop",
     "run_policy",
     "runs_by_config",
+    "TrainingFigures",
+    "blew_up",
+    "training_scores",
 ]
 
 logger = logging.getLogger(__name__)
@@ -65,39 +69,102 @@ CHECKPOINTS_KEPT = 3
 MAX_ROLLBACKS = 6
 """Rollbacks in a row (lr lowered each time) before training gives up with FloatingPointError."""
 DIVERGED_LOSS = 2.0
-"""A run whose end state's evaluation loss exceeds DIVERGED_LOSS × ln(n_classes) (twice the loss of
-uniform guessing), and DIVERGED_LOSS × its start state's loss, has blown up, even with finite numbers."""
+"""A run whose training loss at its end exceeds DIVERGED_LOSS × ln(n_classes) (twice the loss of
+uniform guessing), and DIVERGED_LOSS × its first batch's loss, has blown up, even with finite numbers."""
 
 
 class Evaluator:
-    """The scores of a state that the history records: `loss` and `accuracy` on fixed training
-    samples, and `val_loss` and `val_accuracy` on the validation data (all of it) when there is any.
+    """The held-out scores of a state that the history records: `val_loss` and `val_accuracy` on
+    the validation data (at most `eval_size` samples of it, drawn once), nothing without any; and,
+    for the "auto" tuner only, `tuner_loss` and `tuner_accuracy` on its fixed training samples
+    (`tuner`), which the loop keeps for it (`TrainingFigures.measured_loss`) and no row records.
 
-    The validation samples are never trained on; the training samples are a random subset of those
-    trained on (drawn once), so the two curves show generalisation side by side. The batches of
-    both run side by side on the process's threads (`nn.scoring.Scorer`)."""
+    The history's training figures come from the trace (`training_scores`). The batches of both
+    sets run side by side on the process's threads (`nn.scoring.Scorer`), which counts the
+    samples it scores."""
 
-    def __init__(self, net, X_eval, y_eval, X_val=None, y_val=None) -> None:
+    def __init__(self, net, X_val=None, y_val=None, tuner=None) -> None:
         from dasknn.nn.scoring import Scorer
         from dasknn.nn.train import scoring_batch_size
 
-        self.X, self.y = np.asarray(X_eval), np.asarray(y_eval)
         self.X_val = None if X_val is None else np.asarray(X_val)
         self.y_val = None if y_val is None else np.asarray(y_val)
-        sets = {"": (self.X, self.y)}
-        if self.X_val is not None:
-            sets["val_"] = (self.X_val, self.y_val)
-        self.scorer = Scorer(net, sets, scoring_batch_size(net))
-
-    @property
-    def has_validation(self) -> bool:
-        return self.X_val is not None
+        sets = {} if self.X_val is None else {"val_": (self.X_val, self.y_val)}
+        if tuner is not None:
+            sets["tuner_"] = (np.asarray(tuner[0]), np.asarray(tuner[1]))
+        self.scorer = Scorer(net, sets, scoring_batch_size(net)) if sets else None
 
     def __call__(self, state: TrainState) -> dict[str, float]:
-        scores = {}
+        scores: dict[str, float] = {}
+        if self.scorer is None:
+            return scores
         for prefix, (loss, acc) in self.scorer(state.params).items():
             scores[f"{prefix}loss"], scores[f"{prefix}accuracy"] = loss, acc
         return scores
+
+
+def training_scores(interval: pd.DataFrame) -> dict[str, float]:
+    """The history's training figures over the iterations of `interval` (the trace since the last
+    evaluation): `loss` and `accuracy`, the running means of the batches' own figures weighted by
+    their images (as Keras and skorch report them); NaN for an empty interval (the start)."""
+    rows = interval.dropna(subset=["loss", "accuracy"]) if len(interval) else interval
+    if not len(rows):
+        return {"loss": math.nan, "accuracy": math.nan}
+    weights = rows["n_images"].to_numpy(dtype=float) if "n_images" in rows else None
+    if weights is not None and not weights.sum() > 0:
+        weights = None
+    return {
+        name: float(np.average(rows[name].to_numpy(dtype=float), weights=weights))
+        for name in ("loss", "accuracy")
+    }
+
+
+def blew_up(seg: pd.DataFrame, limit: float) -> bool:
+    """Whether a run's training loss at its end (its smoothed batch losses) exceeds `limit` and
+    `DIVERGED_LOSS` × its first batch's loss (the start state's: an untrained net on raw inputs
+    starts beyond the limit, so it is measured from it)."""
+    if not len(seg):
+        return False
+    now = final_loss(seg)
+    return not now <= limit and not now <= DIVERGED_LOSS * float(seg["loss"].iloc[0])
+
+
+class TrainingFigures:
+    """What the history's training figures are taken from: the traces of the kept runs since the
+    last row (`unrecorded`), and the "auto" tuner's samples' loss of the state last scored."""
+
+    def __init__(self) -> None:
+        self.unrecorded: list[pd.DataFrame] = []
+        self.measured: tuple[int, float] | None = None  # (iterations, the tuner's samples' loss)
+
+    def of(self, state: TrainState, snapshots: dict[str, TrainState], traces: list) -> dict[str, float]:
+        """`training_scores` of the trace rows that trained `state` since the last row: the kept
+        runs not yet recorded for the current state, the run that made it for a snapshot of a run
+        ("run3", `traces` indexed by run), none for the start."""
+        if state is snapshots.get(CURRENT):
+            frames = self.unrecorded
+        else:
+            made = [n for n, s in snapshots.items() if s is state and n.startswith("run")]
+            frames = [traces[int(made[0][3:])]] if made else []
+        return training_scores(pd.concat(frames, ignore_index=True) if frames else make_trace([], "unknown"))
+
+    def recorded(self, state: TrainState, scores: dict[str, float], current: bool) -> dict[str, float]:
+        """The row's scores of `state`, less the tuner's, which are kept (`measured_loss`); a row of
+        the `current` state starts the next interval."""
+        scores = dict(scores)
+        if "tuner_loss" in scores:
+            self.measured = (state.iterations_done, scores.pop("tuner_loss"))
+            scores.pop("tuner_accuracy", None)
+        if current:
+            self.unrecorded = []
+        return scores
+
+    def measured_loss(self, state: TrainState) -> float | None:
+        """The loss of `state` on the "auto" tuner's fixed training samples, when the last history
+        row scored them at its iterations (None otherwise, or without such samples)."""
+        if self.measured is None or self.measured[0] != state.iterations_done:
+            return None
+        return self.measured[1]
 
 
 @dataclass
@@ -220,6 +287,7 @@ class Loop:
         self.meta = dict(meta or {})
         self.history: list[dict[str, Any]] = []
         self.snapshots: dict[str, TrainState] = {}
+        self.figures = TrainingFigures()
         self.rollbacks_in_row = 0
         self.stop_at_start = False
         self.stopped_by = ""
@@ -272,7 +340,8 @@ class Loop:
         (the best model restored, an earlier state returned)."""
         if scores is None:
             with np.errstate(over="ignore", invalid="ignore"):
-                scores = self.evaluator(state)
+                scores = {**self.figures.of(state, self.snapshots, self.log.traces), **self.evaluator(state)}
+        scores = self.figures.recorded(state, scores, current=state is self.snapshots.get(CURRENT))
         row = {
             "time": float(t),
             "iteration": state.iterations_done,
@@ -302,9 +371,9 @@ class Loop:
     ) -> bool:
         """An evaluation: `note` the row of `state`, then call the callbacks with it.
 
-        True when the fit should stop: the target accuracy reached (on the held-out metric when there
-        is validation data, else on training samples), a callback asked (`notify` returned True, or
-        the reason as a string), or `max_wall_time` passed; `stopped_by` then says which.
+        True when the fit should stop: the target accuracy reached (held-out metric if any, else the
+        training one), a callback asked (`notify` returned True, or the reason as a string), or
+        `max_wall_time` passed; `stopped_by` then says which.
         """
         if self.evaluator is None:
             return bool(self.should_stop is not None and self.should_stop(state, self.log.trace()))
@@ -489,11 +558,8 @@ class Loop:
         scores = None
         if step.keep and not diverged and self.evaluator is not None:
             with np.errstate(over="ignore", invalid="ignore"):
-                scores = self.evaluator(state)
-            diverged = step.loss_limit and not scores["loss"] <= self.loss_limit
-            if diverged:  # an untrained net on raw inputs starts beyond the limit: measured from it
-                with np.errstate(over="ignore", invalid="ignore"):
-                    diverged = not scores["loss"] <= DIVERGED_LOSS * self.evaluator(start)["loss"]
+                scores = {**training_scores(seg), **self.evaluator(state)}
+            diverged = step.loss_limit and blew_up(seg, self.loss_limit)
         out = Outcome(run, step, seg, state, f"run{run}", start, diverged, seconds, score)
         if state is not None:
             self.snapshots[out.snapshot] = state
@@ -503,6 +569,7 @@ class Loop:
             return self._rolled_back(out)
         self.rollbacks_in_row = 0
         self.log.kept.add(run)
+        self.figures.unrecorded.append(seg)
         held = (START, step.hold)
         self.snapshots = {n: s for n, s in self.snapshots.items() if s is start or n in held}
         self.snapshots.update({CURRENT: state, out.snapshot: state})

@@ -59,7 +59,7 @@ class NextRun:
     this run, applied with the loop's (a trial abandoned when its score doubles). `checkpoint`: a
     JSON-able session to save with the current state before this run (the policy's own state,
     handed back to `Policy.begin` on resume). `note`: extra fields of the history row after it.
-    `loss_limit`: the run also diverged when its evaluation loss exceeds
+    `loss_limit`: the run also diverged when its training loss at its end exceeds
     `dasknn.fitting.DIVERGED_LOSS` × ln(n_classes) (fixed knobs and "auto" ask for it; grid and
     online judge their runs by their own scores). `hold`: the name of an earlier snapshot the loop
     keeps past this run even when the run is kept (the policy may still restore it: "auto"'s

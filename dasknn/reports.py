@@ -273,7 +273,7 @@ def _plot_loss(ax, frames: Mapping[str, pd.DataFrame], search, decisions) -> Non
         ax.plot(x, y, color=color, lw=1.2)
         ax.plot(ev["time"], ev["loss"], color=color, ls="none", marker="o", markersize=3.0)
         d = decisions.get(name)
-        for t, before, after in lr_changes(ev, d):
+        for t, before, after in lr_changes(frame, d):  # rows without a training figure too
             ax.axvline(t, color=color, ls=":", lw=1.0, label=once("η changed"))
             text = f"η→{after:.2g}" if np.isnan(before) else f"η {before:.2g}→{after:.2g}"
             ax.annotate(text, (t, 0.02), xycoords=("data", "axes fraction"),

@@ -124,7 +124,7 @@ def _param(name: str, value: Any, fitted_net, arrays: dict[str, np.ndarray]) -> 
         if isinstance(value, str) and value.lower().replace("-", "_") in NETS:
             return value
         return {"__net__": net_spec(fitted_net)}
-    if name in ("tuner_options", "optimizer_options"):
+    if name == "tuner_options":
         value = without_paths(value)
     return _tagged(value, arrays, f"parameter {name}")
 
@@ -153,9 +153,8 @@ def _fitted_values(est) -> dict[str, Any]:
 def _left_out(params: dict[str, Any]) -> list[str]:
     """The parameters set that `save` leaves out, named for its warning."""
     out = [name for name in LEFT_OUT if params[name] not in (None, [], ())]
-    for name in ("tuner_options", "optimizer_options"):
-        if params[name] != without_paths(params[name]):
-            out.append(f"{name}['prior_cache']")
+    if params["tuner_options"] != without_paths(params["tuner_options"]):
+        out.append("tuner_options['prior_cache']")
     return out
 
 

@@ -350,9 +350,45 @@ def _net_param(value: Any, arrays, fitted: dict[str, Any]) -> Any:
     _fail(f"params.net is {value!r}: not a zoo name, a net or a path")
 
 
+FORMER_NAMES = {"optimizer": "tuner", "optimizer_options": "tuner_options"}
+"""Parameters that models saved by earlier versions hold under a former name, and their names now."""
+FORMER_OPTIONS = {"segment_iterations": "run_iterations"}
+"""Likewise for the tuners' options (`tuner_options`)."""
+
+
+def _present_names(doc: Any) -> Any:
+    """The parameters with each former name (`FORMER_NAMES`) read as its present one; None there
+    was its default. A model holding both names with different values is refused."""
+    if not isinstance(doc, dict):
+        return doc
+    out = {k: v for k, v in doc.items() if k not in FORMER_NAMES}
+    for former, name in FORMER_NAMES.items():
+        value = doc.get(former)
+        if value is None:
+            continue
+        present = out.get(name, BY_NAME[name].default)
+        if present != BY_NAME[name].default and present != value:
+            _fail(f"params.{former} {value!r} (the former name of {name}) differs from {name} {present!r}")
+        out[name] = value
+    return out
+
+
+def _present_options(options: Any) -> Any:
+    """Tuner options with each former name (`FORMER_OPTIONS`) read as its present one; where both
+    are given, the present one counts (as it did when both names were accepted)."""
+    if not isinstance(options, dict):
+        return options
+    return {
+        FORMER_OPTIONS.get(k, k): v
+        for k, v in options.items()
+        if not (k in FORMER_OPTIONS and FORMER_OPTIONS[k] in options)
+    }
+
+
 def _params(doc: Any, arrays, fitted: dict[str, Any]) -> dict[str, Any]:
     """The parameters, each by its rule; one that is missing takes its default (a model saved
-    before that parameter existed)."""
+    before that parameter existed), one under a former name is read as its present one."""
+    doc = _present_names(doc)
     _keys(doc, set(BY_NAME), "params", required=set())
     params = {}
     for name, value in doc.items():
@@ -362,8 +398,8 @@ def _params(doc: Any, arrays, fitted: dict[str, Any]) -> dict[str, Any]:
             params[name] = _net_param(value, arrays, fitted)
             continue
         value = untagged(value, arrays, f"params.{name}")
-        if name in ("tuner_options", "optimizer_options"):
-            value = without_paths(value)
+        if name == "tuner_options":
+            value = _present_options(without_paths(value))
         try:
             BY_NAME[name].rule.check(name, value)
         except (ValueError, FileNotFoundError) as err:

@@ -43,8 +43,9 @@ def run(name: str, policy, parts, model: HEModel, target: float, budget: float) 
     """One fit on a fresh LeNet: its time to `target` held-out accuracy and its decisions."""
     Xt, yt, Xv, yv = parts
     net = zoo.lenet(seed=0)
+    tuner = (Xt[:1000], yt[:1000]) if isinstance(policy, AutoPolicy) else None  # its measure's samples
     loop = Loop(SimulatedEngine(model, verbose=0), net, Xt, yt, batch_size=64, weight_decay=5e-4, seed=0,
-                time_budget=budget, evaluate=Evaluator(net, Xt[:1000], yt[:1000], Xv, yv),
+                time_budget=budget, evaluate=Evaluator(net, Xv, yv, tuner=tuner),
                 target_accuracy=target, n_classes=10)  # fmt: skip
     t0 = time.perf_counter()
     result = loop.run(policy, TrainState.from_net(net))

@@ -1,26 +1,32 @@
 """Benchmark: one full training iteration (forward, backward, SGD update) of dasknn vs PyTorch.
 
-Every kernel backend of dasknn installed here ("lowering", the papers' batched lowering; "onednn";
-"auto", which picks oneDNN for float32 CPU layers) beside PyTorch CPU: same net shapes, same batch,
-same SGD with momentum and weight decay, the same number of threads on every side (numpy's BLAS
-and oneDNN's OpenMP through threadpoolctl, torch.set_num_threads; all printed), every side timed
-once per round, rounds interleaved. Each iteration is split into the conv phase (forward and
-backward), the FC phase (forward, loss, backward), the solver's update and the rest. The table
-reports medians, the spread (min..max) and the ratio over PyTorch's median (below 1: dasknn is
-faster); a second table names the backend and oneDNN implementation each conv-phase layer ran.
+Every kernel backend of dasknn installed here ("lowering", the papers' batched lowering; "onednn"; "auto",
+which picks oneDNN for float32 CPU layers) beside PyTorch CPU: same net shapes, same batch, same SGD
+with momentum and weight decay, the same number of threads on every side (dasknn's
+`backend.blas_threads`, torch.set_num_threads; the BLAS, oneDNN and PyTorch counts are printed), every
+side at every thread count timed once per round, rounds interleaved. Each iteration is split into the
+conv phase (forward and backward), the FC phase (forward, loss, backward), the solver's update and the
+rest. The table reports medians, the spread (min..max), the ratio over PyTorch's median at the same
+thread count (below 1: dasknn is faster) and the scaling, a side's median over its own at the first
+thread count (t(2)/t(1) for `--threads 1 2`: below 1, more threads help); a second table names the
+backend and oneDNN implementation each layer ran.
 
 Targets of "auto" at 1 thread: LeNet (b = 64) ≤ 1.05× PyTorch, CIFAR-10 quick (b = 128) ≤ 1.1×,
 CaffeNet (b = 32, 1000 classes) ≤ 1.1×.
 
-    python -m experiments.bench_iteration [--repeats 30] [--threads N] [--nets lenet cifar10_quick caffenet]
-        [--backends lowering onednn auto]
+Targets of "auto" at 2 threads: CIFAR-10 quick ≤ 0.65× its own 1-thread time and ≤ 1.0× PyTorch,
+LeNet and CaffeNet ≤ 1.0× PyTorch.
+
+    python -m experiments.bench_iteration [--repeats 30] [--threads 1 2]
+        [--nets lenet cifar10_quick caffenet] [--backends lowering onednn auto]
 
 Writes experiments/results/bench_iteration/bench_iteration_t{threads}_{nets}.csv and
-backends_t{threads}_{nets}.csv.
+backends_t{threads}_{nets}.csv (threads joined by "-", e.g. t1-2).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,8 +50,6 @@ NETS = {
 }
 TARGETS = {"lenet": 1.05, "cifar10_quick": 1.1, "caffenet": 1.1}
 """Targets of backend "auto" at 1 thread: dasknn's iteration time over PyTorch's."""
-CAFFENET_REPEATS = 5
-"""CaffeNet iterations take seconds each: at most this many timed runs per side."""
 
 
 def torch_net(name: str):
@@ -171,55 +175,92 @@ def backends_available() -> list[str]:
     return ["lowering", "onednn", "auto"] if available() else ["lowering", "auto"]
 
 
-def bench(name: str, repeats: int, threads: int, backends: list[str]) -> tuple[list[dict], list[dict]]:
-    """Rows (net, side) with median and spread per phase, all sides timed in the same rounds, and
-    the backend that ran per layer."""
+def build_sides(name: str, backends: list[str], x, y, rng) -> tuple[dict, list[dict]]:
+    """{side: one timed step} for every dasknn backend and PyTorch, and the backend each layer ran
+    (at the thread count in force)."""
     import torch
-    from threadpoolctl import threadpool_info, threadpool_limits
 
-    from dasknn.nn.onednn import info as onednn_info
     from dasknn.nn.onednn import net_backends
 
     shape, batch, classes = NETS[name]
-    if name == "caffenet":
-        repeats = min(repeats, CAFFENET_REPEATS)
+    sides, layer_rows = {}, []
+    for backend in backends:
+        net = zoo.get_net(name, input_shape=shape, num_classes=classes, backend=backend)
+        conv, fc = net.split_phases()
+        solver = SGD.for_net(net, base_lr=1e-3, momentum=0.9, weight_decay=5e-4)
+        sides[backend] = lambda conv=conv, fc=fc, solver=solver: ours_step(conv, fc, solver, x, y, rng)
+        for row in net_backends(net, batch=batch):
+            layer_rows.append({"net": name, "side": backend, **row})
+    tnet = torch_net(name)
+    tconv, tfc = split_torch(tnet)
+    opt = torch.optim.SGD(tnet.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    sides["torch"] = lambda: torch_step(tconv, tfc, opt, loss_fn, tx, ty)
+    return sides, layer_rows
+
+
+def thread_counts() -> dict[str, int]:
+    """The threads each library runs with now: numpy's BLAS, oneDNN's OpenMP (as a kernel built now
+    would get them) and PyTorch's."""
+    import torch
+    from threadpoolctl import threadpool_info
+
+    from dasknn.nn.onednn import info as onednn_info
+
+    blas = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+    return {
+        "blas_threads": max(blas, default=0),
+        "onednn_threads": onednn_info().get("threads", 0),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def at_threads(n: int):
+    """A context in which dasknn (`backend.blas_threads`) and PyTorch compute on `n` threads."""
+    import contextlib
+
+    import torch
+
+    from dasknn.backend import blas_threads
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(blas_threads(n))
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    stack.callback(torch.set_num_threads, before)
+    return stack
+
+
+def bench(name: str, repeats: int, threads: list[int], backends: list[str]) -> tuple[list[dict], list[dict]]:
+    """Rows (net, threads, side) with median and spread per phase, every side at every thread count
+    timed once per round, rounds interleaved, and the backend that ran per layer."""
+    shape, batch, classes = NETS[name]
     rng = np.random.default_rng(0)
     x = rng.random((batch, *shape), dtype=np.float32)
     y = rng.integers(0, classes, batch)
-    sides = {}
-    layer_rows = []
-    with threadpool_limits(limits=threads):
-        for backend in backends:
-            net = zoo.get_net(name, input_shape=shape, num_classes=classes, backend=backend)
-            conv, fc = net.split_phases()
-            solver = SGD.for_net(net, base_lr=1e-3, momentum=0.9, weight_decay=5e-4)
-            sides[backend] = lambda conv=conv, fc=fc, solver=solver: ours_step(conv, fc, solver, x, y, rng)
-            for row in net_backends(conv, batch=batch):
-                layer_rows.append({"net": name, "side": backend, **row})
-        torch.set_num_threads(threads)
-        tnet = torch_net(name)
-        tconv, tfc = split_torch(tnet)
-        opt = torch.optim.SGD(tnet.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
-        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-        loss_fn = torch.nn.CrossEntropyLoss()
-        sides["torch"] = lambda: torch_step(tconv, tfc, opt, loss_fn, tx, ty)
-        blas = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
-        onednn_threads = onednn_info().get("threads", 0)
-        torch_threads = torch.get_num_threads()
-        for _ in range(2 if name == "caffenet" else 3):
-            for step in sides.values():
-                step()
-        times = {side: [] for side in sides}
-        for _ in range(repeats):  # interleaved rounds: every side once per round
-            for side, step in sides.items():
-                time.sleep(0.05)  # let the other library's idle threads stop spinning
-                t0 = time.perf_counter()
-                parts = step()
-                parts["wall"] = time.perf_counter() - t0
-                times[side].append(parts)
+    counts, layer_rows = {}, []
+    with at_threads(threads[0]):
+        sides, layer_rows = build_sides(name, backends, x, y, rng)
+    for n in threads:
+        with at_threads(n):
+            counts[n] = thread_counts()
+            for _ in range(2 if name == "caffenet" else 3):
+                for step in sides.values():
+                    step()
+    times = {(n, side): [] for n in threads for side in sides}
+    for _ in range(repeats):  # interleaved rounds: every side at every thread count once per round
+        for n in threads:
+            with at_threads(n):
+                for side, step in sides.items():
+                    time.sleep(0.05)  # let the other library's idle threads stop spinning
+                    t0 = time.perf_counter()
+                    parts = step()
+                    parts["wall"] = time.perf_counter() - t0
+                    times[n, side].append(parts)
+    medians = {key: 1e3 * float(np.median([t["wall"] for t in runs])) for key, runs in times.items()}
     rows = []
-    torch_ms = 1e3 * np.median([t["wall"] for t in times["torch"]])
-    for side, runs in times.items():
+    for (n, side), runs in times.items():
         walls = 1e3 * np.array([t["wall"] for t in runs])
         parts = {p: 1e3 * np.median([t[p] for t in runs]) for p in ("conv", "fc", "solver")}
         parts["rest"] = 1e3 * np.median([t["wall"] - t["conv"] - t["fc"] - t["solver"] for t in runs])
@@ -228,17 +269,17 @@ def bench(name: str, repeats: int, threads: int, backends: list[str]) -> tuple[l
                 "net": name,
                 "batch": batch,
                 "side": side,
-                "threads": threads,
-                "blas_threads": max(blas, default=0),
-                "onednn_threads": onednn_threads if side in ("onednn", "auto") else 0,
-                "torch_threads": torch_threads,
+                "threads": n,
+                **counts[n],
+                "onednn_threads": counts[n]["onednn_threads"] if side in ("onednn", "auto") else 0,
                 "runs": repeats,
-                "ms": float(np.median(walls)),
+                "ms": medians[n, side],
                 "ms_min": float(walls.min()),
                 "ms_max": float(walls.max()),
                 **{f"{p}_ms": v for p, v in parts.items()},
-                "ratio_over_torch": float(np.median(walls)) / torch_ms,
-                "target": TARGETS.get(name, np.nan) if side == "auto" else np.nan,
+                "ratio_over_torch": medians[n, side] / medians[n, "torch"],
+                "scaling": medians[n, side] / medians[threads[0], side],
+                "target": TARGETS.get(name, np.nan) if side == "auto" and n == 1 else np.nan,
             }
         )
     return rows, layer_rows
@@ -248,7 +289,11 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     cli = parser(__doc__)
     cli.add_argument("--repeats", type=int, default=30)
     cli.add_argument(
-        "--threads", type=int, default=None, help="BLAS/oneDNN/torch threads (default: all cores)"
+        "--threads",
+        type=int,
+        nargs="+",
+        default=None,
+        help="BLAS/oneDNN/torch thread counts, each timed in every round (default: 1 and all cores)",
     )
     cli.add_argument("--nets", nargs="+", choices=list(NETS), default=list(NETS))
     cli.add_argument(
@@ -259,12 +304,18 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         help="dasknn's kernel backends to time (default: every one installed)",
     )
     args = cli.parse_args(argv)
+    threads = args.threads or sorted({1, device_info()["cores"]})
+    if min(threads) < 1:
+        sys.exit(f"--threads must be >= 1; got {threads}")
+    # oneDNN first: GNU OpenMP, which PyTorch and oneDNN share, reads its wait policy once, when it
+    # loads; loaded by torch, it would spin by default rather than wait as dasknn sets it
+    backends = backends_available()  # loads oneDNN
+    backends = args.backends or backends
     try:
         import torch  # noqa: F401
     except ImportError:
         sys.exit("this benchmark compares against PyTorch: pip install 'dasknn[bench]' (or torch==2.13.0)")
-    threads = args.threads or device_info()["cores"]
-    backends = args.backends or backends_available()
+    print(f"OpenMP wait policy (both sides): {os.environ.get('OMP_WAIT_POLICY', 'the default (spin)')}")
     rows, layers = [], []
     for name in args.nets:
         r, lr = bench(name, args.repeats, threads, backends)
@@ -277,9 +328,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(
         "targets ('auto' at 1 thread, ratio over PyTorch): LeNet <= 1.05, CIFAR-10 quick <= 1.1, "
-        "CaffeNet <= 1.1; medians of `runs` interleaved rounds, spread ms_min..ms_max"
+        "CaffeNet <= 1.1; at 2 threads: CIFAR-10 quick scaling <= 0.65 and every net's ratio <= 1.0; "
+        "medians of `runs` interleaved rounds, spread ms_min..ms_max"
     )
-    stem = f"t{threads}_{'-'.join(args.nets)}"
+    stem = f"t{'-'.join(map(str, threads))}_{'-'.join(args.nets)}"
     write_tables(RESULTS, {f"bench_iteration_{stem}": table, f"backends_{stem}": layer_table})
     return table
 

@@ -240,18 +240,18 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             Path(warm["prior_cache"]).unlink(missing_ok=True)
             print("filling the warm prior cache with one auto fit", flush=True)
             dasknn_fit(engine, Xc, yc, args.budget, "auto (fills the cache)", "auto", -1, args.eval_size,
-                       optimizer="auto", options=warm)  # fmt: skip
+                       tuner="auto", options=warm)  # fmt: skip
         for rnd in range(args.rounds):
             print(f"measure round {rnd + 1} of {args.rounds} (load {os.getloadavg()[0]:.1f})", flush=True)
             runs.append(dasknn_fit(
                 engine, Xc, yc, args.budget, "tuner=auto", "auto", rnd, args.eval_size,
-                decisions_csv=args.out / f"decisions_auto_{rnd}.csv", optimizer="auto",
+                decisions_csv=args.out / f"decisions_auto_{rnd}.csv", tuner="auto",
                 options={"prior_cache": False},
             ))  # fmt: skip
             if args.warm:
                 runs.append(dasknn_fit(
                     engine, Xc, yc, args.budget, "tuner=auto, warm cache", "auto_warm", rnd, args.eval_size,
-                    decisions_csv=args.out / f"decisions_auto_warm_{rnd}.csv", optimizer="auto", options=warm,
+                    decisions_csv=args.out / f"decisions_auto_warm_{rnd}.csv", tuner="auto", options=warm,
                 ))  # fmt: skip
             for g, lr, mu in fixed:
                 runs.append(dasknn_fit(engine, Xc, yc, args.budget, fixed_name(g, lr, mu), "fixed", rnd,

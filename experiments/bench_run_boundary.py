@@ -108,7 +108,7 @@ def main(argv=None) -> None:
             [da.from_array(X, chunks=(1024, 1, 28, 28)), da.from_array(y, chunks=(1024,))]
         )
         net = zoo.lenet(seed=0)
-        evaluator = Evaluator(net, X[:2000], y[:2000], Xv, yv)
+        evaluator = Evaluator(net, Xv, yv, tuner=(X[:2000], y[:2000]))  # an "auto" fit's evaluation
         scorer, batch = net.copy(), scoring_batch_size(net)
 
         def one_after_another(state: TrainState) -> None:

@@ -4,7 +4,7 @@ Built so that it cannot flatter the optimizer:
 
 - the fixed grid is wide and fixed here, not chosen by the optimizer: g ∈ {1, 2} × η ∈ {0.3, 0.1,
   0.03, 0.01, 0.003, 0.001} × µ ∈ {0.9, 0.6} (`FIXED_GRID`); the online optimizer runs on its own
-  defaults (`DistributedCNN(optimizer="online")`) and never sees that grid;
+  defaults (`DistributedCNN(tuner="online")`) and never sees that grid;
 - a run that misses the target counts as taking the whole budget;
 - every contender runs `--runs` times (default 5), the repetitions interleaved (each round runs every
   contender once, so the machine's load falls on all alike); the table shows medians, the ratio
@@ -139,7 +139,7 @@ class BenchCNN(DistributedCNN):
 
 def fit_run(
     name, kind, engine, X, y, budget, eval_size, max_epochs=None, g="auto", lr="auto", mu="auto",
-    decisions_csv=None, options=None, optimizer="grid", target=TARGET, net="lenet", batch_size=BATCH,
+    decisions_csv=None, options=None, tuner="grid", target=TARGET, net="lenet", batch_size=BATCH,
     validation_fraction=VALIDATION_FRACTION, metric=METRIC, callbacks=None,
 ):  # fmt: skip
     """One DistributedCNN fit to `target` (None: until a callback or the budget stops it): its record
@@ -158,7 +158,7 @@ def fit_run(
         eval_size=eval_size,
         random_state=SEED,
         tuner_options=options,
-        tuner=optimizer,
+        tuner=tuner,
         validation_fraction=validation_fraction,
         callbacks=callbacks,
     )
@@ -311,9 +311,9 @@ def dask_part(args, X, y) -> tuple[pd.DataFrame, dict]:
         Xc, yc = client.persist([X, y])
         for rnd in range(args.runs):
             print(f"round {rnd + 1} of {args.runs} (load average {os.getloadavg()[0]:.1f})", flush=True)
-            contenders = [("tuner=auto", "auto", {"optimizer": "auto", "options": {"prior_cache": False}})]
-            contenders += [("optimizer=online", "online", {"optimizer": "online"})]
-            contenders += [("optimizer=grid", "grid", {"optimizer": "grid"})]
+            contenders = [("tuner=auto", "auto", {"tuner": "auto", "options": {"prior_cache": False}})]
+            contenders += [("optimizer=online", "online", {"tuner": "online"})]
+            contenders += [("optimizer=grid", "grid", {"tuner": "grid"})]
             contenders += [
                 (f"fixed g={g} η={lr:g} µ={mu:g}", "fixed", {"g": g, "lr": lr, "mu": mu})
                 for g, lr, mu in grid
@@ -412,8 +412,8 @@ def simulated_part(args) -> tuple[pd.DataFrame, str]:
     lr, mu = SIM_PLAIN
     records = []
     for name, kind, params in (
-        ("optimizer=online", "online", {"optimizer": "online"}),
-        ("optimizer=grid", "grid", {"optimizer": "grid"}),
+        ("optimizer=online", "online", {"tuner": "online"}),
+        ("optimizer=grid", "grid", {"tuner": "grid"}),
         (f"sync g=1 η={lr:g} µ={mu:g}", "fixed", {"g": 1, "lr": lr, "mu": mu}),
         (f"plain async g={n} η={lr:g} µ={mu:g}", "fixed", {"g": n, "lr": lr, "mu": mu}),
     ):

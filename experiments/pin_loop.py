@@ -12,6 +12,14 @@ loop leaves its behaviour unchanged, against a worktree of the commit it starts 
     PYTHONPATH=/work/wt-base python -m experiments.pin_loop write /tmp/pins-base
     PYTHONPATH=$PWD python -m experiments.pin_loop write /tmp/pins-new
     python -m experiments.pin_loop compare /tmp/pins-base /tmp/pins-new
+
+`compare A B TABLE.COLUMN ...` leaves those columns out (e.g. `history.loss history.accuracy`,
+the history's training figures, which come from the trace's iterations since they stopped being
+a scoring of training samples: the records otherwise identical show that nothing else moved).
+Against pins written before that change, the "auto" case also differs in its decisions' reasons
+only: its progress is measured on the tuner's own training samples (`MEASURED_SAMPLES`, 2,000:
+here all of the training part) where it read the history's loss on `eval_size` (200) samples;
+its decisions and weights are the same (and with MEASURED_SAMPLES = 200 its records are too).
 """
 
 from __future__ import annotations
@@ -158,11 +166,23 @@ def _first_difference(a, b, where: str = "") -> str | None:
     return None if same else f"{where}: {a!r} vs {b!r}"
 
 
-def compare(a: Path, b: Path) -> bool:
+def _without(record: dict, ignored: list[str]) -> dict:
+    """`record` less the TABLE.COLUMN entries of `ignored` in each row of its tables."""
+    for entry in ignored:
+        table, column = entry.split(".", 1)
+        for row in record.get(table, []):
+            row.pop(column, None)
+    return record
+
+
+def compare(a: Path, b: Path, ignored: list[str] = ()) -> bool:
     ok = True
     for path in sorted(a.glob("*.json")):
         name = path.stem
-        diff = _first_difference(json.loads(path.read_text()), json.loads((b / path.name).read_text()))
+        diff = _first_difference(
+            _without(json.loads(path.read_text()), list(ignored)),
+            _without(json.loads((b / path.name).read_text()), list(ignored)),
+        )
         weights = "no weights"
         if (a / f"{name}.npz").exists():
             wa, wb = np.load(a / f"{name}.npz"), np.load(b / f"{name}.npz")
@@ -177,7 +197,7 @@ def compare(a: Path, b: Path) -> bool:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "write":
         write(Path(sys.argv[2]))
-    elif len(sys.argv) == 4 and sys.argv[1] == "compare":
-        sys.exit(0 if compare(Path(sys.argv[2]), Path(sys.argv[3])) else 1)
+    elif len(sys.argv) >= 4 and sys.argv[1] == "compare":
+        sys.exit(0 if compare(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]) else 1)
     else:
         sys.exit(__doc__)

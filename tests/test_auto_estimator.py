@@ -1,11 +1,10 @@
-"""The "auto" tuner as DistributedCNN's default: its prior, the deprecated optimizer= name, a fit
+"""The "auto" tuner as DistributedCNN's default: its prior, tuner= and tuner_options=, a fit
 resumed mid-ramp, checkpoints of the old default, and the stop on convergence."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import warnings
 
 import numpy as np
 import pytest
@@ -28,7 +27,7 @@ def digits():
 def test_auto_is_the_default_and_its_start_names_the_prior(digits):
     X, y = digits
     est = DistributedCNN(**COMMON, max_epochs=2)
-    assert est.tuner == "auto" and est.optimizer is None
+    assert est.tuner == "auto"
     est.fit(X, y)
     start = est.decisions_.iloc[0]
     assert (start["phase"], start["action"]) == ("auto", "start")
@@ -37,19 +36,14 @@ def test_auto_is_the_default_and_its_start_names_the_prior(digits):
     assert set(est.decisions_["phase"]) >= {"ramp"}
 
 
-def test_the_old_optimizer_name_still_works_with_a_deprecation_warning(digits):
+def test_tuner_and_tuner_options_reach_the_fit(digits):
     X, y = digits
-    with pytest.warns(DeprecationWarning, match="use tuner="):
-        est = DistributedCNN(**COMMON, max_epochs=1, optimizer="grid").fit(X, y)
-    assert est.tuner_ == "grid" and "probe" in set(est.decisions_["action"])
-    with pytest.warns(DeprecationWarning, match="use tuner_options="):
-        est = DistributedCNN(**COMMON, max_epochs=1, tuner="grid", optimizer_options={"probe_iterations": 7})
-        est.fit(X, y)
-    with pytest.raises(ValueError, match="not both"):
-        DistributedCNN(**COMMON, max_epochs=1, tuner="online", optimizer="grid").fit(X, y)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        DistributedCNN(**COMMON, max_epochs=1, tuner="grid")._check_params()  # the new name: no warning
+    options = {"probe_iterations": 7}
+    est = DistributedCNN(**COMMON, max_epochs=1, tuner="grid", tuner_options=options).fit(X, y)
+    probes = est.decisions_[est.decisions_["action"] == "probe"]
+    assert est.tuner_ == "grid" and len(probes) and (probes["iterations"] == 7).all()
+    with pytest.raises(TypeError, match="optimizer"):  # the former name is gone (0.x: no deprecation)
+        DistributedCNN(**COMMON, optimizer="grid")
 
 
 def test_an_auto_fit_stopped_mid_ramp_resumes_exactly(tmp_path, digits):

@@ -97,7 +97,7 @@ BAD_OPTIONS = {
     "target_accuracy": st.one_of(_not(lambda v: 0 < v <= 1), _text),
     "engine": st.one_of(st.text(max_size=8).filter(lambda s: s not in ("dask", "simulated")), st.none()),
     "n_workers": st.one_of(st.integers(max_value=0), st.floats(), _text),
-    "eval_size": st.one_of(st.integers(max_value=0), st.floats(), _junk),
+    "eval_size": st.one_of(st.integers(max_value=0), st.floats(), _text),  # None: all the held-out data
 }
 
 

@@ -143,3 +143,18 @@ def test_healthy_flags_non_finite_and_exploding_weights():
     assert not checkpoint.healthy(TrainState({"w": np.array([1.0, np.nan])}))
     assert not checkpoint.healthy(TrainState({"w": np.ones(3)}, {"w": np.array([np.inf])}))
     assert not checkpoint.healthy(TrainState({"w": np.array([2 * checkpoint.WEIGHT_LIMIT])}))
+
+
+def test_rows_of_runs_a_policy_undid_may_lie_beyond_the_state(tmp_path):
+    """After "auto" undid a window (its row at 112 stays in the history, its trace rows not kept),
+    a checkpoint of the state at 96 is whole; one whose last row or kept trace lies beyond is not."""
+    state = TrainState.from_net(zoo.mlp((64, 1, 1), 10, seed=0))
+    state.iterations_done = 96
+    path = tmp_path / "ckpt-000000000096"
+    history = pd.DataFrame({"iteration": [0, 64, 112, 96]})
+    trace = pd.DataFrame({"iteration": [64, 112, 96], "kept": [True, False, True]})
+    assert checkpoint.check_document(path, state, {"history": history, "trace": trace}, False) == ""
+    later = pd.DataFrame({"iteration": [0, 64, 128]})
+    assert "history" in checkpoint.check_document(path, state, {"history": later}, False)
+    kept = trace.assign(kept=True)
+    assert "trace" in checkpoint.check_document(path, state, {"history": history, "trace": kept}, False)

@@ -38,6 +38,7 @@ def test_train_with_fixed_knobs_reaches_its_target_and_writes_the_report(tmp_pat
     history = pd.read_csv(run / "history.csv")
     assert history["val_accuracy"].max() >= 0.9 and history["iteration"].is_monotonic_increasing
     assert out.stderr.count("[dasknn] started a LocalCluster") == 0  # -q: silent
+    assert "ERROR" not in out.stderr and "WARNING" not in out.stderr  # the cluster closed quietly
     assert (run / "accuracy.png").stat().st_size > 1000
     trace = pd.read_csv(run / "trace.csv")
     assert len(trace) == history["iteration"].iloc[-1] and (trace["staleness"] == 0).all()

@@ -224,7 +224,7 @@ def test_replica_strategies_train_through_the_estimator(strategy, digits):
     )
     est.fit(X, y)
     assert est.trace_.attrs["strategy"] == strategy
-    assert est.history_[-1]["accuracy"] >= 0.9
+    assert est.score(X, y) >= 0.9  # the model's (the history's figure is the last epoch's running mean)
 
 
 def test_unmerged_fc_trains_through_the_estimator(digits):
@@ -235,7 +235,7 @@ def test_unmerged_fc_trains_through_the_estimator(digits):
     )
     est.fit(X, y)
     assert est.trace_.attrs["physical_map"] == "unmerged"
-    assert est.history_[-1]["accuracy"] >= 0.9
+    assert est.score(X, y) >= 0.9  # the model's (the history's figure is the last epoch's running mean)
 
 
 def test_a_budget_spent_in_the_cold_start_still_gives_a_history_and_a_report(digits):

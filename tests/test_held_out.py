@@ -15,7 +15,7 @@ from dasknn.reports import plot_accuracy, search_spans
 
 FIXED = {"n_groups": 1, "learning_rate": 0.1, "momentum": 0.9}
 SMALL = {"net": "mlp", "input_shape": "flat", "engine": "simulated", "n_workers": 4, "batch_size": 32,
-         "eval_size": 300, "time_budget": None}  # fmt: skip
+         "time_budget": None}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,20 @@ def test_val_accuracy_is_the_score_on_the_validation_data_at_each_recorded_itera
     hist = pd.DataFrame(est.history_)
     assert {"val_loss", "val_accuracy", "loss", "accuracy"} <= set(hist.columns)
     assert set(est.report_["metric"]) == {"val_accuracy", "accuracy"}
+
+
+def test_eval_size_bounds_the_held_out_samples_scored_at_each_evaluation(digits):
+    """eval_size=100 of 400 held-out samples: every val_accuracy is a count of 100 samples, the
+    final one the model's score on the 100 drawn once, seeded by random_state."""
+    X, y = digits
+    X_val, y_val = X[:400], y[:400]
+    est = DistributedCNN(validation_data=(X_val, y_val), max_epochs=1, eval_size=100, **FIXED, **SMALL)
+    est.fit(X[400:], y[400:])
+    hist = pd.DataFrame(est.history_)
+    assert len(hist) >= 2
+    assert all(round(a * 100, 9).is_integer() for a in hist["val_accuracy"])
+    kept = np.sort(np.random.default_rng(est.random_state).choice(400, 100, replace=False))
+    assert hist["val_accuracy"].iloc[-1] == pytest.approx(est.score(X_val[kept], y_val[kept]), abs=1e-12)
 
 
 def test_the_target_and_report_use_the_held_out_metric(digits):

@@ -71,3 +71,21 @@ def test_overflow_warnings_of_a_diverging_run_stay_off_the_console(digits, capfd
     err = capfd.readouterr().err
     assert (est.decisions_["action"] == "rollback").sum() >= 2  # the runs did diverge on the workers
     assert "RuntimeWarning" not in err and "encountered in" not in err
+
+
+@pytest.mark.parametrize("value", [0.0, 0.5])
+def test_a_constant_x_is_warned_about_before_training(digits, value):
+    X, y = digits
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        seen = _Seen(caught)
+        DistributedCNN(net="mlp", callbacks=[seen], **QUICK).fit(np.full_like(X, value), y)
+    constant = [m for m in seen.before_training if "constant" in m]
+    assert len(constant) == 1 and f"every value is {value:g}" in constant[0], seen.before_training
+    assert caught[0].filename == __file__  # the user's line
+    # the gate itself: one sample that differs is enough
+    varied = np.full_like(X, value)
+    varied[0, 0, 0, 0] += 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_X_y(varied, y)

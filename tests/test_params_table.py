@@ -68,10 +68,11 @@ def test_the_default_of_each_flag_passes_the_table():
 def test_resume_parameters_are_the_ones_checkpoints_fingerprint():
     # the set checkpoints of earlier versions were written with, less the budget (time_budget,
     # max_epochs, target_accuracy), which a resume may change (their "optimizer" is read as
-    # "tuner", test_auto_estimator): they must still resume
+    # "tuner", test_auto_estimator): they must still resume. eval_size, which once counted the
+    # training samples scored, bounds only the held-out scoring and is no longer compared
     assert set(RESUME_PARAMS) == {
         "net", "batch_size", "n_groups", "learning_rate", "momentum", "weight_decay",
-        "engine", "n_workers", "input_shape", "eval_size",
+        "engine", "n_workers", "input_shape",
         "validation_fraction", "selection_size", "strategy", "physical_map", "aggregation", "split",
         "random_state", "tuner", "simulated_gflops", "augment", "shuffle_window",
         "backend",  # newer than some checkpoints: a key a checkpoint lacks is not compared

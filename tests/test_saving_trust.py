@@ -258,6 +258,29 @@ def test_paths_addresses_and_objects_planted_in_a_model_come_back_as_their_defau
     assert not planted.exists()
 
 
+def test_a_model_saved_under_the_former_tuner_names_loads_under_the_present_ones(saved, model, digits):
+    # earlier versions wrote optimizer and optimizer_options into every model (None: the default),
+    # before tuner= existed the tuner under optimizer, and the online tuner's run_iterations as
+    # segment_iterations
+    tamper(model, lambda doc, a: doc["params"].update(optimizer=None, optimizer_options=None))
+    assert DistributedCNN.load(model).get_params()["tuner"] == "auto"
+
+    def former(doc, arrays):
+        for name in ("tuner", "tuner_options"):
+            doc["params"].pop(name, None)
+        doc["params"].update(optimizer="online", optimizer_options={"segment_iterations": 40})
+
+    tamper(model, former)
+    est = DistributedCNN.load(model)
+    params = est.get_params()
+    assert (params["tuner"], params["tuner_options"]) == ("online", {"run_iterations": 40})
+    assert "optimizer" not in params and "optimizer_options" not in params
+    np.testing.assert_array_equal(est.predict(digits[0]), saved[1].predict(digits[0]))
+    tamper(model, lambda doc, a: doc["params"].update(tuner="online"))
+    tamper(model, lambda doc, a: doc["params"].update(tuner="grid"))
+    refused(model, "params.optimizer 'online'", "tuner 'grid'")
+
+
 def test_a_prior_cache_path_in_tuner_options_is_not_restored(model):
     tamper(model, lambda doc, a: doc["params"].update(tuner_options={"prior_cache": "/somewhere/cache"}))
     assert DistributedCNN.load(model).tuner_options is None

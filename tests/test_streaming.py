@@ -37,7 +37,7 @@ def test_streamed_uint8_digits_train_to_95_percent_with_shifts(zarr_digits):
     scaled = X.astype(np.float32) / 255  # what the workers read: uint8 chunks, scaled after the read
     est = DistributedCNN(
         engine="dask", n_workers=2, time_budget=None, max_epochs=10, data="stream", augment="shift",
-        eval_size=500, validation_fraction=0.2, target_accuracy=0.95, **FIXED,
+        validation_fraction=0.2, target_accuracy=0.95, **FIXED,
     )  # fmt: skip
     est.fit(scaled, y)
     assert est.data_ == "stream" and est.augment_ == Augment(shift=2)

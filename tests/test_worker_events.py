@@ -69,7 +69,7 @@ def elastic_fit():
         return bool(getattr(bar, hook)(est, info)) if hasattr(bar, hook) else False
 
     net = small_net()
-    loop = Loop(engine, net, X, y, batch_size=32, time_budget=8.0, evaluate=Evaluator(net, X[:200], y[:200]),
+    loop = Loop(engine, net, X, y, batch_size=32, time_budget=8.0, evaluate=Evaluator(net),
                 n_classes=10,
                 notify=notify)  # fmt: skip
     bar.on_fit_begin(est)

@@ -81,13 +81,13 @@ def split_parts(y: np.ndarray, validation_fraction: float | None, selection_size
 class Carved:
     """A fit's data cut into its parts: the training samples (dask, streamed or persisted), and as
     numpy the selection part (None when empty), the validation data (None when there is none) and
-    the training samples that score the training accuracy (`evaluation`)."""
+    the "auto" tuner's fixed training samples (`tuner`, None for other fits)."""
 
     X: Any
     y: Any
     selection: tuple[np.ndarray, np.ndarray] | None
     validation: tuple[np.ndarray, np.ndarray] | None
-    evaluation: tuple[np.ndarray, np.ndarray]
+    tuner: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def carve(
@@ -95,15 +95,15 @@ def carve(
     y,
     parts: Parts,
     *,
-    scored: np.ndarray,
     view: Callable[[Any], Any],
     train_from,
     rows_per_chunk: int,
     given: tuple[Any, Any] | None = None,
+    tuner_rows: np.ndarray | None = None,
 ) -> Carved:
     """Cut (X, y) into `parts`: the training part from `train_from` (X itself, or for a streamed fit
     the stored array the workers convert), rechunked to `rows_per_chunk`; the selection and
-    validation parts and the `scored` training samples computed together through `view` (the
+    validation parts and the `tuner_rows` training samples computed together through `view` (the
     net's input shape), so a chunk of a store is read once for all three. `given`: validation data
     passed by the user (X_val, class indices), used instead of the validation part."""
     import dask
@@ -111,9 +111,10 @@ def carve(
     from dasknn.data.chunks import take_rows
 
     sel, val = parts.selection, parts.validation
-    X_sel, y_sel, X_val, y_val, X_eval, y_eval = dask.compute(
+    tuned = np.zeros(0, dtype=int) if tuner_rows is None else tuner_rows
+    X_sel, y_sel, X_val, y_val, X_tuner, y_tuner = dask.compute(
         view(take_rows(X, sel)), take_rows(y, sel), view(take_rows(X, val)), take_rows(y, val),
-        view(take_rows(X, scored)), take_rows(y, scored),
+        view(take_rows(X, tuned)), take_rows(y, tuned),
     )  # fmt: skip
     if given is not None:
         X_val, y_val = dask.compute(view(given[0]), given[1])
@@ -126,5 +127,5 @@ def carve(
         y_train,
         (X_sel, np.asarray(y_sel)) if len(sel) else None,
         (X_val, np.asarray(y_val)) if len(y_val) else None,
-        (X_eval, np.asarray(y_eval)),
+        None if tuner_rows is None else (X_tuner, np.asarray(y_tuner)),
     )

@@ -86,7 +86,7 @@ def is_url(path: str | Path) -> bool:
 def open_store(path: str | Path) -> zarr.Group:
     """The zarr group of a finished store at a local path or an fsspec URL (`file://`, and the
     object stores fsspec reaches with their packages: `s3://` with s3fs, `gs://` with gcsfs);
-    FileNotFoundError if absent, ValueError if not a finished store."""
+    FileNotFoundError if absent, ValueError if not a finished store or one without X or y."""
     import zarr  # imported on use: a fit that reads no store (and its workers) never loads zarr
 
     if not is_url(path):
@@ -105,6 +105,12 @@ def open_store(path: str | Path) -> zarr.Group:
             f"{path} is not a complete dasknn store (format {attrs.get('dasknn_store')!r}, "
             f"complete={attrs.get('complete')!r}); delete it or convert again with overwrite=True"
         )
+    for name in ("X", "y"):
+        if name not in group:
+            raise StoreError(
+                f"{path}: no array {name!r} in the store (a dasknn store holds X and y); restore it or "
+                "convert the dataset again"
+            )
     return group
 
 

@@ -107,8 +107,8 @@ def _structure_y(y: Any, X: da.Array) -> da.Array:
 
 
 def _check_values(X: da.Array, y: da.Array | None, check_finite: bool, scale: bool = False) -> None:
-    """NaN, inf and non-integer labels refused, counted; with `scale`, inputs far above order 1 warned
-    about (`UNSCALED_LIMIT`). One `dask.compute` of reductions."""
+    """NaN, inf and non-integer labels refused, counted; with `scale`, a constant X and inputs far
+    above order 1 warned about (`UNSCALED_LIMIT`). One `dask.compute` of reductions."""
     import dask
     import dask.array as da
 
@@ -117,7 +117,7 @@ def _check_values(X: da.Array, y: da.Array | None, check_finite: bool, scale: bo
         counts["nan"] = da.isnan(X).sum()
         counts["inf"] = da.isinf(X).sum()
     if scale:
-        counts["largest"], counts["smallest"] = abs(X).max(), X.min()
+        counts["largest"], counts["smallest"], counts["most"] = abs(X).max(), X.min(), X.max()
         counts["mean_square"] = (X.astype(np.float64) ** 2).mean()
         counts["integral"] = (X == da.floor(X)).mean()
     if y is not None and y.dtype.kind == "f":
@@ -134,6 +134,12 @@ def _check_values(X: da.Array, y: da.Array | None, check_finite: bool, scale: bo
         raise ValueError(
             f"y contains {found['bad_labels']} non-integer labels (fractional, NaN or inf); "
             "labels must be integer class indices (floats are accepted only when all are whole numbers)"
+        )
+    if scale and found["smallest"] == found["most"]:
+        warn_user(
+            f"X is constant: every value is {found['smallest']:g}, so the net cannot tell the samples "
+            "apart and learns at most how often each class occurs; check how X was made (a failed "
+            "load or conversion, an all-zero array)"
         )
     if scale and _unscaled(found):
         pixels = " (8-bit pixels)" if _pixels(found) else ""
@@ -185,7 +191,8 @@ def check_X_y(
     least one full batch of samples. Negative or sparse label values pass: mapping them to
     classes is the estimator's job. y is rechunked to X's sample chunks when they differ.
     X that looks unscaled (values beyond ±UNSCALED_LIMIT, and 8-bit pixels or a root mean square
-    beyond SCALED_RMS) is warned about, before any training, at the caller's line outside dasknn.
+    beyond SCALED_RMS), and a constant X (an all-zero one), are warned about, before any training,
+    at the caller's line outside dasknn.
     All value checks run as one `dask.compute` of reductions.
     """
     if batch_size is not None:

@@ -373,8 +373,8 @@ def check_document(path: Path, state: TrainState, tables: dict[str, pd.DataFrame
     """What in a loaded checkpoint contradicts itself ("" when nothing): weights that are not float
     arrays, momentum buffers that are not of their weight's shape and dtype, an `iterations_done`
     that is not the one in the folder's name (`ckpt-<iterations>`), or (unless the fit had
-    `finished`: its state may be an earlier, best one) below an iteration its history or trace
-    records."""
+    `finished`: its state may be an earlier, best one) below the iteration of its history's last
+    row or of its kept runs' trace (rows of runs a policy undid, "auto"'s ramp, may lie beyond)."""
     for key, value in state.params.items():
         if value.dtype.kind != "f":
             return f"weight {key} has dtype {value.dtype}, not a float"
@@ -388,7 +388,12 @@ def check_document(path: Path, state: TrainState, tables: dict[str, pd.DataFrame
         return f"iterations_done = {it} but the checkpoint's folder is {path.name}"
     for name in () if finished else ("history", "trace"):
         table = tables.get(name)
-        if table is not None and "iteration" in table and len(table) and float(table["iteration"].max()) > it:
+        if table is None or "iteration" not in table or not len(table):
+            continue
+        if name == "trace" and "kept" in table:
+            table = table[table["kept"].astype(bool)]
+        last = table["iteration"].iloc[-1:] if name == "history" else table["iteration"]
+        if len(last) and float(last.max()) > it:
             return f"iterations_done = {it} is below the last iteration its {name} records"
     return ""
 

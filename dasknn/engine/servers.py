@@ -2,7 +2,9 @@
 
 Plain classes, usable in one process (the simulator, tests) and wrapped as dask actors by the Dask
 engine. Both apply Caffe's SGD (`dasknn.nn.solver.SGD`), with the learning rate and momentum of
-each call, so the optimizer can change them between probes.
+each call, so the optimizer can change them between probes. Each may be a `Schedule`, which the
+server evaluates at its solver's iteration index (the updates it applied before, over the fit), so
+η and µ change inside a run at the update the schedule says, on either engine.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dasknn.backend import device_scope, to_device, to_numpy
+from dasknn.engine.schedule import Schedule, value_at
 from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
 from dasknn.nn.solver import SGD
@@ -186,11 +189,12 @@ class ConvModelServer:
         self,
         grads: dict[str, Any],
         version_read: int,
-        lr: float,
-        momentum: float,
+        lr: float | Schedule,
+        momentum: float | Schedule,
         row: dict[str, Any] | None = None,
     ) -> dict[str, Any] | None:
-        """Apply one group's update; returns {"version_read", "version_written", "staleness"}.
+        """Apply one group's update; returns {"version_read", "version_written", "staleness", "lr",
+        "momentum"} (the η and µ it applied).
 
         With `row` (a Trace row's other fields) the row, completed with those and `t_end`, is logged
         and returned. After `stop()` the update is refused and None returned.
@@ -202,6 +206,7 @@ class ConvModelServer:
             if self.stopped:
                 return None
             host = {k: np.asarray(g) for k, g in grads.items()}  # the shards send host arrays
+            lr, momentum = value_at(lr, self.solver.iter), value_at(momentum, self.solver.iter)
             self.solver.step(self.params, host, lr=lr, momentum=momentum)
             self.version += 1
             written = self.version
@@ -209,6 +214,8 @@ class ConvModelServer:
                 "version_read": version_read,
                 "version_written": written,
                 "staleness": written - version_read - 1,
+                "lr": lr,
+                "momentum": momentum,
                 **self.updates.update(self.params),
             }
             if row is not None:
@@ -298,9 +305,10 @@ class FCServer:
         with self._lock:
             self.stopped = True
 
-    def step(self, acts, labels, lr: float, momentum: float) -> dict[str, Any] | None:
+    def step(self, acts, labels, lr: float | Schedule, momentum: float | Schedule) -> dict[str, Any] | None:
         """One batch through the FC phase; returns {"dacts", "loss" (weighted total over the loss
-        heads), "main_loss", "accuracy" (main head), "version"}, or None once stopped."""
+        heads), "main_loss", "accuracy" (main head), "version"}, or None once stopped. A `Schedule`
+        is evaluated at the FC solver's iteration index."""
         with self._lock, device_scope(self.device):
             if self.stopped:
                 return None
@@ -312,7 +320,8 @@ class FCServer:
             norms = (float("nan"), float("nan"))
             if self.solver.iter % NOISE_EVERY == 0:
                 norms = grad_norms(self.net, dheads, caches, grads)
-            self.solver.step(self.net.params, grads, lr=lr, momentum=momentum)
+            i = self.solver.iter
+            self.solver.step(self.net.params, grads, lr=value_at(lr, i), momentum=value_at(momentum, i))
             self.version += 1
             return {
                 "dacts": to_numpy(dacts),

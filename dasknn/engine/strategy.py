@@ -84,6 +84,17 @@ class Strategy:
         """True for the replica strategies (SMA, model averaging): no FC server, no asynchrony."""
         return self.name != "omnivore"
 
+    def check_knobs(self, lr, momentum) -> None:
+        """A ValueError when a replica strategy is given an η or µ schedule: schedules are applied
+        by Omnivore's model servers at each update, and the replicas' solvers take constants."""
+        from dasknn.engine.schedule import Schedule
+
+        if self.synchronous and (isinstance(lr, Schedule) or isinstance(momentum, Schedule)):
+            raise ValueError(
+                f"strategy {self.name!r} takes a constant lr and momentum: η and µ schedules are "
+                "applied by Omnivore's model servers (strategy 'omnivore')"
+            )
+
 
 def layer_costs(net: Net, batch_size: int) -> pd.DataFrame:
     """Per layer i: P_i (parameter bytes), O_i (output bytes of one batch) and RALP's cost_i.

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from dasknn.engine.schedule import Schedule
 from dasknn.rules import LEARNING_RATE, MOMENTUM
 
 TRACE_COLUMNS = (
@@ -36,11 +37,15 @@ TRACE_COLUMNS = (
 
 @dataclass(frozen=True)
 class RunConfig:
-    """What one run trains with: Omnivore's knobs (n_groups, lr, momentum) and the fixed settings."""
+    """What one run trains with: Omnivore's knobs (n_groups, lr, momentum) and the fixed settings.
+
+    `lr` and `momentum` are each a float or a `Schedule` of the iteration (or its `to_dict` form),
+    which the model servers evaluate at each update; a constant schedule is kept as its float.
+    """
 
     n_groups: int = 1
-    lr: float = 0.01
-    momentum: float = 0.9
+    lr: float | Schedule = 0.01
+    momentum: float | Schedule = 0.9
     weight_decay: float = 0.0
     batch_size: int = 64
     seed: int = 0
@@ -50,13 +55,29 @@ class RunConfig:
             raise ValueError(f"n_groups must be >= 1, got {self.n_groups}")
         if int(self.batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        LEARNING_RATE.check("lr", self.lr)
-        MOMENTUM.check("momentum", self.momentum)
+        for name, rule in (("lr", LEARNING_RATE), ("momentum", MOMENTUM)):
+            object.__setattr__(self, name, _knob(name, getattr(self, name)))
+            knob = getattr(self, name)
+            for value in knob.values() if isinstance(knob, Schedule) else (knob,):
+                rule.check(name if knob is value else f"every value of the {name} schedule", value)
         if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
             raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
 
     def with_(self, **changes) -> RunConfig:
         return replace(self, **changes)
+
+
+def _knob(name: str, value: Any) -> Any:
+    """η or µ as given: a float stays, a schedule's dict becomes a `Schedule`, a constant schedule
+    its float."""
+    if isinstance(value, dict):
+        try:
+            value = Schedule.from_dict(value)
+        except ValueError as err:
+            raise ValueError(f"{name}: {err}") from None
+    if isinstance(value, Schedule) and value.kind == "constant":
+        return value.start
+    return value
 
 
 @dataclass(frozen=True)
@@ -118,7 +139,8 @@ class RunResult:
 
 
 def on_run_clock(rows: list[dict[str, Any]], t0: float, config: RunConfig, n_samples: int) -> None:
-    """Put a Dask run's rows on its own clock (seconds from `t0`), with its lr, momentum and epoch."""
+    """Put a Dask run's rows on its own clock (seconds from `t0`), with their epoch and the lr and
+    momentum the model server applied (a row that does not carry them: the config's constants)."""
     from dasknn.data.batching import n_batches
 
     nb = n_batches(n_samples, config.batch_size)
@@ -126,8 +148,8 @@ def on_run_clock(rows: list[dict[str, Any]], t0: float, config: RunConfig, n_sam
         row.update(
             t_start=row["t_start"] - t0,
             t_end=row["t_end"] - t0,
-            lr=config.lr,
-            momentum=config.momentum,
+            lr=row.get("lr", config.lr),
+            momentum=row.get("momentum", config.momentum),
             epoch=row["batch"] / nb,
         )
 

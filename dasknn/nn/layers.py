@@ -18,7 +18,14 @@ from dasknn.backend import array_module
 from dasknn.nn.base import Layer, Shape, pair
 from dasknn.nn.fillers import Filler
 from dasknn.nn.lowering import LOWERINGS, conv_backward, conv_forward, conv_output_size
-from dasknn.nn.onednn import OneDNNCache, check_backend, conv_kernel, plain, relu_kernel
+from dasknn.nn.onednn import (
+    OneDNNCache,
+    check_backend,
+    conv_kernel,
+    inner_product_kernel,
+    plain,
+    relu_kernel,
+)
 from dasknn.nn.pooling import LRN, Pooling
 from dasknn.nn.randomness import bernoulli
 
@@ -196,7 +203,11 @@ class Convolution(_Weighted):
 
 
 class InnerProduct(_Weighted):
-    """Fully connected layer y = x·Wᵀ + b on the flattened input (Caffe's InnerProduct, axis 1)."""
+    """Fully connected layer y = x·Wᵀ + b on the flattened input (Caffe's InnerProduct, axis 1).
+
+    `backend` as for Convolution: "auto" computes float32 numpy batches with oneDNN's inner
+    product (on the same OpenMP threads as the conv phase's kernels), "lowering" with numpy's
+    BLAS, the reference."""
 
     type = "InnerProduct"
 
@@ -209,11 +220,13 @@ class InnerProduct(_Weighted):
         bias_filler: Filler | None = None,
         lr_mult: tuple[float, float] = (1.0, 1.0),
         decay_mult: tuple[float, float] = (1.0, 1.0),
+        backend: str = "auto",
     ) -> None:
         super().__init__(name, bias_term, weight_filler, bias_filler, lr_mult, decay_mult)
         self.num_output = int(num_output)
         if self.num_output < 1:
             raise ValueError(f"layer {name!r}: num_output must be >= 1, got {num_output}")
+        self.backend = check_backend(backend, f"layer {name!r}")
 
     def _infer(self, in_shape):
         return (self.num_output,)
@@ -223,12 +236,21 @@ class InnerProduct(_Weighted):
 
     def forward(self, x, train=True, rng=None):
         x2 = x.reshape(x.shape[0], -1)
+        b = self.params["bias"] if self.bias_term else None
+        kernel = inner_product_kernel(self, x2)
+        if kernel is not None:
+            return kernel.forward(x2, self.params["weight"], b), OneDNNCache(kernel, x2)
         y = x2 @ self.params["weight"].T
-        if self.bias_term:
-            y += self.params["bias"]
+        if b is not None:
+            y += b
         return y, x2
 
     def backward(self, dy, cache, need_dx=True):
+        if isinstance(cache, OneDNNCache):
+            dx2, dw, db = cache.kernel.backward(dy, cache.data, self.params["weight"], need_dx)
+            grads = {"weight": dw, "bias": db} if self.bias_term else {"weight": dw}
+            dx = dx2.reshape((dy.shape[0], *self.in_shape)) if need_dx else None
+            return dx, grads
         x2 = cache
         grads = {"weight": dy.T @ x2}
         if self.bias_term:

@@ -1,7 +1,7 @@
 """Scoring a net on fixed in-memory sets, its batches side by side on a few threads.
 
-A fit scores the same samples after every kept run (`dasknn.fitting.Evaluator`), in the driver
-process, while the workers wait. The batches are independent forwards, so `Scorer` runs them on a
+A fit scores the same held-out samples after every kept run (`dasknn.fitting.Evaluator`), in the
+driver process, while the workers wait. The batches are independent forwards, so `Scorer` runs them on a
 pool of threads, one copy of the net each (a layer notes what ran in it; oneDNN's primitives are
 shared, built per thread count, each call with its own scratch space: `nn.onednn.kernels`), the
 process's BLAS/OpenMP threads shared out among them (`threads_per_batch`). Each batch's (mean
@@ -68,7 +68,7 @@ class Scorer:
     """(mean loss, accuracy) of a net's parameters on named in-memory sets, `batch_size` images a
     forward, the batches over `threads` threads (default `process_threads()`, shared out by
     `threads_per_batch`). With one thread, or a net on a GPU, the batches run one after another in
-    the calling thread, as `nn.train.evaluate` runs them."""
+    the calling thread, as `nn.train.evaluate` runs them. `scored`: the samples scored so far."""
 
     def __init__(
         self, net: Net, sets: Mapping[str, tuple[Any, Any]], batch_size: int, threads: int | None = None
@@ -87,10 +87,12 @@ class Scorer:
         self.side_by_side, self.threads_each = threads_per_batch(available, len(self.batches))
         self.nets = [net.copy() for _ in range(self.side_by_side)]
         self._pool: ThreadPoolExecutor | None = None
+        self.scored = 0
 
     def __call__(self, params: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
         for net in self.nets:
             net.set_params(params)
+        self.scored += sum(self.sizes)
         if self.side_by_side == 1:
             scores = [self._batch(self.nets[0], b) for b in self.batches]
         else:

@@ -20,17 +20,3 @@ from dasknn.optimizer.online import OnlinePolicy
 from dasknn.optimizer.session import OptimizerResult
 
 __all__ = ["AutoPolicy", "GridPolicy", "OnlinePolicy", "OptimizerResult"]
-
-
-_RENAMED = {"OmnivoreOptimizer": GridPolicy, "OnlineOptimizer": OnlinePolicy}
-
-
-def __getattr__(name: str):
-    """The names before the policies' (deprecated): OmnivoreOptimizer, OnlineOptimizer."""
-    if name in _RENAMED:
-        import warnings
-
-        new = _RENAMED[name].__name__
-        warnings.warn(f"{name} is now {new}", DeprecationWarning, stacklevel=2)
-        return _RENAMED[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

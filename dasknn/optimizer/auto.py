@@ -72,7 +72,11 @@ from dasknn.policy import CURRENT, START, NextRun, Outcome, Stop
 from dasknn.rules import Custom, Number, Option, checked_options
 from dasknn.tradeoff.hardware import HEModel
 
-__all__ = ["AutoPolicy"]
+__all__ = ["MEASURED_SAMPLES", "AutoPolicy"]
+
+MEASURED_SAMPLES = 2000
+"""Training samples (drawn once, seeded) the loop scores at each evaluation of an "auto" fit, for
+the tuner's progress measure only (`AutoPolicy._measure`): the history's figures do not use them."""
 
 
 def _optional_str(value: Any) -> bool:
@@ -375,25 +379,20 @@ class AutoPolicy:
     def _measure(self, last: Outcome) -> tuple[float, float, float, float | None]:
         """(progress per iteration, its standard error, loss level, the evaluation loss after it).
 
-        When the loop evaluated the run (its history row at the run's end state), progress is the
-        fall of the log loss on the fixed evaluation samples over the run, and the level their
-        geometric mean: the same samples before and after, so only the weights changed (its
-        uncertainty taken from the batch losses' slope, an upper bound). Otherwise the slope of the
-        run's batch losses with its standard error (`ramp.progress_and_error`)."""
+        When the loop evaluated the run (its evaluation at the run's end state scored the tuner's
+        fixed training samples, `MEASURED_SAMPLES`), progress is the fall of their log loss over
+        the run, and the level their geometric mean: the same samples before and after, so only the
+        weights changed (its uncertainty taken from the batch losses' slope, an upper bound).
+        Otherwise the slope of the run's batch losses with its standard error
+        (`ramp.progress_and_error`). The batch losses alone lag the state: each was computed on
+        weights read before the group's last updates, so a window that leaves the weights worse can
+        still show falling batch losses; the scored samples see it."""
         trace, n = last.trace, len(last.trace)
-        history = getattr(self.fit, "history", None) or []
         before = self.s.get("eval_loss")
-        row = history[-1] if history else None
         state = last.state
-        if (
-            row is not None
-            and state is not None
-            and not last.diverged
-            and row.get("iteration") == state.iterations_done
-            and before is not None
-            and n > 0
-        ):
-            now = float(row["loss"])
+        measured = measured_loss(self.fit, state)
+        if measured is not None and not last.diverged and before is not None and n > 0:
+            now = float(measured)
             if not (now > 0 and math.isfinite(now)):
                 return -math.inf, 0.0, math.nan, None
             losses = trace["loss"].to_numpy(dtype=float)
@@ -671,11 +670,17 @@ def held_out(fit) -> float | None:
     return row.get("val_accuracy", row.get("accuracy"))
 
 
+def measured_loss(fit, state) -> float | None:
+    """The loss of `state` on the tuner's fixed training samples, scored by the loop's last
+    evaluation (`fitting.TrainingFigures.measured_loss`); None when it did not score them then."""
+    figures = getattr(fit, "figures", None)
+    return None if figures is None or state is None else figures.measured_loss(state)
+
+
 def start_loss(fit) -> float | None:
-    """The evaluation loss of the starting state (the loop's start row), None without one."""
-    history = getattr(fit, "history", None) or []
-    state = fit.snapshot(CURRENT)
-    if history and history[-1].get("iteration") == state.iterations_done:
-        value = float(history[-1]["loss"])
-        return value if value > 0 and math.isfinite(value) else None
-    return None
+    """The tuner's samples' loss of the starting state (the loop's start row), None without one."""
+    value = measured_loss(fit, fit.snapshot(CURRENT))
+    if value is None:
+        return None
+    value = float(value)
+    return value if value > 0 and math.isfinite(value) else None

@@ -239,13 +239,3 @@ class GridPolicy:
         return OptimizerResult(
             done.state, done.trace, done.decisions, done.config, session.history, session.he_model
         )
-
-
-def __getattr__(name: str):
-    """OmnivoreOptimizer, the name before GridPolicy (deprecated)."""
-    if name == "OmnivoreOptimizer":
-        import warnings
-
-        warnings.warn("OmnivoreOptimizer is now GridPolicy", DeprecationWarning, stacklevel=2)
-        return GridPolicy
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,7 +34,6 @@ numbers that drove it: `seconds_per_iteration`, `noise_scale`, `total_momentum`,
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -115,15 +114,6 @@ class _Run:
         return measure.progress_rate(self.score_start, self.score_end, self.seconds)
 
 
-def _renamed_option(options: dict[str, Any], old: str, new: str, value: Any) -> Any:
-    """`value`, or the deprecated option `old` popped from `options` (with a warning naming `new`)."""
-    if old not in options:
-        return value
-    warnings.warn(f"the online optimizer's option {old} is now {new}", DeprecationWarning, stacklevel=3)
-    given = options.pop(old)
-    return given if value is None else value
-
-
 class OnlinePolicy:
     """Goodput-driven online tuning of (g, η, µ) over any engine (see the module docstring).
 
@@ -165,7 +155,6 @@ class OnlinePolicy:
         verbose: int = 0,
         **unknown: Any,
     ) -> None:
-        run_iterations = _renamed_option(unknown, "segment_iterations", "run_iterations", run_iterations)
         check(not unknown, f"unknown option(s) {sorted(unknown)} for OnlinePolicy")
         check(callable(getattr(engine, "run", None)), f"engine must have a run(...) method; got {engine!r}")
         self.engine = engine
@@ -640,13 +629,3 @@ class _OnlineRun:
             "train", "stop", config, f"{why}; exploration {self.explored:.3g} s", **self.numbers(config)
         )
         return Stop(why, config, state=self.snapshots.name(state))
-
-
-def __getattr__(name: str):
-    """OnlineOptimizer, the name before OnlinePolicy (deprecated)."""
-    if name == "OnlineOptimizer":
-        import warnings
-
-        warnings.warn("OnlineOptimizer is now OnlinePolicy", DeprecationWarning, stacklevel=2)
-        return OnlinePolicy
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -29,7 +28,7 @@ from dasknn.data.batching import check_window
 from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.dask import elastic, tasks
 from dasknn.engine.dask.kept import Kept, knobs_of, release_kept, take_kept
-from dasknn.engine.dask.nanny import TunedNanny, share_cores
+from dasknn.engine.dask.nanny import QuietClose, TunedNanny, share_cores, unshare_cores
 from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
 from dasknn.engine.dask.recovery import (
     ClusterError,
@@ -98,7 +97,7 @@ def local_client(
     if tune_malloc:
         worker_env["MALLOC_MMAP_THRESHOLD_"] = str(32 * 2**20)
         worker_env["MALLOC_TRIM_THRESHOLD_"] = str(64 * 2**20)
-    kwargs = {"dashboard_address": None, **cluster_kwargs}
+    kwargs = {"dashboard_address": ":0", **cluster_kwargs}  # a free port: 8787 may be taken
     if security is not None:
         kwargs["security"] = security
         kwargs.setdefault("protocol", "tls://")
@@ -111,8 +110,11 @@ def local_client(
     try:
         if processes:
             share_cores(client, cores)
+            client.register_plugin(QuietClose(), name=QuietClose.name)
         yield client
     finally:
+        if processes:  # nothing left to tell the workers while they close
+            unshare_cores(client)
         client.close()
         cluster.close()
 
@@ -139,8 +141,7 @@ class DaskEngine:
 
     `blas_threads` limits BLAS threads per worker process (None: leave the workers as they are);
     `timeout` bounds every wait on a server or a task (seconds); `verbose` > 0 shows a progress
-    bar; `poll` is how often (s) the driver checks the groups and the workers. `window` is
-    deprecated and does nothing (each group's loop runs one iteration at a time).
+    bar; `poll` is how often (s) the driver checks the groups and the workers.
 
     Fault tolerance: every `snapshot_every` conv updates (checked each `poll`) the driver
     snapshots both servers. When a worker of the placement dies, the run continues on the surviving
@@ -199,7 +200,6 @@ class DaskEngine:
         *,
         blas_threads: int | None = None,
         timeout: float = 120.0,
-        window: int | None = None,
         verbose: int = 0,
         poll: float = 1.0,
         strategy: Strategy | None = None,
@@ -216,13 +216,6 @@ class DaskEngine:
         worker_wait: float | None = None,
     ) -> None:
         strategy = strategy if strategy is not None else Strategy()
-        if window is not None:
-            warnings.warn(
-                "DaskEngine(window=...) is deprecated and does nothing: each group's loop runs one "
-                "iteration at a time (`window` now names only the shuffle window, `shuffle_window`)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
         if shard_reads not in SHARD_READS:
             raise ValueError(f"shard_reads must be one of {SHARD_READS}, got {shard_reads!r}")
         self.shard_reads = shard_reads
@@ -288,6 +281,7 @@ class DaskEngine:
         When every worker is gone, whatever dask call noticed it first (a scatter's "No valid
         workers found", a placement over an empty cluster), the run raises WorkerLostError.
         """
+        self.strategy.check_knobs(config.lr, config.momentum)
         done, client = (0 if start is None else start.iterations_done), engine_client(self)
         if not cluster_workers(client):
             waited = elastic.await_workers(client, self._worker_wait(client), self.poll, installed=False)

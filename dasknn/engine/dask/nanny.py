@@ -20,13 +20,24 @@ leaves (`tasks.set_blas_threads`; oneDNN's calls take the BLAS pool's count, `nn
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 from distributed import Nanny
-from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.core import Status
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.protocol import pickle
 
-__all__ = ["SharedCores", "TunedNanny", "share_cores"]
+__all__ = ["QuietClose", "SharedCores", "TunedNanny", "share_cores", "unshare_cores"]
+
+logger = logging.getLogger(__name__)
+
+
+CLOSE_TIMEOUT = 15.0
+"""How long a closing nanny waits for its worker process to end (dask: 5 s, 80% of which before a
+kill): a worker's process ends after its interpreter's teardown (numpy, pandas, scipy, dask and
+the net's modules), which can outlast dask's 4 s on a busy machine; dask kills it then, with a
+warning. A close that waits is quiet, and takes no longer where the process ends at once."""
 
 
 class TunedNanny(Nanny):
@@ -40,6 +51,10 @@ class TunedNanny(Nanny):
         self.tuned = dict(pre_spawn_environ or {})
         self.pre_spawn_env.update(self.tuned)
         self.env.update(self.tuned)
+
+    async def close(self, timeout: float = 5, reason: str = "nanny-close"):
+        """Close the worker process, waiting up to `CLOSE_TIMEOUT` s for it to end by itself."""
+        return await super().close(timeout=max(timeout, CLOSE_TIMEOUT), reason=reason)
 
     async def instantiate(self):
         """Start the worker process with the settings; once no nanny of this process is starting
@@ -58,6 +73,10 @@ class TunedNanny(Nanny):
                         os.environ.pop(k, None)
                     else:
                         os.environ[k] = v
+
+
+STAYING = (Status.running, Status.paused)
+"""The statuses of a worker that stays in the cluster (not retiring, not closing)."""
 
 
 def threads_per_worker(cores: int, n_workers: int) -> int:
@@ -89,19 +108,62 @@ class SharedCores(SchedulerPlugin):
         scheduler._ongoing_background_tasks.call_soon(self.apply)
 
     async def apply(self) -> None:
-        """Set every worker's threads for the number of workers there are now."""
+        """Set the threads of every worker that stays (running or paused) for their number.
+
+        A retired worker or one of a closing cluster is left out: a cluster's close retires all
+        its workers at once, then removes them one by one, and a message sent to a worker that
+        is closing fails (the scheduler logs each such failure as an ERROR)."""
         from dasknn.engine.dask.tasks import set_blas_threads
 
         s = self.scheduler
         async with self._lock:
-            if not s.workers:
+            staying = [w for w, ws in s.workers.items() if ws.status in STAYING]
+            if not staying or s.status != Status.running:
                 return
-            n = threads_per_worker(self.cores, len(s.workers))
+            n = threads_per_worker(self.cores, len(staying))
             msg = {"op": "run", "function": pickle.dumps(set_blas_threads), "args": pickle.dumps((n,))}
-            await s.broadcast(msg=msg, workers=list(s.workers), on_error="ignore")
+            await s.broadcast(msg=msg, workers=staying, on_error="ignore")
             self.threads = n
 
 
 def share_cores(client, cores: int) -> None:
     """Install `SharedCores` for `cores` on the client's scheduler (`local_client` does)."""
     client.register_plugin(SharedCores(cores), name=SharedCores.name)
+
+
+def unshare_cores(client) -> None:
+    """Remove `SharedCores` from the client's scheduler, before its cluster closes.
+
+    A LocalCluster's close stops its workers one by one without retiring them first, so the
+    scheduler still counts the others as running while they close: the plugin would send them
+    their new thread count, and each message that fails is an ERROR in the scheduler's log."""
+    if client.status != "running":
+        return
+    try:
+        client.unregister_scheduler_plugin(SharedCores.name)
+    except (ValueError, OSError, TimeoutError) as err:  # gone already: the cluster is closing anyway
+        logger.debug("could not remove %s: %s", SharedCores.name, err)
+
+
+HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat"
+"""distributed's worker logs this, with a traceback, when a heartbeat is in flight as the worker
+closes its own connections (`Worker.close` stops the heartbeats, then closes its connection pool,
+which fails the one still waiting)."""
+
+
+class QuietClose(WorkerPlugin):
+    """Drops the worker's log record of a heartbeat that its own orderly close cut off.
+
+    Only that record, and only once the worker is closing: it is dask's own race at a close that
+    went as planned (a periodic heartbeat against a short close), not a failure; a heartbeat that
+    fails while the worker runs is still logged."""
+
+    name = "dasknn-quiet-close"
+    idempotent = True
+
+    def setup(self, worker) -> None:
+        def keep(record: logging.LogRecord) -> bool:
+            closing = worker.status in (Status.closing, Status.closed)
+            return not (closing and str(record.msg).startswith(HEARTBEAT_FAILED))
+
+        logging.getLogger("distributed.worker").addFilter(keep)

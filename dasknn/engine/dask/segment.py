@@ -208,7 +208,7 @@ class Segment:
         conv_state = conv_server_state(state, conv_keys, self.version)
         self._await(self.conv_server.set_state(conv_state), p.conv_server_worker)
         fc_history = {k for k in state.momentum if k not in conv_keys}
-        if fc_history or "fc_rng" in state.extra:
+        if fc_history or "fc_rng" in state.extra or state.iterations_done:  # iter: the schedules' index
             fc_state = self._await(self.fc_server.get_state(), p.fc_worker)
             self._await(self.fc_server.set_state(fc_server_state(state, fc_state, conv_keys)), p.fc_worker)
 

@@ -36,6 +36,7 @@ from dasknn.nn.device import DeviceNet
 
 if TYPE_CHECKING:
     from dasknn.engine.dask.runs import Data
+    from dasknn.engine.schedule import Schedule
     from dasknn.engine.trace import RunConfig
 
 _NETS: dict[str, DeviceNet] = {}  # run → this worker's one device copy of its net
@@ -67,8 +68,8 @@ class GroupSpec:
     first_batch: int
     iterations: int | None
     deadline: float | None
-    lr: float
-    momentum: float
+    lr: float | Schedule  # a Schedule the servers evaluate at each update
+    momentum: float | Schedule
     timeout: float
     aggregation: str = "tree"
     branching: int = 2

@@ -152,6 +152,7 @@ class SimulatedEngine:
         self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None = None
     ) -> RunResult:
         """Train `net` from `start` (or its weights) for `budget` simulated seconds or iterations."""
+        self.strategy.check_knobs(config.lr, config.momentum)
         if self.strategy.learners == "auto":  # Crossbow's auto-tuner picks n_groups first
             return run_auto_learners(self, net, X, y, config, budget, start)
         if self.worker_schedule is not None:

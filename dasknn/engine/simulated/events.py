@@ -270,8 +270,6 @@ class Simulation:
             "accuracy": gs["accuracy"],
             "grad_sq": gs.get("grad_sq", math.nan),
             "grad_sq_half": gs.get("grad_sq_half", math.nan),
-            "lr": self.config.lr,
-            "momentum": self.config.momentum,
             "n_images": self.config.batch_size,
             "epoch": epoch,
             "batch": gs["batch"],

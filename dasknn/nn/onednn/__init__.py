@@ -1,4 +1,5 @@
-"""oneDNN as a kernel backend of the conv phase's layers (convolution, pooling, ReLU, LRN).
+"""oneDNN as a kernel backend of the conv phase's layers (convolution, pooling, ReLU, LRN) and of
+the FC phase's inner products.
 
 docs: docs/architecture.md "Arrays and devices". Batched lowering (`dasknn.nn.lowering`, Caffe con Troll
 §2) stays the reference; a layer's `backend` picks who computes it:
@@ -36,6 +37,7 @@ __all__ = [
     "conv_kernel",
     "describe_kernels",
     "info",
+    "inner_product_kernel",
     "lrn_kernel",
     "net_backends",
     "plain",
@@ -179,6 +181,19 @@ def lrn_kernel(layer, x):
     k = layer.k if layer.norm_region == "across_channels" else 1.0  # Caffe ignores k within a channel
     args = (src, layer.local_size, layer.alpha, layer.beta, k, layer.norm_region)
     return _chosen(layer, lambda: kernel(LRNKernel, *args))
+
+
+def inner_product_kernel(layer, x2):
+    """The oneDNN kernel for InnerProduct `layer` on its flattened (n, k) input `x2`, or None to use
+    numpy's BLAS (the FC phase's GEMMs on the same OpenMP threads as the conv phase's kernels)."""
+    if not _wanted(layer, x2):
+        layer.backend_ran = "lowering"
+        return None
+    from dasknn.nn.onednn.dense import InnerProductKernel
+    from dasknn.nn.onednn.kernels import kernel
+
+    args = (x2.shape[0], x2.shape[1], layer.num_output, layer.bias_term)
+    return _chosen(layer, lambda: kernel(InnerProductKernel, *args))
 
 
 def net_backends(net, batch: int = 1) -> list[dict[str, str]]:

@@ -156,6 +156,12 @@ _SIGNATURES: dict[str, tuple[type | None, list]] = {
         _I,
         [_PP, _P, _I, _P, _P, _DP, _DP, _DP, _DP, _DP, _P, _P],
     ),
+    "dnnl_inner_product_forward_primitive_desc_create": (_I, [_PP, _P, _I, _P, _P, _P, _P, _P]),
+    "dnnl_inner_product_backward_data_primitive_desc_create": (_I, [_PP, _P, _P, _P, _P, _P, _P]),
+    "dnnl_inner_product_backward_weights_primitive_desc_create": (
+        _I,
+        [_PP, _P, _P, _P, _P, _P, _P, _P],
+    ),
     "dnnl_lrn_forward_primitive_desc_create": (_I, [_PP, _P, _I, _I, _P, _P, _D, _F, _F, _F, _P]),
     "dnnl_lrn_backward_primitive_desc_create": (
         _I,

@@ -12,6 +12,7 @@ import pytest
 
 from dasknn.data.batching import iterate_batches
 from dasknn.engine.dask import DaskEngine, WorkerLostError, cluster_workers, local_client, tasks
+from dasknn.engine.schedule import Schedule
 from dasknn.engine.servers import FCServer
 from dasknn.engine.trace import TRACE_COLUMNS, Budget, RunConfig, TrainState
 from dasknn.nn import zoo
@@ -279,3 +280,43 @@ def test_shard_servers_and_shard_tasks_train_the_same_weights(digits, n_workers)
         np.testing.assert_allclose(params["actors"][k], v, rtol=1e-3, atol=5e-5, err_msg=k)
     with pytest.raises(ValueError, match="shard_calls must be 'actors' or 'tasks'"):
         DaskEngine(shard_calls="rpc")
+
+
+# -- η and µ schedules: applied by the model servers at the update they say --------------------------
+
+K = 3
+SCHEDULED = RunConfig(
+    n_groups=1, lr=Schedule.steps_of(0.01, {K: 0.03}), momentum=Schedule.steps_of(0.9, {K: 0.5}),
+    weight_decay=5e-4, batch_size=64, seed=0,
+)  # fmt: skip
+
+
+def test_the_servers_change_eta_and_mu_at_the_scheduled_update(client1, digits):
+    X, y = digits
+    net = zoo.lenet(seed=0)
+    trace = DaskEngine(client1).run(net, X, y, SCHEDULED, Budget(iterations=6)).trace
+    assert trace["iteration"].tolist() == [1, 2, 3, 4, 5, 6]
+    assert trace["lr"].tolist() == [0.01] * K + [0.03] * 3
+    assert trace["momentum"].tolist() == [0.9] * K + [0.5] * 3
+    ref = zoo.lenet(seed=0)  # in one process, the knobs switched by hand after K updates
+    solver = SGD.for_net(ref, weight_decay=SCHEDULED.weight_decay)
+    batches = iterate_batches(X, y, SCHEDULED.batch_size, epoch=0, seed=SCHEDULED.seed)
+    for i in range(6):
+        knobs = {"lr": SCHEDULED.lr.value(i), "momentum": SCHEDULED.momentum.value(i)}
+        train_step(ref, solver, *dask.compute(*next(batches)), **knobs)
+    for key, v in ref.params.items():
+        np.testing.assert_array_equal(net.params[key], v, err_msg=key)
+
+
+def test_continuing_mid_schedule_equals_one_longer_run(client1, digits):
+    X, y = digits
+    engine = DaskEngine(client1)
+    a = zoo.lenet(seed=0)
+    first = engine.run(a, X, y, SCHEDULED, Budget(iterations=2))
+    second = engine.run(a, X, y, SCHEDULED, Budget(iterations=3), start=first.state)  # crosses the step
+    b = zoo.lenet(seed=0)
+    whole = engine.run(b, X, y, SCHEDULED, Budget(iterations=5))
+    engine.close()
+    assert second.trace["lr"].tolist() == [0.01, 0.03, 0.03] == whole.trace["lr"].tolist()[2:]
+    for key in a.params:
+        np.testing.assert_array_equal(a.params[key], b.params[key], err_msg=key)
