@@ -15,15 +15,14 @@ import math
 import time
 import uuid
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask
-import dask.array as da
 import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from dasknn.data import check_X
+from dasknn.data.chunks import is_dask_array
 from dasknn.data.split import Carved, split_parts
 from dasknn.engine import checkpoint
 from dasknn.engine.trace import TrainState
@@ -66,10 +65,11 @@ from dasknn.estimator_resume import (
 )
 from dasknn.estimator_saved import SavedModel
 from dasknn.logs import verbose_logging
-from dasknn.nn.loss import softmax
-from dasknn.nn.net import Net
 from dasknn.reports import fit_report
 from dasknn.stopping import wall_bound
+
+if TYPE_CHECKING:
+    from dasknn.nn.net import Net
 
 
 class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
@@ -394,7 +394,9 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
     def predict_proba(self, X):
         """Class probabilities, (n_samples, n_classes): numpy for numpy input, dask for dask input."""
         self._check_fitted()
-        lazy = isinstance(X, da.Array)
+        import dask
+
+        lazy = is_dask_array(X)
         X = check_X(as_array(X, self.input_shape, self.n_features_in_), batch_size=self.batch_size)
         augment = getattr(self, "augment_", None)
         if augment is not None and tuple(X.shape[1:]) != self.net_.input_shape:
@@ -421,7 +423,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
     def predict(self, X):
         """Predicted class labels (the original labels, not indices)."""
         proba = self.predict_proba(X)
-        if isinstance(proba, da.Array):
+        if is_dask_array(proba):
             # the classes, not the estimator (a closure over self carried it into every task)
             return proba.argmax(axis=1).map_blocks(_take, self.classes_, dtype=self.classes_.dtype)
         return self.classes_[proba.argmax(axis=1)]
@@ -429,8 +431,8 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
     def score(self, X, y, sample_weight=None) -> float:
         """Mean accuracy on (X, y), computed batch by batch."""
         pred = self.predict(X)
-        y = np.asarray(y.compute() if isinstance(y, da.Array) else y)
-        pred = np.asarray(pred.compute() if isinstance(pred, da.Array) else pred)
+        y = np.asarray(y.compute() if is_dask_array(y) else y)
+        pred = np.asarray(pred.compute() if is_dask_array(pred) else pred)
         if pred.shape != y.shape:
             raise ValueError(f"y has shape {y.shape}; expected ({pred.shape[0]},)")
         return float(np.average(pred == y, weights=sample_weight))
@@ -452,5 +454,7 @@ def _take(index: np.ndarray, classes: np.ndarray) -> np.ndarray:
 
 
 def _proba_block(block: np.ndarray, net: Net) -> np.ndarray:
+    from dasknn.nn.loss import softmax
+
     logits, _ = net.forward(block, train=False)
     return softmax(logits).astype(np.float32)

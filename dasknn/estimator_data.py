@@ -13,15 +13,16 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask
-import dask.array as da
 import numpy as np
 
 from dasknn.data.augment import Augment, as_augment
-from dasknn.data.chunks import own_keys
+from dasknn.data.chunks import is_dask_array, own_keys
 from dasknn.data.split import Carved, Parts, carve
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 __all__ = ["carved", "choose_data", "class_indices", "label_index", "merged", "placed", "resolve_augment"]
 
@@ -71,7 +72,9 @@ def label_index(labels: np.ndarray, classes: np.ndarray) -> np.ndarray:
 
 def class_indices(y, classes: np.ndarray, chunks) -> tuple[da.Array, np.ndarray]:
     """y's labels as class indices: lazily, chunked as X (`chunks`), and in memory."""
-    if isinstance(y, da.Array):
+    import dask.array as da
+
+    if is_dask_array(y):
         y_idx = y.map_blocks(label_index, classes, dtype=np.int64)
         return y_idx, np.asarray(y_idx.compute())
     y_all = label_index(y, classes)
@@ -85,12 +88,14 @@ def placed(mode: str, client: Any, X, y, y_all: np.ndarray, stored):
     (`own_keys`): the engine's runs then reuse these chunks, and no later fit resubmits a key the
     scheduler still holds."""
     if mode == "stream":
+        import dask.array as da
+
         train_from = stored if stored is not None and stored.chunks == X.chunks else X
         return X, da.from_array(np.asarray(y_all), chunks=(X.chunks[0],)), train_from
     if client is not None:
         fit_id = uuid.uuid4().hex
-        X = client.persist(own_keys(X, fit_id)) if isinstance(X, da.Array) else X
-        y = client.persist(own_keys(y, fit_id)) if isinstance(y, da.Array) else y
+        X = client.persist(own_keys(X, fit_id)) if is_dask_array(X) else X
+        y = client.persist(own_keys(y, fit_id)) if is_dask_array(y) else y
     return X, y, X
 
 
@@ -113,6 +118,8 @@ def carved(
     (`given`) with its labels as class indices, else the validation part; at most `eval_size` of
     it kept for scoring (seeded, drawn once; None: all); `tuner_size` of the training part for the
     "auto" tuner (seeded; 0: none); all seen through `augment`'s test view."""
+    import dask
+
     from dasknn.data.chunks import samples_per_chunk
 
     if given is not None:

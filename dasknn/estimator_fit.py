@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -21,8 +21,10 @@ from dasknn.data.batching import n_batches
 from dasknn.data.split import Carved
 from dasknn.engine.trace import RunConfig, TrainState
 from dasknn.fitting import Evaluator, Loop, runs_by_config
-from dasknn.nn.net import Net
 from dasknn.stopping import end_reason
+
+if TYPE_CHECKING:
+    from dasknn.nn.net import Net
 
 __all__ = [
     "End",

@@ -10,16 +10,18 @@ before any cluster starts (docs/architecture.md, "What a user hands in: Caffe fi
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask.array as da
 import numpy as np
 
 from dasknn.data import check_X_y
+from dasknn.data.chunks import is_dask_array
 from dasknn.data.validation import channels_last_hint
 from dasknn.engine import checkpoint
-from dasknn.nn.net import Net
 from dasknn.user_warning import warn_user
+
+if TYPE_CHECKING:
+    from dasknn.nn.net import Net
 
 __all__ = [
     "as_array",
@@ -61,7 +63,7 @@ def as_array(X, input_shape, n_features_in: int | None = None):
     """Dask arrays stay lazy; anything else goes through scikit-learn's gate (sparse, complex,
     object, empty and 1-D inputs get its standard errors), then the input_shape reshape.
     With `n_features_in` (a fitted estimator's), 2-D input must have that many features."""
-    if not isinstance(X, da.Array):
+    if not is_dask_array(X):
         from sklearn.utils.validation import check_array
 
         X = check_array(
@@ -90,8 +92,8 @@ def check_fit_input(X, y, input_shape, batch_size: int):
         raise ValueError("DistributedCNN requires y to be passed, but the target y is None")
     X = stored = as_array(X, input_shape)
     batch_size = min(batch_size, X.shape[0])  # a larger batch is clipped to the data (`clipped_batch`)
-    stored = stored if isinstance(stored, da.Array) and stored.dtype.kind in "biu" else None
-    if isinstance(y, da.Array):
+    stored = stored if is_dask_array(stored) and stored.dtype.kind in "biu" else None
+    if is_dask_array(y):
         X, y = check_X_y(X, y, batch_size=batch_size)
         return X, y, np.unique(y.compute()), stored
     from sklearn.utils.multiclass import check_classification_targets
@@ -112,7 +114,7 @@ def check_validation_data(data, classes: np.ndarray, sample_shape, input_shape, 
     try:
         X = as_array(X, input_shape)
         batch_size = min(batch_size, X.shape[0])  # held-out samples are scored, not batched
-        if isinstance(y, da.Array):
+        if is_dask_array(y):
             X, y = check_X_y(X, y, batch_size=batch_size)
             labels = np.unique(y.compute())
         else:
@@ -163,6 +165,7 @@ def build_net(spec: Any, input_shape, n_classes: int, seed: int, backend: str | 
 
 def _net_for(spec: Any, input_shape, n_classes: int, seed: int, backend: str | None) -> Net:
     from dasknn.nn import zoo
+    from dasknn.nn.net import Net
 
     if isinstance(spec, Net):
         net = spec.copy()
@@ -199,7 +202,7 @@ def check_net_on_data(net: Net, X, split: str | None, batch_size: int, rate: flo
         except ValueError as err:
             raise ValueError(f"split={split!r}: {err}") from None
     first = X[:batch_size] if augment is None else augment.test(X[:batch_size])
-    first = np.asarray(first.compute() if isinstance(first, da.Array) else first, dtype=np.float32)
+    first = np.asarray(first.compute() if is_dask_array(first) else first, dtype=np.float32)
     labels = np.zeros(len(first), dtype=np.int64)  # any labels: the size of the step is the point
     with np.errstate(all="ignore"):
         # the training forward pass: a test-mode pass of an untrained net with BatchNorm divides

@@ -18,7 +18,6 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dasknn.nn.net import Net
 from dasknn.rules import (
     ACCURACY,
     LEARNING_RATE,
@@ -83,6 +82,8 @@ class Param:
 
 def _net_spec(spec) -> None:
     """The net is a Net, a zoo name or an existing .prototxt file: checked before any data is read."""
+    from dasknn.nn.net import Net
+
     if isinstance(spec, Net):
         return
     if isinstance(spec, os.PathLike):

@@ -14,7 +14,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -22,7 +22,9 @@ import pandas as pd
 from dasknn.engine import checkpoint
 from dasknn.estimator_params import RESUME_PARAMS
 from dasknn.fitting import BUDGET
-from dasknn.nn.net import Net
+
+if TYPE_CHECKING:
+    from dasknn.nn.net import Net
 
 __all__ = [
     "Adopted",
@@ -38,6 +40,8 @@ __all__ = [
 def fingerprint(params: dict[str, Any], tuner: str) -> dict[str, Any]:
     """The parameters a resumed fit must share with the checkpointed one (they shape the run), as
     JSON-able values; `tuner`: the resolved one (`tuner_`)."""
+    from dasknn.nn.net import Net
+
     out = {}
     for name in RESUME_PARAMS:
         value = tuner if name == "tuner" else params[name]

@@ -9,6 +9,10 @@ never run). docs/architecture.md "Layers": each layer imports only those below i
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 import textwrap
 from collections import deque
 from dataclasses import dataclass, field
@@ -262,6 +266,43 @@ def test_a_layer_does_not_import_the_layers_above_it(graph, lower, upper):
 def test_the_nn_layer_knows_nothing_of_dask(graph):
     path = path_to_forbidden(graph, "dasknn.nn", "dasknn.engine", {"dask", "distributed"})
     assert path is None, " -> ".join(path)
+
+
+# -- what `from dasknn import DistributedCNN` runs ---------------------------------------------
+
+DEFERRED = (
+    "dask",
+    "distributed",
+    "xarray",
+    "matplotlib",
+    "torch",
+    "dasknn.cluster",
+    "dasknn.engine.dask",
+    "dasknn.engine.simulated",
+    "dasknn.optimizer",
+    "dasknn.nn.net",
+    "dasknn.nn.layers",
+    "dasknn.nn.onednn",
+)
+"""Imported at first use, not by `from dasknn import DistributedCNN` (its import time is mostly
+sklearn.base's, which brings numpy, scipy and pandas with it)."""
+
+
+def test_importing_the_estimator_leaves_dask_the_engines_and_the_kernels_for_later():
+    # a fresh interpreter: this process has imported everything already
+    probe = (
+        "import json, sys\n"
+        "from sklearn.base import BaseEstimator\n"
+        "from dasknn import DistributedCNN\n"
+        "est = DistributedCNN(n_groups=2)\n"
+        "est.get_params()\n"
+        "assert isinstance(est, BaseEstimator)\n"
+        f"print(json.dumps([m for m in {list(DEFERRED)!r} if m in sys.modules]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE_DIR.parent)}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
 
 
 # -- the walk itself, on planted packages --------------------------------------------------------

@@ -19,13 +19,14 @@ workers instead of carrying or recomputing them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask
-import dask.array as da
 import numpy as np
 
-from .chunks import check_batch_size, from_numpy, select_rows
+from .chunks import check_batch_size, from_numpy, is_dask_array, select_rows
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 __all__ = [
     "BatchOrder",
@@ -144,15 +145,19 @@ def _shuffled(block: da.Array, order: np.ndarray, shuffle: bool) -> da.Array:
 def _join(pieces: list[da.Array]) -> da.Array:
     if len(pieces) == 1:
         return pieces[0]
+    import dask.array as da
+
     return da.concatenate(pieces, axis=0).rechunk({0: -1})
 
 
 def _aligned_labels(y: Any, X: da.Array) -> da.Array:
-    if not isinstance(y, da.Array):
+    if not is_dask_array(y):
         y = np.asarray(y)
     if y.ndim == 0 or y.shape[0] != X.shape[0]:
         raise ValueError(f"X has {X.shape[0]} samples but y has shape {y.shape}")
-    if not isinstance(y, da.Array):
+    if not is_dask_array(y):
+        import dask.array as da
+
         return da.from_array(y, chunks=(X.chunks[0],) + tuple((s,) for s in y.shape[1:]))
     return y if y.chunks[0] == X.chunks[0] else y.rechunk({0: X.chunks[0]})
 
@@ -177,7 +182,7 @@ def iterate_batches(
     when they differ; numpy inputs are wrapped as dask arrays. `n_batches` gives the count.
     """
     batch_size = check_batch_size(batch_size)
-    X = X if isinstance(X, da.Array) else from_numpy(X, batch_size)
+    X = X if is_dask_array(X) else from_numpy(X, batch_size)
     if any(np.isnan(c) for c in X.chunks[0]):
         raise ValueError("X has unknown chunk sizes; call X.compute_chunk_sizes() first")
     if y is not None:
@@ -228,4 +233,6 @@ def _finish(
 
 def compute_batch(Xb: da.Array, yb: da.Array | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """A batch as numpy arrays, computed in one `dask.compute` call (shared chunks read once)."""
+    import dask
+
     return dask.compute(Xb, yb)

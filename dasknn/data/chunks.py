@@ -9,17 +9,21 @@ small, small enough that a worker holds many.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-import dask.array as da
 import numpy as np
-from dask.base import tokenize
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 __all__ = [
     "CHUNK_BYTES",
     "DEFAULT_BATCH_SIZE",
     "check_batch_size",
     "from_numpy",
+    "is_dask_array",
     "sample_chunks",
     "samples_per_chunk",
     "own_keys",
@@ -31,6 +35,14 @@ CHUNK_BYTES = 4 * 2**20
 """Target size of one chunk of float32 samples (4 MiB)."""
 
 DEFAULT_BATCH_SIZE = 64
+
+
+def is_dask_array(x: Any) -> bool:
+    """Whether x is a dask array, without importing dask.array: where it was never imported, nothing
+    can be one (dasknn imports dask where it first builds or reads one, so that `import dasknn`
+    stays quick)."""
+    module = sys.modules.get("dask.array")
+    return module is not None and isinstance(x, module.Array)
 
 
 def check_batch_size(batch_size: int) -> int:
@@ -63,6 +75,8 @@ def sample_chunks(
 
 def from_numpy(x: np.ndarray, batch_size: int = DEFAULT_BATCH_SIZE) -> da.Array:
     """A numpy array as a dask array chunked along its first axis for `batch_size` (float32 sizing)."""
+    import dask.array as da
+
     x = np.asarray(x)
     return da.from_array(x, chunks=sample_chunks(x.shape[0], x.shape[1:], batch_size))
 
@@ -84,6 +98,8 @@ def own_keys(x: da.Array, owner: str) -> da.Array:
     fit submits the same keys in another form (fused into a reduction, or not), and the scheduler
     warns "Detected different run_spec" for them, which can deadlock. Under the owner's names the
     user's keys are only ever intermediates, fused away."""
+    from dask.base import tokenize
+
     name = f"{x.name.split('-')[0]}-own-{tokenize(x.name, owner)}"
     return x.map_blocks(_same, name=name, dtype=x.dtype, meta=x._meta)
 
@@ -96,7 +112,7 @@ def take_rows(x: da.Array, index) -> da.Array:
     every chunk at once; this keeps a held-out or training part of an array larger than memory
     readable chunk by chunk."""
     index = np.asarray(index, dtype=np.int64).ravel()
-    if not isinstance(x, da.Array):  # an in-memory array: plain indexing reads nothing twice
+    if not is_dask_array(x):  # an in-memory array: plain indexing reads nothing twice
         return x[index]
     if index.size and (index[0] < 0 or index[-1] >= x.shape[0] or np.any(np.diff(index) <= 0)):
         raise ValueError(f"index must be strictly increasing sample numbers below {x.shape[0]}")
@@ -108,4 +124,6 @@ def take_rows(x: da.Array, index) -> da.Array:
             local = index[lo:hi] - bounds[b]
             chunks = ((int(hi - lo),), *x.chunks[1:])
             pieces.append(x.blocks[b].map_blocks(select_rows, local, chunks=chunks, dtype=x.dtype))
+    import dask.array as da
+
     return da.concatenate(pieces, axis=0) if pieces else x[:0]

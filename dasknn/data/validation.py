@@ -8,15 +8,16 @@ counts, non-integer labels): nothing is materialised on the client.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask
-import dask.array as da
 import numpy as np
 
 from dasknn.user_warning import warn_user
 
-from .chunks import DEFAULT_BATCH_SIZE, check_batch_size, from_numpy
+from .chunks import DEFAULT_BATCH_SIZE, check_batch_size, from_numpy, is_dask_array
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 __all__ = ["channels_last_hint", "check_X", "check_X_y"]
 
@@ -42,7 +43,7 @@ def channels_last_hint(sample_shape: tuple[int, ...]) -> str:
 
 
 def _as_array(a: Any, name: str) -> da.Array | np.ndarray:
-    if isinstance(a, (da.Array, np.ndarray)):
+    if is_dask_array(a) or isinstance(a, np.ndarray):
         return a
     try:
         return np.asarray(a)
@@ -74,7 +75,7 @@ def _structure_X(X: Any, batch_size: int | None) -> da.Array:
     empty = [_AXES[a] for a in range(1, 4) if X.shape[a] == 0]
     if empty:
         raise ValueError(f"X has shape {X.shape}: its {', '.join(empty)} axis is empty")
-    if not isinstance(X, da.Array):
+    if not is_dask_array(X):
         return from_numpy(X, batch_size or DEFAULT_BATCH_SIZE)
     if any(np.isnan(c) for c in X.chunks[0]):
         raise ValueError("X has unknown chunk sizes along samples; call X.compute_chunk_sizes() first")
@@ -98,7 +99,9 @@ def _structure_y(y: Any, X: da.Array) -> da.Array:
             f"y has dtype {y.dtype}; labels must be integer class indices (encode class names "
             "first, e.g. with sklearn.preprocessing.LabelEncoder)"
         )
-    if not isinstance(y, da.Array):
+    if not is_dask_array(y):
+        import dask.array as da
+
         return da.from_array(y, chunks=(X.chunks[0],))
     return y if y.chunks[0] == X.chunks[0] else y.rechunk({0: X.chunks[0]})
 
@@ -106,6 +109,9 @@ def _structure_y(y: Any, X: da.Array) -> da.Array:
 def _check_values(X: da.Array, y: da.Array | None, check_finite: bool, scale: bool = False) -> None:
     """NaN, inf and non-integer labels refused, counted; with `scale`, a constant X and inputs far
     above order 1 warned about (`UNSCALED_LIMIT`). One `dask.compute` of reductions."""
+    import dask
+    import dask.array as da
+
     counts: dict[str, da.Array] = {}
     if check_finite and X.dtype.kind == "f":
         counts["nan"] = da.isnan(X).sum()

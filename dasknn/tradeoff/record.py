@@ -14,11 +14,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-import xarray as xr
 
 from dasknn.engine.trace import RunConfig
 from dasknn.tradeoff.hardware import time_per_iteration
@@ -31,6 +30,9 @@ from dasknn.tradeoff.statistical import (
     target_loss,
 )
 from dasknn.version import __version__
+
+if TYPE_CHECKING:  # xarray is imported where a record is first built or read: `import dasknn` skips it
+    import xarray as xr
 
 __all__ = ["NETCDF_ENGINE", "load", "penalties", "record_from_traces", "save", "with_decisions"]
 
@@ -70,6 +72,8 @@ def record_from_traces(
     one engine (one time unit). `device` is a description (a dict is stored as JSON);
     `batch_size` defaults to the traces' `n_images` when they agree (else 0).
     """
+    import xarray as xr
+
     if not traces:
         raise ValueError("record_from_traces needs at least one trace")
     runs = {_key(k): _sorted_trace(t) for k, t in traces.items()}
@@ -175,6 +179,8 @@ def penalties(ds: xr.Dataset, window: int = SMOOTHING_WINDOW) -> xr.Dataset:
     final loss is not finite (diverged) never reach ℓ_F: their iters_to_target is NaN. Without a
     g = 1 run the penalties are NaN (they are defined relative to S = 0).
     """
+    import xarray as xr
+
     final = ds["final_loss"].transpose(*RUN_DIMS).to_numpy()
     losses = ds["loss"].transpose(*RUN_DIMS, "iteration").to_numpy()
     tpi = ds["time_per_iter"].transpose(*RUN_DIMS).to_numpy()
@@ -247,5 +253,7 @@ def save(ds: xr.Dataset, path: str | Path) -> Path:
 
 def load(path: str | Path) -> xr.Dataset:
     """Read a record written by `save` (fully into memory; the file is closed on return)."""
+    import xarray as xr
+
     with xr.open_dataset(path, engine=NETCDF_ENGINE) as ds:
         return ds.load()

@@ -1,0 +1,164 @@
+"""Benchmark of the process around the loop: the estimator's import, `dasknn train`'s wall outside the loop.
+
+Two measurements, each in fresh processes, interleaved round by round (a busy machine moves
+wall-clock numbers: compare only numbers of the same rounds; the machine's load is printed):
+
+- import: the wall time of `from dasknn import DistributedCNN` in a fresh interpreter (its own
+  `perf_counter` around the import, the interpreter's start not included), next to
+  `from sklearn.base import BaseEstimator` alone, the floor: DistributedCNN is a scikit-learn
+  BaseEstimator, and sklearn.base brings numpy, scipy and pandas with it. Also printed: which of the
+  modules dasknn imports at first use (`DEFERRED`) the import loaded anyway.
+- train: one `python -m dasknn train` process on the main job (LeNet on mnist-sample, 20% held out,
+  a LocalCluster of 2 workers, the prior cache off: DASKNN_PRIOR_CACHE=off), fixed knobs g = 2,
+  η = 0.03, µ = 0.9 by default (`--flags ''` for "auto"). The process's wall is measured around the
+  subprocess; the loop's wall is the history's last `wall_time` (from the loop's start); outside =
+  process − loop. Its parts, from the run folder's files: "before" = history.csv's write − the
+  process's start − the loop (imports, options, data, cluster start, the fit's set-up and end),
+  "report" = accuracy.png's write − history.csv's (the files, the model, the plot; the cluster
+  closes meanwhile), "exit" = the process's end − accuracy.png's write (waiting for the cluster's
+  close, the interpreter's exit). Also the CPU-seconds of each process (its tree's, for `dasknn
+  train`: the workers' too), which a busy machine moves less than wall time.
+
+Every process runs with a bytecode cache of the benchmark's own (PYTHONPYCACHEPREFIX, written
+whatever PYTHONDONTWRITEBYTECODE says, filled by a first round, -1, which is not counted): an
+installed package has its modules compiled; compiling dasknn's at every start is not what a user
+waits for.
+
+`--base PATH` runs the same measurements on another checkout (PYTHONPATH=PATH), in the same rounds:
+before and after on one machine state.
+
+    python -m experiments.bench_startup [--reps 5] [--base /path/to/checkout] [--no-train] [--flags ...]
+
+Writes bench_startup_<time>.csv (every measurement) under experiments/results/bench_startup/ and
+prints the medians.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from experiments.common import machine_line, parser, repetitions, results_dir, timestamp, write_tables  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFERRED = ("dask", "dask.array", "distributed", "xarray", "matplotlib", "scipy", "pandas", "torch")
+"""Modules reported as loaded (or not) by `from dasknn import DistributedCNN`."""
+STATEMENTS = {
+    "sklearn.base": "from sklearn.base import BaseEstimator",
+    "dasknn": "from dasknn import DistributedCNN",
+}
+MAIN_JOB = "--n-groups 2 --lr 0.03 --momentum 0.9"
+
+
+def environment(tree: Path, cache: Path) -> dict[str, str]:
+    """The processes' environment: `tree` first on the path, the benchmark's bytecode cache."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONPYCACHEPREFIX": str(cache)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def import_once(statement: str, env: dict[str, str]) -> dict:
+    """Seconds of `statement` in a fresh interpreter (`env`: `environment`), and the `DEFERRED`
+    modules it loaded."""
+    probe = (
+        "import json, sys, time\n"
+        "t, c = time.perf_counter(), time.process_time()\n"
+        f"{statement}\n"
+        "t, c = time.perf_counter() - t, time.process_time() - c\n"
+        f"print(json.dumps([t, c, [m for m in {list(DEFERRED)!r} if m in sys.modules]]))\n"
+    )
+    # run from the file system's root: `python -c` puts its working directory first on the path
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True, cwd="/"
+    )
+    seconds, cpu, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"seconds": seconds, "cpu_seconds": cpu, "loaded": " ".join(loaded)}
+
+
+def train_once(env: dict[str, str], flags: list[str], folder: Path) -> dict:
+    """One `dasknn train` process of the main job (`env`: `environment`): its wall, the loop's wall
+    and the parts of the rest (the module docstring)."""
+    env = {**env, "DASKNN_PRIOR_CACHE": "off"}
+    command = [sys.executable, "-m", "dasknn", "train", "--output", str(folder), *flags]
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.time()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=folder.parent)
+    end = time.time()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
+    row = {"exit": done.returncode, "process_wall": end - start, "cpu_seconds": cpu}
+    history, plot = folder / "history.csv", folder / "accuracy.png"
+    if not history.is_file() or not plot.is_file():
+        print(done.stderr[-2000:], file=sys.stderr)
+        return row
+    loop = float(pd.read_csv(history)["wall_time"].iloc[-1])
+    written, plotted = history.stat().st_mtime, plot.stat().st_mtime
+    row.update(
+        loop_wall=loop,
+        outside_loop=end - start - loop,
+        before=written - start - loop,
+        report=plotted - written,
+        exit_s=end - plotted,
+    )
+    return row
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    cli = parser(__doc__, reps=(5, 2))
+    cli.add_argument("--base", type=Path, help="another checkout, measured in the same rounds")
+    cli.add_argument("--no-train", action="store_true", help="the import only")
+    cli.add_argument("--flags", default=MAIN_JOB, help=f"dasknn train's flags (default {MAIN_JOB!r})")
+    args = cli.parse_args(argv)
+    trees = {"this": ROOT, **({"base": args.base.resolve()} if args.base else {})}
+    print(machine_line(), flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_startup_") as tmp:
+        envs = {tree: environment(path, Path(tmp) / "pycache") for tree, path in trees.items()}
+        for r in range(-1, repetitions(args)):  # round -1 fills the bytecode cache
+            order = list(envs.items())
+            for tree, env in order if r % 2 == 0 else order[::-1]:  # each checkout first in turn
+                for name, statement in STATEMENTS.items():
+                    if name == "sklearn.base" and tree != "this":
+                        continue  # the floor does not depend on the checkout
+                    row = {"round": r, "tree": tree, "measure": f"import {name}"}
+                    row.update(import_once(statement, env))
+                    rows.append(row)
+                    print(row, flush=True)
+                if not args.no_train:
+                    folder = Path(tmp) / f"{r}_{tree}" / "run"
+                    folder.parent.mkdir(parents=True)
+                    load = os.getloadavg()[0]
+                    row = {"round": r, "tree": tree, "measure": "train", "load_before": load}
+                    row.update(train_once(env, shlex.split(args.flags), folder))
+                    rows.append(row)
+                    print(row, flush=True)
+    table = pd.DataFrame(rows)
+    table = table[table["round"] >= 0]
+    print(machine_line())
+    imports = table[table["measure"].str.startswith("import")]
+    print(imports.groupby(["tree", "measure"], sort=False)[["seconds", "cpu_seconds"]].median().to_string())
+    for (tree, name), grp in imports.groupby(["tree", "measure"], sort=False):
+        print(f"{tree} {name} loaded: {grp['loaded'].iloc[-1] or 'none of ' + ', '.join(DEFERRED)}")
+    trains = table[table["measure"] == "train"]
+    if len(trains):
+        parts = ("process_wall", "cpu_seconds", "loop_wall", "outside_loop", "before", "report", "exit_s")
+        columns = [c for c in parts if c in trains]
+        print(trains.groupby("tree", sort=False)[columns].median().T.to_string())
+    write_tables(results_dir("bench_startup"), {"": table}, f"bench_startup_{timestamp()}")
+    return table
+
+
+if __name__ == "__main__":
+    main()
