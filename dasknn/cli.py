@@ -756,6 +756,8 @@ def failure(err: BaseException) -> tuple[int, str]:
 
     text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
     text = " ".join(text.split())
+    if isinstance(err, KeyError) and " " not in text:  # a bare key ('X') says nothing by itself
+        text = f"missing {text!r} (KeyError)"
     local = _local_io(err)
     if local:
         return EXIT_LOCAL_IO, local

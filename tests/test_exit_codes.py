@@ -249,3 +249,11 @@ def test_a_store_without_its_x_or_y_exits_2_naming_the_store_and_the_array(tmp_p
     assert code == EXIT_BAD_INPUT, err
     (line,) = lines(err)
     assert line.startswith(f"dasknn train: error: {store}: no array {name!r} in the store"), line
+
+
+def test_a_bare_key_is_named_as_missing_not_printed_alone():
+    from dasknn.cli import failure
+
+    code, line = failure(KeyError("a5"))
+    assert line.startswith("error: missing 'a5'"), line
+    assert failure(KeyError("no array 'X' in the store"))[1] == "error: no array 'X' in the store"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -447,6 +448,32 @@ def _build(layer: dict, ltype: str, name: str, where: str) -> Any:
     )
 
 
+def _at_layer(err: ValueError, net: Mapping, index: int, layer: Mapping) -> ValueError:
+    """`err`, raised on the net's `index`-th layer, as a PrototxtError with the line it is about."""
+    if isinstance(err, PrototxtError) and err.line is not None:
+        return err
+    text = err.message if isinstance(err, PrototxtError) else str(err)
+    line, column = _layer_at(net, index, layer, text)
+    if line is None:
+        return err
+    return PrototxtError(text, line, column, getattr(net, "source", None))
+
+
+def _layer_at(net: Mapping, index: int, layer: Mapping, message: str) -> tuple[int | None, int | None]:
+    """(line, column) of what `message` (an error of the net's `index`-th layer) is about: the field it
+    names ("field 'pad'") in one of the layer's parameter blocks, else the layer itself; (None, None)
+    for a net built in code."""
+    named = re.search(r"field '(\w+)'", message)
+    if named:
+        for block in layer.values():
+            for value in block if isinstance(block, list) else []:
+                at = getattr(value, "positions", {}).get(named.group(1))
+                if at:
+                    return at[0]
+    at = getattr(net, "positions", {}).get("layer", [])
+    return at[index] if index < len(at) else (None, None)
+
+
 def _load_net(path_or_text: str | os.PathLike | Mapping) -> Mapping:
     """A NetParameter message, its fields checked against Caffe's schema; V1 nets refused."""
     net = load_message(path_or_text)
@@ -502,70 +529,75 @@ def read_net(
     written = {blob} if blob else set()
     heads: list[tuple[str, float, str]] = []  # (blob, loss weight, where)
     deploy_output = None
-    for index, layer in enumerate(get_all_typed(net, "layer", "msg", "net")):
-        name = get_typed(layer, "name", "str", "", f"layer #{index}") or f"layer{index}"
-        where = f"layer '{name}'"
-        if not _active(layer, phase, level, stages, where):
-            continue
-        ltype = get_typed(layer, "type", "str", "", where)
-        bottoms, tops = (
-            get_all_typed(layer, "bottom", "str", where),
-            get_all_typed(layer, "top", "str", where),
-        )
-        if ltype in DATA_TYPES:
-            if data_layer or entries or not tops:
+    index, layer = -1, {}
+    try:
+        for index, layer in enumerate(get_all_typed(net, "layer", "msg", "net")):
+            name = get_typed(layer, "name", "str", "", f"layer #{index}") or f"layer{index}"
+            where = f"layer '{name}'"
+            if not _active(layer, phase, level, stages, where):
+                continue
+            ltype = get_typed(layer, "type", "str", "", where)
+            bottoms, tops = (
+                get_all_typed(layer, "bottom", "str", where),
+                get_all_typed(layer, "top", "str", where),
+            )
+            if ltype in DATA_TYPES:
+                if data_layer or entries or not tops:
+                    raise PrototxtError(
+                        f"{where}: a data layer must have a top, come first and be the only one "
+                        f"in phase {phase}" + (f" (already: {data_layer})" if data_layer else "")
+                    )
+                blob, data_layer = tops[0], where
+                label = tops[1] if len(tops) > 1 else None
+                written = {blob}
+                shape, transform = _data_shape(layer, ltype, where), _transform(layer, where)
+                continue
+            if blob is None:
+                raise PrototxtError(f"{where}: comes before any data layer or net input")
+            if ltype in OUTPUT_TYPES or ltype == "Accuracy":
+                if not bottoms or bottoms[0] not in written:
+                    raise PrototxtError(f"{where}: {ltype} must read a blob written by an earlier layer")
+                if ltype == "Softmax" and (not entries or bottoms[0] != entries[-1][2]):
+                    last = entries[-1][2] if entries else blob
+                    raise PrototxtError(f"{where}: Softmax must read the output of the last layer ('{last}')")
+                if ltype == "SoftmaxWithLoss":
+                    weights = get_all_typed(layer, "loss_weight", "float", where)
+                    weight = weights[0] if weights else 1.0
+                    if not (math.isfinite(weight) and weight >= 0):
+                        raise PrototxtError(f"{where}: loss_weight must be finite and >= 0, got {weight}")
+                    heads.append((bottoms[0], weight, where))
+                elif ltype == "Softmax":
+                    deploy_output = (bottoms[0], where)
+                continue
+            if ltype.endswith("Loss"):
                 raise PrototxtError(
-                    f"{where}: a data layer must have a top, come first and be the only one "
-                    f"in phase {phase}" + (f" (already: {data_layer})" if data_layer else "")
+                    f"{where}: loss type '{ltype}' is not supported; dasknn trains with SoftmaxWithLoss"
                 )
-            blob, data_layer = tops[0], where
-            label = tops[1] if len(tops) > 1 else None
-            written = {blob}
-            shape, transform = _data_shape(layer, ltype, where), _transform(layer, where)
-            continue
-        if blob is None:
-            raise PrototxtError(f"{where}: comes before any data layer or net input")
-        if ltype in OUTPUT_TYPES or ltype == "Accuracy":
-            if not bottoms or bottoms[0] not in written:
-                raise PrototxtError(f"{where}: {ltype} must read a blob written by an earlier layer")
-            if ltype == "Softmax" and (not entries or bottoms[0] != entries[-1][2]):
-                last = entries[-1][2] if entries else blob
-                raise PrototxtError(f"{where}: Softmax must read the output of the last layer ('{last}')")
-            if ltype == "SoftmaxWithLoss":
-                weights = get_all_typed(layer, "loss_weight", "float", where)
-                weight = weights[0] if weights else 1.0
-                if not (math.isfinite(weight) and weight >= 0):
-                    raise PrototxtError(f"{where}: loss_weight must be finite and >= 0, got {weight}")
-                heads.append((bottoms[0], weight, where))
-            elif ltype == "Softmax":
-                deploy_output = (bottoms[0], where)
-            continue
-        if ltype.endswith("Loss"):
-            raise PrototxtError(
-                f"{where}: loss type '{ltype}' is not supported; dasknn trains with SoftmaxWithLoss"
-            )
-        if ltype not in SUPPORTED_TYPES:
-            raise PrototxtError(
-                f"{where}: type '{ltype}' is not supported; supported: "
-                f"{', '.join(SUPPORTED_TYPES + DATA_TYPES + OUTPUT_TYPES)}, Accuracy"
-            )
-        after = [(b, w) for b, _, w in heads if b in bottoms or b in tops]
-        if after:
-            raise PrototxtError(
-                f"{where}: comes after the loss ({after[0][1]}) on its blob '{after[0][0]}': a loss "
-                "head's scores end their branch"
-            )
-        unknown = [b for b in bottoms if b not in written]
-        if not bottoms or unknown or len(tops) != 1:
-            raise PrototxtError(
-                f"{where}: needs bottoms written by earlier layers and one top; got bottom {bottoms} "
-                f"and top {tops}" + (f" ('{label}' is the labels)" if label in unknown else "")
-            )
-        try:
-            entries.append((_build(layer, ltype, name, where), bottoms, tops[0]))
-        except ValueError as err:  # the layer's own checks, e.g. an even LRN local_size
-            raise PrototxtError(str(err) if str(err).startswith(where) else f"{where}: {err}") from err
-        written.add(tops[0])
+            if ltype not in SUPPORTED_TYPES:
+                raise PrototxtError(
+                    f"{where}: type '{ltype}' is not supported; supported: "
+                    f"{', '.join(SUPPORTED_TYPES + DATA_TYPES + OUTPUT_TYPES)}, Accuracy"
+                )
+            after = [(b, w) for b, _, w in heads if b in bottoms or b in tops]
+            if after:
+                raise PrototxtError(
+                    f"{where}: comes after the loss ({after[0][1]}) on its blob '{after[0][0]}': a loss "
+                    "head's scores end their branch"
+                )
+            unknown = [b for b in bottoms if b not in written]
+            if not bottoms or unknown or len(tops) != 1:
+                raise PrototxtError(
+                    f"{where}: needs bottoms written by earlier layers and one top; got bottom {bottoms} "
+                    f"and top {tops}" + (f" ('{label}' is the labels)" if label in unknown else "")
+                )
+            try:
+                entries.append((_build(layer, ltype, name, where), bottoms, tops[0]))
+            except ValueError as err:  # the layer's own checks, e.g. an even LRN local_size
+                text = err.message if isinstance(err, PrototxtError) else str(err)
+                raise PrototxtError(text if text.startswith(where) else f"{where}: {text}") from err
+            written.add(tops[0])
+    except ValueError as err:  # a layer's value or place, named with the line the layer (or field) is on
+        raise _at_layer(err, net, index, layer) from err
     if input_shape is not None:
         try:
             shape = tuple(operator.index(d) for d in input_shape)  # ints, numpy ints included

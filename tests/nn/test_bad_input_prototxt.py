@@ -14,6 +14,7 @@ import math
 import warnings
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -184,3 +185,44 @@ def test_a_solver_with_wrong_values_raises_prototxt_error_or_builds_sgd(policy, 
 def test_learning_rate_policies_do_not_overflow_on_large_exponents():
     sgd = SGD.from_caffe(read_solver('lr_policy: "sigmoid" base_lr: 0.1 gamma: 1000 stepsize: 1000'))
     assert sgd.current_lr() == 0.0
+
+
+LINED = """name: "lined"
+input: "data"
+input_shape { dim: 1 dim: 1 dim: 28 dim: 28 }
+layer {
+  name: "conv1"
+  type: "Convolution"
+  bottom: "data"
+  top: "conv1"
+  convolution_param {
+    num_output: 8
+    kernel_size: 3
+    stride: 1
+  }
+}
+layer {
+  name: "norm1"
+  type: "LRN"
+  bottom: "conv1"
+  top: "norm1"
+  lrn_param { local_size: 5 }
+}
+"""
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "line"),
+    [
+        ("stride: 1", "stride: 0", 4),  # the layer's own check: the layer's line
+        ("kernel_size: 3", "kernel_size: 0", 4),
+        ("num_output: 8", "num_output: 0", 4),
+        ("num_output: 8", 'num_output: "abc"', 10),  # a field named in the error: its own line
+        ("stride: 1", "stride: 1\n    pad: -1", 13),
+        ("local_size: 5", "local_size: 4", 15),  # the second layer's line
+    ],
+)
+def test_a_bad_layer_value_is_named_with_its_line(old, new, line):
+    with pytest.raises(PrototxtError) as err:
+        read_net(LINED.replace(old, new))
+    assert err.value.line == line and f"line {line}:" in str(err.value), str(err.value)

@@ -495,11 +495,11 @@ CONV = layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel
     [
         (
             [layer("d1", "Deconvolution", top="data")],
-            "^layer 'd1': type 'Deconvolution' is not supported; supported: Convolution, Pooling, ReLU",
+            "^line [0-9]+:[0-9]+: layer 'd1': type 'Deconvolution' is not supported; supported: Convolution, Pooling, ReLU",
         ),
         (
             [CONV, 'name: "l" type: "EuclideanLoss" bottom: "c" bottom: "label" top: "l"'],
-            "^layer 'l': loss type 'EuclideanLoss' is not supported",
+            "^line [0-9]+:[0-9]+: layer 'l': loss type 'EuclideanLoss' is not supported",
         ),
         ([CONV, layer("x", "ReLU")], "^net: net 't': blobs \\['c'\\] are computed but never used"),
         (
@@ -508,30 +508,30 @@ CONV = layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel
                 'name: "l" type: "SoftmaxWithLoss" bottom: "c" bottom: "label" top: "l"',
                 layer("r", "ReLU", "c"),
             ],
-            "^layer 'r': comes after the loss \\(layer 'l'\\)",
+            "^line [0-9]+:[0-9]+: layer 'r': comes after the loss \\(layer 'l'\\)",
         ),
         (
             [CONV, layer("s", "Softmax")],
-            "^layer 's': Softmax must read the output of the last layer \\('c'\\)",
+            "^line [0-9]+:[0-9]+: layer 's': Softmax must read the output of the last layer \\('c'\\)",
         ),
         (
             [
                 'name: "e" type: "Eltwise" bottom: "data" bottom: "data" top: "e" '
                 "eltwise_param { operation: MAX coeff: 1 coeff: 2 }"
             ],
-            "^layer 'e': coeff applies to operation 'sum' only",
+            "^line [0-9]+:[0-9]+: layer 'e': coeff applies to operation 'sum' only",
         ),
         (
             [layer("p", "Pooling", extra="pooling_param { pool: STOCHASTIC kernel_size: 2 }")],
-            "^layer 'p' pooling_param: STOCHASTIC pooling",
+            "^line [0-9]+:[0-9]+: layer 'p' pooling_param: STOCHASTIC pooling",
         ),
         (
             [layer("p", "Pooling", extra="pooling_param { pool: MAX }")],
-            "^layer 'p' pooling_param: give kernel_size",
+            "^line [0-9]+:[0-9]+: layer 'p' pooling_param: give kernel_size",
         ),
         (
             [layer("p", "Pooling", extra="pooling_param { kernel_size: 0 }")],
-            "^layer 'p': need kernel_size >= 1",
+            "^line [0-9]+:[0-9]+: layer 'p': need kernel_size >= 1",
         ),
         (
             [
@@ -562,15 +562,15 @@ CONV = layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel
                     "weight_filler { type: 'bilinear' } }",
                 )
             ],
-            "^layer 'c': unknown filler type 'bilinear'",
+            "^line [0-9]+:[0-9]+: layer 'c': unknown filler type 'bilinear'",
         ),
         (
             [layer("c", "Convolution", extra="convolution_param { num_output: 2.5 kernel_size: 3 }")],
-            "^layer 'c' convolution_param: field 'num_output' must be an integer >= 0, got 2.5",
+            "^line [0-9]+:[0-9]+: layer 'c' convolution_param: field 'num_output' must be an integer >= 0, got 2.5",
         ),
         (
             [layer("n", "LRN", extra="lrn_param { local_size: 4 }")],
-            "^layer 'n': LRN local_size must be a positive odd number",
+            "^line [0-9]+:[0-9]+: layer 'n': LRN local_size must be a positive odd number",
         ),
         (
             [layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel_size: 9 }")],
@@ -578,17 +578,17 @@ CONV = layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel
         ),
         (
             [layer("r", "ReLU", extra="include { phase: TRAIN } exclude { phase: TEST }")],
-            "^layer 'r': give include rules or exclude rules, not both",
+            "^line [0-9]+:[0-9]+: layer 'r': give include rules or exclude rules, not both",
         ),
         (
             ['name: "r" type: "ReLU" bottom: "data" bottom: "x" top: "r"'],
-            "^layer 'r': needs bottoms written by earlier layers and one top",
+            "^line [0-9]+:[0-9]+: layer 'r': needs bottoms written by earlier layers and one top",
         ),
         (
             [layer("i", "InnerProduct", extra='param { name: "w" } inner_product_param { num_output: 2 }')],
             "without shared names",
         ),
-        (['name: "d2" type: "Input" top: "x"'], "^layer 'd2': a data layer .* \\(already: layer 'd'\\)"),
+        (['name: "d2" type: "Input" top: "x"'], "^line [0-9]+:[0-9]+: layer 'd2': a data layer .* \\(already: layer 'd'\\)"),
         ([layer("r", "ReLU"), layer("r", "ReLU", "r", "s")], "^net: layer names must be unique"),
     ],
 )
