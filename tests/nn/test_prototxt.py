@@ -16,6 +16,8 @@ from dasknn.nn.layers import Filler
 from dasknn.nn.prototxt import read_net, read_net_and_solver, read_solver
 from dasknn.nn.textformat import MAX_DEPTH, PrototxtError, get_one, parse_prototxt
 
+AT = "^line [0-9]+:[0-9]+: "  # where a layer's error is written in the file
+
 LENET_CHAIN = ["conv1", "pool1", "conv2", "pool2", "ip1", "relu1", "ip2"]
 
 
@@ -495,11 +497,11 @@ CONV = layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel
     [
         (
             [layer("d1", "Deconvolution", top="data")],
-            "^line [0-9]+:[0-9]+: layer 'd1': type 'Deconvolution' is not supported; supported: Convolution, Pooling, ReLU",
+            AT + "layer 'd1': type 'Deconvolution' is not supported; supported: Convolution, Pooling, ReLU",
         ),
         (
             [CONV, 'name: "l" type: "EuclideanLoss" bottom: "c" bottom: "label" top: "l"'],
-            "^line [0-9]+:[0-9]+: layer 'l': loss type 'EuclideanLoss' is not supported",
+            AT + "layer 'l': loss type 'EuclideanLoss' is not supported",
         ),
         ([CONV, layer("x", "ReLU")], "^net: net 't': blobs \\['c'\\] are computed but never used"),
         (
@@ -508,30 +510,30 @@ CONV = layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel
                 'name: "l" type: "SoftmaxWithLoss" bottom: "c" bottom: "label" top: "l"',
                 layer("r", "ReLU", "c"),
             ],
-            "^line [0-9]+:[0-9]+: layer 'r': comes after the loss \\(layer 'l'\\)",
+            AT + "layer 'r': comes after the loss \\(layer 'l'\\)",
         ),
         (
             [CONV, layer("s", "Softmax")],
-            "^line [0-9]+:[0-9]+: layer 's': Softmax must read the output of the last layer \\('c'\\)",
+            AT + "layer 's': Softmax must read the output of the last layer \\('c'\\)",
         ),
         (
             [
                 'name: "e" type: "Eltwise" bottom: "data" bottom: "data" top: "e" '
                 "eltwise_param { operation: MAX coeff: 1 coeff: 2 }"
             ],
-            "^line [0-9]+:[0-9]+: layer 'e': coeff applies to operation 'sum' only",
+            AT + "layer 'e': coeff applies to operation 'sum' only",
         ),
         (
             [layer("p", "Pooling", extra="pooling_param { pool: STOCHASTIC kernel_size: 2 }")],
-            "^line [0-9]+:[0-9]+: layer 'p' pooling_param: STOCHASTIC pooling",
+            AT + "layer 'p' pooling_param: STOCHASTIC pooling",
         ),
         (
             [layer("p", "Pooling", extra="pooling_param { pool: MAX }")],
-            "^line [0-9]+:[0-9]+: layer 'p' pooling_param: give kernel_size",
+            AT + "layer 'p' pooling_param: give kernel_size",
         ),
         (
             [layer("p", "Pooling", extra="pooling_param { kernel_size: 0 }")],
-            "^line [0-9]+:[0-9]+: layer 'p': need kernel_size >= 1",
+            AT + "layer 'p': need kernel_size >= 1",
         ),
         (
             [
@@ -562,15 +564,15 @@ CONV = layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel
                     "weight_filler { type: 'bilinear' } }",
                 )
             ],
-            "^line [0-9]+:[0-9]+: layer 'c': unknown filler type 'bilinear'",
+            AT + "layer 'c': unknown filler type 'bilinear'",
         ),
         (
             [layer("c", "Convolution", extra="convolution_param { num_output: 2.5 kernel_size: 3 }")],
-            "^line [0-9]+:[0-9]+: layer 'c' convolution_param: field 'num_output' must be an integer >= 0, got 2.5",
+            AT + "layer 'c' convolution_param: field 'num_output' must be an integer >= 0, got 2.5",
         ),
         (
             [layer("n", "LRN", extra="lrn_param { local_size: 4 }")],
-            "^line [0-9]+:[0-9]+: layer 'n': LRN local_size must be a positive odd number",
+            AT + "layer 'n': LRN local_size must be a positive odd number",
         ),
         (
             [layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel_size: 9 }")],
@@ -578,17 +580,17 @@ CONV = layer("c", "Convolution", extra="convolution_param { num_output: 2 kernel
         ),
         (
             [layer("r", "ReLU", extra="include { phase: TRAIN } exclude { phase: TEST }")],
-            "^line [0-9]+:[0-9]+: layer 'r': give include rules or exclude rules, not both",
+            AT + "layer 'r': give include rules or exclude rules, not both",
         ),
         (
             ['name: "r" type: "ReLU" bottom: "data" bottom: "x" top: "r"'],
-            "^line [0-9]+:[0-9]+: layer 'r': needs bottoms written by earlier layers and one top",
+            AT + "layer 'r': needs bottoms written by earlier layers and one top",
         ),
         (
             [layer("i", "InnerProduct", extra='param { name: "w" } inner_product_param { num_output: 2 }')],
             "without shared names",
         ),
-        (['name: "d2" type: "Input" top: "x"'], "^line [0-9]+:[0-9]+: layer 'd2': a data layer .* \\(already: layer 'd'\\)"),
+        (['name: "d2" type: "Input" top: "x"'], AT + "layer 'd2': a data layer .* \\(already: layer 'd'\\)"),
         ([layer("r", "ReLU"), layer("r", "ReLU", "r", "s")], "^net: layer names must be unique"),
     ],
 )

@@ -11,6 +11,8 @@ from dasknn.nn.normalization import BatchNorm, Scale
 from dasknn.nn.prototxt import read_net
 from dasknn.nn.textformat import PrototxtError
 
+AT = "^line [0-9]+:[0-9]+: "  # where a layer's error is written in the file
+
 DEPLOY = """
 name: "mini_inception"
 input: "data"
@@ -86,19 +88,19 @@ def test_residual_prototxt_with_batchnorm_scale_eltwise_and_two_losses():
 
 def test_graph_prototxt_errors_name_the_layer():
     bad_bottom = DEPLOY.replace('bottom: "p" top: "cat"', 'bottom: "q" top: "cat"')
-    with pytest.raises(PrototxtError, match="^line [0-9]+:[0-9]+: layer 'cat': needs bottoms written by earlier layers"):
+    with pytest.raises(PrototxtError, match=AT + "layer 'cat': needs bottoms written by earlier layers"):
         read_net(bad_bottom)
     bad_bn = RESIDUAL.replace("param { lr_mult: 0 } param", "param { lr_mult: 1 } param")
-    with pytest.raises(PrototxtError, match="^line [0-9]+:[0-9]+: layer 'bn': BatchNorm's blobs are statistics"):
+    with pytest.raises(PrototxtError, match=AT + "layer 'bn': BatchNorm's blobs are statistics"):
         read_net(bad_bn)
     reads_label = RESIDUAL.replace('bottom: "sum" top: "fc"', 'bottom: "label" top: "fc"')
-    with pytest.raises(PrototxtError, match="^line [0-9]+:[0-9]+: layer 'fc': needs bottoms .* got bottom \\['label'\\]"):
+    with pytest.raises(PrototxtError, match=AT + "layer 'fc': needs bottoms .* got bottom \\['label'\\]"):
         read_net(reads_label)
     after_loss = RESIDUAL.replace(
         'layer { name: "acc"',
         'layer { name: "late" type: "ReLU" bottom: "aux" top: "aux" }\nlayer { name: "acc"',
     )
-    with pytest.raises(PrototxtError, match="^line [0-9]+:[0-9]+: layer 'late': comes after the loss \\(layer 'aux_loss'\\)"):
+    with pytest.raises(PrototxtError, match=AT + "layer 'late': comes after the loss \\(layer 'aux_loss'\\)"):
         read_net(after_loss)
     with pytest.raises(PrototxtError, match="concat_param: only axis 1"):
         read_net(DEPLOY.replace('top: "cat" }', 'top: "cat" concat_param { axis: 2 } }'))
