@@ -125,6 +125,7 @@ def test_a_checkpoint_of_the_old_default_resumes_with_its_tuner_or_gives_a_clear
     assert resumed.tuner_ == "grid" and resumed.n_iter_ > 0
 
 
+@pytest.mark.slow
 def test_a_fit_without_a_target_stops_on_convergence(digits):
     X, y = digits
     est = DistributedCNN(**COMMON, max_epochs=200, validation_fraction=0.2).fit(X, y)

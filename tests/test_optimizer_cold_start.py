@@ -106,6 +106,7 @@ def test_equal_time_lets_the_faster_g_win_when_every_g_learns_alike(digits8):
     assert abs(spent[2] - spent[4]) <= 2 * slowest_iteration and spent[4] >= second - slowest_iteration
 
 
+@pytest.mark.slow
 def test_selection_scores_judge_the_probes_and_their_time_is_charged(digits8):
     X, y = digits8
     net = small_net()

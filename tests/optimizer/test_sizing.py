@@ -78,6 +78,7 @@ def _wait_for_workers(client, n: int, limit: float = 120.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_goodput_adaptive_drives_a_local_cluster_to_the_productive_size():
     # saturates at N = 3 (HE = max(0.5, 1.5 / N)), then at N = 2 (HE = max(1, 2 / N)) after a new measurement
     with local_client(n_workers=1) as client:

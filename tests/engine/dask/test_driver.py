@@ -257,7 +257,9 @@ def _shard_threads() -> int:
 
 # 3 workers (one absorb of 2 shard servers) is slow: 4 (3 shard servers: a pair and a lone head,
 # then a second level, `tasks.reduce_on_servers`) runs every branch of the same tree code
-@pytest.mark.parametrize("n_workers", [pytest.param(3, marks=pytest.mark.slow), 4])
+@pytest.mark.parametrize(
+    "n_workers", [pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)]
+)
 def test_shard_servers_and_shard_tasks_train_the_same_weights(digits, n_workers):
     """One group of 3 (tree of 2 shard servers) or 4 workers: the actor path trains what the
     task path and in-process training do (float32 sums in another order: close, not equal)."""

@@ -442,6 +442,7 @@ def test_a_run_on_an_adaptive_cluster_at_zero_workers_waits_for_one(digits):
     assert trace["workers"].nunique() == 1 and trace.attrs["n_workers"] == 1
 
 
+@pytest.mark.slow
 def test_when_every_worker_is_retired_the_state_waits_for_a_new_one(digits):
     """cluster.scale(0) mid-run (what an adapt(minimum=0) scale-down does): the servers' exact state
     waits in the driver, dask retires the worker, and when a worker joins the run goes on from that

@@ -5,6 +5,8 @@ cores // workers (`engine.dask.nanny.SharedCores`)."""
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import time
 
@@ -19,6 +21,7 @@ def _settings() -> dict[str, str | None]:
     return {k: os.environ.get(k) for k in KEYS}
 
 
+@pytest.mark.slow
 def test_a_worker_added_by_scale_gets_the_settings_of_the_first(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "7")  # the driver's own value: neither the workers' nor lost
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
