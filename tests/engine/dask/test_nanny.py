@@ -5,10 +5,10 @@ cores // workers (`engine.dask.nanny.SharedCores`)."""
 
 from __future__ import annotations
 
-import pytest
-
 import os
 import time
+
+import pytest
 
 from dasknn.engine.dask import local_client
 from dasknn.engine.dask.nanny import SharedCores, share_cores
