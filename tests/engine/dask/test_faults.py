@@ -129,6 +129,7 @@ def test_losing_the_fc_machine_goes_back_to_the_snapshot_and_still_reaches_the_t
     assert acc >= TARGET, f"training accuracy {acc:.3f} after losing the FC machine"
 
 
+@pytest.mark.slow
 def test_losing_a_conv_worker_of_a_group_keeps_every_update(digits):
     X, y = digits
     with local_client(n_workers=2) as client:
