@@ -147,6 +147,7 @@ def test_an_option_error_is_one_line_with_a_hint_to_help():
         assert code == 2 and "--help" in line, err
 
 
+@pytest.mark.slow
 def test_the_damaged_newest_checkpoint_warning_is_one_line(tmp_path):
     args = [
         *SIM,

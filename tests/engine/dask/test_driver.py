@@ -107,6 +107,7 @@ def test_given_throughputs_set_the_shards_and_keep_the_maths(client2, digits):
         DaskEngine(client2, throughput={fast: 0.0})
 
 
+@pytest.mark.slow
 def test_four_groups_are_stale_by_about_three_and_still_learn(client2, digits):
     X, y = digits
     net = zoo.lenet(seed=0)
