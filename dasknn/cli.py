@@ -290,11 +290,8 @@ def _save_model(est, path: Path) -> None:
     """The fitted model into the run folder (`DistributedCNN.save`), replacing an earlier run's once
     the new one is complete: the TLS settings and the held-out split are the run's, not the
     model's, and are not saved."""
-    if path.exists() and not (path.is_dir() and ((path / "model.json").is_file() or not any(path.iterdir()))):
-        raise FileExistsError(f"{path} exists and is not a saved model; choose another --output")
     est.set_params(security=None, validation_data=None)
-    with written(path) as tmp:
-        est.save(tmp)
+    est.save(path, overwrite=True)  # written beside it, renamed into place; only a model is replaced
 
 
 def cmd_predict(args) -> int:

@@ -30,8 +30,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
-import uuid
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -44,6 +42,7 @@ from dasknn.engine import manifest
 from dasknn.engine.checkpoint import encode, encode_table
 from dasknn.estimator_params import BY_NAME
 from dasknn.saving_schema import FITTED_NAMES, restore, without_paths
+from dasknn.written import written
 
 __all__ = ["FILES", "FORMAT", "VERSION", "SavedModelError", "load", "read", "save"]
 
@@ -175,7 +174,9 @@ def save(est, path: str | os.PathLike, overwrite: bool = False, warn: bool = Tru
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists; save writes a new folder (pass overwrite=True to replace it)")
     if path.exists() and not (path.is_dir() and ((path / "model.json").is_file() or not any(path.iterdir()))):
-        raise FileExistsError(f"{path} exists and is not a saved model; overwrite=True replaces only a model")
+        raise FileExistsError(
+            f"{path} exists and is not a saved model: only a model's folder (or an empty one) is replaced"
+        )
     given = est.get_params(deep=False)
     left_out = _left_out(given)
     if left_out and warn:
@@ -192,22 +193,11 @@ def save(est, path: str | os.PathLike, overwrite: bool = False, warn: bool = Tru
     doc = {"format": FORMAT, "version": VERSION, "dasknn": __version__, "params": params, "fitted": fitted}
     text = json.dumps(doc, allow_nan=False, indent=1)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
-    old = path.with_name(f".old-{path.name}-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    try:
+    with written(path) as tmp:
+        tmp.mkdir()
         np.savez(tmp / "arrays.npz", **arrays)
         (tmp / "model.json").write_text(text)
         manifest.write(tmp, FILES)
-        if path.exists():
-            os.replace(path, old)
-        os.replace(tmp, path)
-    except BaseException:
-        if old.exists() and not path.exists():
-            os.replace(old, path)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
     return path
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from dasknn.nn.base import Layer
 from dasknn.nn.net import Net
 from dasknn.nn.pooling import LRN, Pooling
 from dasknn.nn.spec import CLASSES
+from dasknn.written import written
 
 __all__ = [
     "INPUT",
@@ -400,21 +400,10 @@ def write_onnx(model, path: str | os.PathLike) -> Path:
     """Write `model` to `path`, which appears complete or not at all (written beside it, synced,
     then renamed); an OSError names `path`."""
     path = Path(path)
-    tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(model.SerializeToString())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        if err.filename is None or Path(err.filename) == tmp:
-            raise OSError(err.errno, err.strerror, str(path)) from err
-        raise
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with written(path) as tmp, open(tmp, "wb") as f:
+        f.write(model.SerializeToString())
+        f.flush()
+        os.fsync(f.fileno())
     return path
 
 

@@ -7,7 +7,6 @@ import json
 import math
 from dataclasses import asdict
 
-import numpy as np
 import pytest
 
 from dasknn.engine import checkpoint
@@ -16,14 +15,6 @@ from dasknn.engine.simulated import SimulatedEngine
 from dasknn.engine.strategy import Strategy
 from dasknn.engine.trace import Budget, RunConfig
 from tests.engine.simulated.test_engine import assert_same_weights, tiny_net
-
-
-@pytest.fixture(scope="module")
-def tiny_data():
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((200, 1, 6, 6)).astype(np.float32)
-    y = (X[:, 0, 2, 2] > 0).astype(np.int64) + (X[:, 0, 3, 3] > 0)
-    return X, y
 
 
 def test_each_kind_gives_its_values_at_the_iteration_index():

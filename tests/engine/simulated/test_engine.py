@@ -30,14 +30,6 @@ def tiny_net(seed: int = 0, dropout: bool = False) -> Net:
 
 
 @pytest.fixture(scope="module")
-def tiny_data():
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((300, 1, 6, 6)).astype(np.float32)
-    y = (X[:, 0, 2, 2] > 0).astype(np.int64) + (X[:, 0, 3, 3] > 0)
-    return X, y
-
-
-@pytest.fixture(scope="module")
 def digits():
     return load("digits", size=28, batch_size=32)
 

@@ -8,7 +8,7 @@ import pytest
 
 from dasknn.engine.simulated import SimulatedEngine
 from dasknn.engine.trace import Budget, RunConfig
-from tests.engine.simulated.test_engine import tiny_data, tiny_net  # noqa: F401 (a fixture)
+from tests.engine.simulated.test_engine import tiny_net
 
 T_FC = 0.01
 
@@ -18,7 +18,7 @@ def t_conv(k: int) -> float:
     return 0.8 / k
 
 
-def test_eight_then_thirty_two_workers_regroup_at_ten_seconds(tiny_data):  # noqa: F811
+def test_eight_then_thirty_two_workers_regroup_at_ten_seconds(tiny_data):
     X, y = tiny_data
     engine = SimulatedEngine(t_conv=t_conv, t_fc=T_FC, verbose=0, worker_schedule=((0, 8), (10, 32)))
     config = RunConfig(n_groups=8, batch_size=16)
@@ -37,7 +37,7 @@ def test_eight_then_thirty_two_workers_regroup_at_ten_seconds(tiny_data):  # noq
     assert trace.attrs["n_workers"] == 32 and trace.attrs["group_size"] == 4
 
 
-def test_fewer_workers_than_groups_mean_fewer_groups(tiny_data):  # noqa: F811
+def test_fewer_workers_than_groups_mean_fewer_groups(tiny_data):
     X, y = tiny_data
     engine = SimulatedEngine(t_conv=t_conv, t_fc=T_FC, verbose=0, worker_schedule=((0, 4), (5, 2)))
     result = engine.run(tiny_net(), X, y, RunConfig(n_groups=4, batch_size=16), Budget(seconds=10))
@@ -46,7 +46,7 @@ def test_fewer_workers_than_groups_mean_fewer_groups(tiny_data):  # noqa: F811
     assert set(result.trace[result.trace["t_start"] >= 5]["group"]) == {0, 1}
 
 
-def test_a_change_at_the_boundary_of_two_runs_is_an_event_of_the_second(tiny_data):  # noqa: F811
+def test_a_change_at_the_boundary_of_two_runs_is_an_event_of_the_second(tiny_data):
     X, y = tiny_data
     engine = SimulatedEngine(t_conv=t_conv, t_fc=T_FC, verbose=0, worker_schedule=((0, 2), (3, 4)))
     config = RunConfig(n_groups=2, batch_size=16)
@@ -57,7 +57,7 @@ def test_a_change_at_the_boundary_of_two_runs_is_an_event_of_the_second(tiny_dat
     assert (event["time"], event["n_workers_before"], event["n_workers"]) == (3.0, 2, 4)
 
 
-def test_a_schedule_goes_on_across_runs(tiny_data):  # noqa: F811
+def test_a_schedule_goes_on_across_runs(tiny_data):
     X, y = tiny_data
     engine = SimulatedEngine(t_conv=t_conv, t_fc=T_FC, verbose=0, worker_schedule=((0, 2), (3, 4)))
     config = RunConfig(n_groups=2, batch_size=16)
