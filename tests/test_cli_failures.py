@@ -179,7 +179,8 @@ def test_a_call_to_a_lost_scheduler_fails_at_once_not_after_the_reconnection_win
     """A call that opens a connection to the scheduler (here its identity) retries for the whole
     reconnection window once the scheduler is gone; a client dasknn connected is closed as soon as it
     loses its scheduler (`closed_on_loss`), which ends such a call. Without that, this call takes
-    WINDOW seconds; the bound is a tenth of it."""
+    WINDOW seconds and ends in a connect timeout; with it, the call ends because the watch closed the
+    client (what is asserted first), and the time bound, half the window, only tells the two apart."""
     import dask
 
     from dasknn.cluster import closed_on_loss, connect, scheduler_lost
@@ -196,7 +197,9 @@ def test_a_call_to_a_lost_scheduler_fails_at_once_not_after_the_reconnection_win
                 with pytest.raises(Exception) as failed:
                     client.sync(client.scheduler.identity)
                 seconds = time.monotonic() - t0
+                closed_by_the_watch = client.status in ("closing", "closed")
         finally:
             client.close(timeout=10)
-    assert seconds < WINDOW / 10, f"{seconds:.0f} s for a call to the lost scheduler"
+    assert closed_by_the_watch and "Timed out trying to connect" not in str(failed.value), failed.value
+    assert seconds < WINDOW / 2, f"{seconds:.0f} s for a call to the lost scheduler"
     assert str(scheduler_lost(client, failed.value)).startswith(f"lost the scheduler at {address} ")
