@@ -25,7 +25,7 @@ from dasknn.data import check_X
 from dasknn.data.chunks import is_dask_array
 from dasknn.data.split import Carved, split_parts
 from dasknn.engine import checkpoint
-from dasknn.engine.trace import TrainState
+from dasknn.engine.trace import TrainState, time_unit
 from dasknn.estimator_data import (
     carved,
     choose_data,
@@ -381,7 +381,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         simulated ("simulated s", engine="simulated") or real ("s"). `report_` is this with the defaults.
         """
         self._check_fitted()
-        unit = "simulated s" if self.engine == "simulated" else "s"
+        unit = time_unit(self.engine)
         return fit_report(self.history_, thresholds, rule, self.target_accuracy, self.net_.name, unit)
 
     # -- prediction ------------------------------------------------------------------------------

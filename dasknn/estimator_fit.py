@@ -19,7 +19,7 @@ import pandas as pd
 from dasknn.data.augment import Augment
 from dasknn.data.batching import n_batches
 from dasknn.data.split import Carved
-from dasknn.engine.trace import RunConfig, TrainState
+from dasknn.engine.trace import RunConfig, TrainState, time_unit
 from dasknn.fitting import Evaluator, Loop, runs_by_config
 from dasknn.stopping import end_reason
 
@@ -88,7 +88,7 @@ class FitSettings:
 
     @property
     def time_unit(self) -> str:
-        return "simulated s" if self.engine == "simulated" else "s"
+        return time_unit(self.engine)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import pandas as pd
 
 from dasknn.data.batching import n_batches
 from dasknn.engine import checkpoint
-from dasknn.engine.trace import Budget, RunConfig, TrainState, make_trace, worker_changes
+from dasknn.engine.trace import SIMULATED_SECONDS, Budget, RunConfig, TrainState, make_trace, worker_changes
 from dasknn.logs import verbose_logging
 from dasknn.policy import CURRENT, START, NextRun, Outcome, Policy, RunLog, Stop
 from dasknn.tradeoff.statistical import final_loss
@@ -201,8 +201,8 @@ def _run_seconds(
     a raising run its wall time (on a simulated clock one modelled iteration: nothing read from the
     wall clock is charged there)."""
     span = float(trace["t_end"].max() - trace["t_start"].min()) if len(trace) else 0.0
-    simulated = getattr(engine, "time_unit", None) == "simulated s"
-    if trace.attrs.get("time_unit") == "simulated s":
+    simulated = clock_unit(engine) == SIMULATED_SECONDS
+    if trace.attrs.get("time_unit") == SIMULATED_SECONDS:
         seconds = span
     elif simulated:  # a raising simulated run: one modelled iteration, never the wall clock
         seconds = _one_iteration(engine, config, budget)
@@ -232,7 +232,7 @@ def _clock(state: TrainState | None) -> float | None:
 
 
 def clock_unit(engine) -> str:
-    """The unit of a fit's clock on `engine`: "simulated s" on the simulator, else "s"."""
+    """The unit of a fit's clock on `engine`: `SIMULATED_SECONDS` on the simulator, else "s"."""
     return getattr(engine, "time_unit", None) or "s"
 
 
@@ -396,7 +396,7 @@ class Loop:
                 f"max_wall_time={self.max_wall_time:g} s (real time) reached after {row['time']:.4g} "
                 f"{clock_unit(self.engine)}, at iteration {it}"
             )
-            if clock_unit(self.engine) == "simulated s":
+            if clock_unit(self.engine) == SIMULATED_SECONDS:
                 logger.warning(
                     "%s: the simulation runs slower than the cluster it models; lower time_budget "
                     "(simulated seconds) or raise max_wall_time (None: no bound)",
@@ -624,7 +624,7 @@ class Loop:
         t0 = time.perf_counter()
         value = float(self.selection(state))
         wall = time.perf_counter() - t0
-        simulated = "simulated s" in (
+        simulated = SIMULATED_SECONDS in (
             self.log.attrs.get("time_unit"),
             getattr(self.engine, "time_unit", None),
         )

@@ -16,7 +16,16 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["FORMAT", "TRACE", "command_logging", "verbose_level", "verbose_logging"]
+__all__ = [
+    "FORMAT",
+    "TRACE",
+    "command_logging",
+    "one_line_logs",
+    "one_line_warnings",
+    "quiet_logging",
+    "verbose_level",
+    "verbose_logging",
+]
 
 TRACE = 5
 """The level of the optimizer's probes, below DEBUG: shown from verbose=3."""
@@ -93,3 +102,35 @@ def command_logging(verbose: int) -> Iterator[None]:
         logger.removeHandler(handler)
         logger.setLevel(old)
         logger.propagate = propagate
+
+
+def one_line_warnings(command: str):
+    """`warnings.showwarning` printing each warning as one line, `dasknn <command>: warning: ...`
+    (Python's shows two: the message with its source file, then the source line)."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"dasknn {command}: warning: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def one_line_logs() -> None:
+    """Dask's log records on stderr without their tracebacks (the command's `--debug` keeps them):
+    a failure of the cluster shows as log lines and then the command's one line, not as pages of
+    traceback."""
+
+    def strip(record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            name = record.exc_info[0].__name__ if record.exc_info[0] else "error"
+            record.msg = f"{record.getMessage()} ({name}: {record.exc_info[1]})".strip()
+            record.args, record.exc_info, record.exc_text = None, None, None
+        return True
+
+    for log in (logging.getLogger("distributed"), logging.getLogger()):
+        for handler in log.handlers:
+            handler.addFilter(strip)
+
+
+def quiet_logging() -> None:
+    """No more log lines on stderr: a failed command's own line stays the last one."""
+    logging.disable(logging.CRITICAL)

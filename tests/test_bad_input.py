@@ -331,7 +331,7 @@ def test_unknown_flags_and_commands_exit_2():
     assert code == 2 and "unknown net 'vgg'" in err
 
 
-CLI_LATE = "cli.py: validate in argparse (a type= or choices=) or before _load_dataset: "
+CLI_LATE = "dasknn/cli/: validate in argparse (a type= or choices=) or before load_dataset: "
 
 
 @pytest.mark.parametrize(

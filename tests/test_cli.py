@@ -168,12 +168,12 @@ def test_train_streams_and_augments_on_the_workers(tmp_path):
 
 END_PROCESS = """
 import atexit, sys, threading, time
-from dasknn.cli import _end_process
+from dasknn.cli.exits import end_process
 atexit.register(lambda: print("atexit ran", flush=True))
 if sys.argv[1] == "thread":
     threading.Thread(target=lambda: (time.sleep(0.3), print("thread finished", flush=True))).start()
 print("written before the end", end="")  # left in stdout's buffer: the fast end must flush it
-_end_process(3)
+end_process(3)
 print(" / normal exit")
 """
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dasknn.cli import EXIT_BAD_INPUT, EXIT_CLUSTER_FAILURE
+from dasknn.cli.exits import EXIT_BAD_INPUT, EXIT_CLUSTER_FAILURE
 from tests.conftest import REPO
 from tests.engine.dask.test_deploy import STARTUP_TIMEOUT, dask_command, read_scheduler_file, stop
 from tests.test_bad_input import cli  # the in-process run: exit status and stderr

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from dasknn.cli import EXIT_BAD_INPUT, EXIT_CLUSTER_FAILURE, EXIT_DIVERGED, EXIT_LOCAL_IO
+from dasknn.cli.exits import EXIT_BAD_INPUT, EXIT_CLUSTER_FAILURE, EXIT_DIVERGED, EXIT_LOCAL_IO
 from dasknn.data.store import write_store
 from tests.test_bad_input import cli
 
@@ -252,7 +252,7 @@ def test_a_store_without_its_x_or_y_exits_2_naming_the_store_and_the_array(tmp_p
 
 
 def test_a_bare_key_is_named_as_missing_not_printed_alone():
-    from dasknn.cli import failure
+    from dasknn.cli.exits import failure
 
     code, line = failure(KeyError("a5"))
     assert line.startswith("error: missing 'a5'"), line

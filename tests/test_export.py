@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from sklearn.exceptions import NotFittedError
 
-from dasknn import cli as cli_module
+from dasknn.cli import exits
 from dasknn.estimator import DistributedCNN
 from dasknn.nn import zoo
 from dasknn.nn.export import INPUT, LOGITS, PROBABILITIES
@@ -151,18 +151,18 @@ def test_dasknn_export_writes_the_saved_model(saved_lenet, tmp_path):
 
 def test_dasknn_export_bad_input_is_exit_2_naming_the_file(saved_lenet, tmp_path):
     code, err = cli("export", "--model", str(tmp_path / "nothing"), "--output", str(tmp_path / "m.onnx"))
-    assert code == cli_module.EXIT_BAD_INPUT and str(tmp_path / "nothing") in err
+    assert code == exits.EXIT_BAD_INPUT and str(tmp_path / "nothing") in err
     assert len(err.strip().splitlines()) == 1
     for output in (tmp_path / "m.txt", tmp_path / "missing" / "m.onnx"):
         code, err = cli("export", "--model", str(saved_lenet), "--output", str(output))
-        assert code == cli_module.EXIT_BAD_INPUT and repr(str(output)) in err
+        assert code == exits.EXIT_BAD_INPUT and repr(str(output)) in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 
 def test_dasknn_export_to_a_full_disk_is_exit_5_and_leaves_nothing(saved_lenet, full_folder):  # noqa: F811
     out = full_folder / "lenet.onnx"  # LeNet's graph is 1.7 MB, the folder holds 1 MiB
     code, err = cli("export", "--model", str(saved_lenet), "--output", str(out))
-    assert code == cli_module.EXIT_LOCAL_IO == 5
+    assert code == exits.EXIT_LOCAL_IO == 5
     (line,) = err.strip().splitlines()
     assert "No space left on device" in line and str(out) in line
     assert list(full_folder.iterdir()) == []
@@ -171,5 +171,5 @@ def test_dasknn_export_to_a_full_disk_is_exit_5_and_leaves_nothing(saved_lenet, 
 def test_dasknn_export_without_onnx_is_exit_2_naming_the_extra(saved_lenet, tmp_path, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "onnx", None)
     code, err = cli("export", "--model", str(saved_lenet), "--output", str(tmp_path / "m.onnx"))
-    assert code == cli_module.EXIT_BAD_INPUT and 'pip install "dasknn[export]"' in err
+    assert code == exits.EXIT_BAD_INPUT and 'pip install "dasknn[export]"' in err
     assert not (tmp_path / "m.onnx").exists()

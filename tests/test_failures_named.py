@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from dasknn import cli as cli_module
+from dasknn.cli import exits
 from dasknn.engine import checkpoint, manifest
 from dasknn.estimator import DistributedCNN
 from tests.conftest import REPO
@@ -76,7 +76,7 @@ def test_a_full_checkpoint_folder_is_a_local_io_failure_naming_the_path(full_fol
         "--output",
         str(tmp_path / "out"),
     )
-    assert code == cli_module.EXIT_LOCAL_IO == 5
+    assert code == exits.EXIT_LOCAL_IO == 5
     (line,) = lines(err)
     assert "No space left on device" in line and str(full_folder / "ck") in line and "cluster" not in line
 

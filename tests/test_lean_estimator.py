@@ -18,8 +18,8 @@ TAKES_THE_ESTIMATOR = {
     ("callbacks.py", "stop_requests"): "calls the hooks, which get the estimator (the contract above)",
     ("saving.py", "save"): "writes the estimator's fitted attributes to a folder, as pickle would",
     ("saving.py", "_fitted_values"): "save's fitted attributes of the estimator, or of its fit in progress",
-    ("cli.py", "_report_run"): "the command reports a fitted estimator as a user reads it",
-    ("cli.py", "_save_model"): "the command saves the fitted estimator as a user does",
+    ("cli/report.py", "write_run"): "the command reports a fitted estimator as a user reads it",
+    ("cli/report.py", "_save_model"): "the command saves the fitted estimator as a user does",
 }
 
 

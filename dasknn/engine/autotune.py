@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
+from dasknn.engine.trace import SIMULATED_SECONDS, Budget, RunConfig, RunResult, TrainState, make_trace
 from dasknn.nn.net import Net
 
 __all__ = ["MEASUREMENT_COLUMNS", "LearnerTuning", "round_throughput", "run_auto_learners", "tune_learners"]
@@ -65,7 +65,7 @@ def _fixed_learners(engine) -> Iterator[None]:
 
 def _spent(trace: pd.DataFrame, wall: float) -> float:
     """Budget seconds a run used: its simulated clock, or the measured wall time of the call."""
-    if trace.attrs.get("time_unit") == "simulated s":
+    if trace.attrs.get("time_unit") == SIMULATED_SECONDS:
         return float(trace["t_end"].max()) if len(trace) else 0.0
     return wall
 

@@ -154,17 +154,26 @@ def on_run_clock(rows: list[dict[str, Any]], t0: float, config: RunConfig, n_sam
         )
 
 
+SIMULATED_SECONDS = "simulated s"
+"""The unit of the simulator's clock: a model of the time, not a measurement."""
+
+
+def time_unit(engine: str) -> str:
+    """The unit of the clock of the engine named `engine`: `SIMULATED_SECONDS` on the simulator, else "s"."""
+    return SIMULATED_SECONDS if engine == "simulated" else "s"
+
+
 def make_trace(rows: list[dict[str, Any]], engine: str, **attrs: Any) -> pd.DataFrame:
     """A Trace DataFrame with the standard columns (in order) and attrs naming the engine.
 
-    Simulated runs carry `time_unit = "simulated s"`: their clock is a model, not a measurement.
+    `attrs["time_unit"]` is the engine's (`time_unit`).
     """
     df = pd.DataFrame(
         rows, columns=list(TRACE_COLUMNS) + sorted({k for r in rows for k in r} - set(TRACE_COLUMNS))
     )
     if not df.empty:
         df = df.sort_values(["t_end", "group"], kind="stable").reset_index(drop=True)
-    df.attrs.update({"engine": engine, "time_unit": "simulated s" if engine == "simulated" else "s", **attrs})
+    df.attrs.update({"engine": engine, "time_unit": time_unit(engine), **attrs})
     return df
 
 

@@ -23,7 +23,7 @@ from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.simulated.events import Simulation
 from dasknn.engine.simulated.strategies import ReplicaSimulation, UnmergedSimulation
 from dasknn.engine.strategy import Strategy, split_layer
-from dasknn.engine.trace import Budget, RunConfig, RunResult, TrainState, make_trace
+from dasknn.engine.trace import SIMULATED_SECONDS, Budget, RunConfig, RunResult, TrainState, make_trace
 from dasknn.nn.net import Net
 
 __all__ = ["VARIABILITY", "ConvFCTiming", "SimulatedEngine"]
@@ -74,7 +74,7 @@ class SimulatedEngine:
     simulated maths (a sum is a sum); model its time through t_conv.
     """
 
-    time_unit = "simulated s"
+    time_unit = SIMULATED_SECONDS
     """The unit of this engine's clock, even for a run that raised before writing a trace."""
 
     def __init__(
