@@ -8,7 +8,7 @@ A callback is any object with some of these methods (`Callback` has them all, do
   `lr`, `event`); returning True stops the fit cleanly after this evaluation;
 - `on_evaluated_state(est, record, state)`: after `on_evaluation`, with the evaluated `TrainState`
   (EarlyStopping keeps its best one);
-- `on_progress(est, info)`: while the optimizer searches (no evaluation then), with `time`,
+- `on_progress(est, info)`: while the tuner searches (no evaluation then), with `time`,
   `epoch` and `phase`, so that progress shows between evaluations;
 - `on_cluster_change(est, change)`: after an engine run during which workers joined, left
   (retired gracefully) or were lost, once per change, with `time` (the fit's clock), `action`
@@ -51,7 +51,7 @@ class Callback:
         return None
 
     def on_progress(self, est, info: dict[str, Any]) -> None:
-        """Between evaluations, while the optimizer searches."""
+        """Between evaluations, while the tuner searches."""
 
     def on_cluster_change(self, est, change: dict[str, Any]) -> None:
         """After a run in which workers joined, left or were lost: one call per change."""
@@ -163,7 +163,7 @@ class ProgressBar(Callback):
 
     On engine="simulated" it says so, and counts simulated seconds ("sim s").
 
-    It moves at every evaluation and while the optimizer searches; its postfix shows the phase, the
+    It moves at every evaluation and while the tuner searches; its postfix shows the phase, the
     training loss and the held-out accuracy (the training accuracy without validation data), and
     once the cluster has changed under the fit the workers there are now; each change (a worker
     joined, left or was lost) is also written above the bar. Drawn on `file` (default: stderr);

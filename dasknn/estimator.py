@@ -1,11 +1,11 @@
 """DistributedCNN: a scikit-learn classifier that trains a CNN with Omnivore on a Dask cluster.
 
 `fit(X, y)` validates the data, builds the net, gets a Dask client (the default one, or a new
-LocalCluster sized to the machine for the duration of the fit), and either runs Omnivore's
-optimizer (when any of n_groups, learning_rate, momentum is "auto") or trains with the given
+LocalCluster sized to the machine for the duration of the fit), and either runs a
+tuner (when any of n_groups, learning_rate, momentum is "auto") or trains with the given
 values. Learned state ends in `_`: `net_`, `classes_`, `history_`, `trace_`, `decisions_`,
 `report_`, `tradeoff_`, `state_`, `parts_` (the sample indices of X trained on, set aside for the
-optimizer's selection, and held out for validation), and `batch_size_` (batch_size, clipped with a
+tuner's selection, and held out for validation), and `batch_size_` (batch_size, clipped with a
 warning to the samples trained on when they are fewer, as scikit-learn's MLPClassifier does).
 """
 
@@ -79,7 +79,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
 
     `partial_fit(X, y, classes)` trains one epoch of X (`max_epochs` epochs when set, within
     `time_budget` when set) from the current state, with the fixed knobs, or the ones the last fit
-    ended with (the optimizer's choice; a lowered rate after a rollback); on a first call "auto"
+    ended with (the tuner's choice; a lowered rate after a rollback); on a first call "auto"
     knobs take Omnivore's cold-start values n_groups=1, momentum=0.9 and learning_rate=0.01.
     Divergence (non-finite loss or exploding weights) never ends a fit with NaN weights: training
     rolls back to the last good state and divides the learning rate by 10 (`dasknn.fitting`).

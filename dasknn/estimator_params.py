@@ -182,11 +182,11 @@ PARAMS: tuple[Param, ...] = (
           "a `Net` (copied, its weights are the start), or a Caffe `.prototxt` path."),
     Param("batch_size", 64, Number(1, integer=True), "Samples per iteration, summed over a group's workers."),
     Param("n_groups", "auto", replace(N_GROUPS, also=("auto",)),
-          "Compute groups (Omnivore's g); \"auto\" lets the optimizer choose."),
+          "Compute groups (Omnivore's g); \"auto\" lets the tuner choose."),
     Param("learning_rate", "auto", replace(LEARNING_RATE, also=("auto",)),
-          "Learning rate η; \"auto\" lets the optimizer choose.", aliases=("--lr",)),
+          "Learning rate η; \"auto\" lets the tuner choose.", aliases=("--lr",)),
     Param("momentum", "auto", replace(MOMENTUM, also=("auto",)),
-          "Explicit momentum µ; \"auto\" lets the optimizer choose."),
+          "Explicit momentum µ; \"auto\" lets the tuner choose."),
     Param("weight_decay", 5e-4, Number(0), "L2 weight decay (Caffe's)."),
     Param("time_budget", 120.0, Number(0, low_open=True, also=(None,)),
           "Seconds of training (simulated seconds with engine=\"simulated\"), the search included; "
@@ -245,7 +245,7 @@ PARAMS: tuple[Param, ...] = (
           "set aside before training (sklearn's `MLPClassifier` convention; `fit` only).", flag=False),
     Param("selection_size", 512, Number(0, integer=True),
           "Samples of X set aside (stratified, never trained on, disjoint from the validation data) on "
-          "which the optimizer judges its probes, at most a tenth of the rest of X; only when a knob is "
+          "which the tuner judges its probes, at most a tenth of the rest of X; only when a knob is "
           "\"auto\". Held-out accuracy is then measured on data no choice was made on "
           "(`dasknn.data.split`)."),
     Param("early_stopping", False, Boolean(),
@@ -282,7 +282,7 @@ PARAMS: tuple[Param, ...] = (
     Param("verbose", 0, VERBOSE,
           "0: warnings only; 1: a progress bar (`dasknn.callbacks.ProgressBar`, on stderr) and INFO "
           "messages (the dashboard link of a cluster the fit starts, rollbacks); 2: also a line per "
-          "evaluation and the optimizer's decisions (DEBUG) and the engine's progress bars; 3: also the "
+          "evaluation and the tuner's decisions (DEBUG) and the engine's progress bars; 3: also the "
           "optimizer's probes. Messages are `logging` records of the `dasknn` loggers (`dasknn.logs`), "
           "emitted whatever `verbose` is: with logging unconfigured, a fit with verbose >= 1 shows them on "
           "stderr from the matching level on.", flag=False, resume=False),
@@ -315,7 +315,7 @@ PARAMS: tuple[Param, ...] = (
           "a free prior (the HE model's g, the net's solver η and µ, or the last fit of the same job), "
           "η doubled while it pays, A-B-A trials within 5% of the elapsed time, η ÷ 3 on a plateau and a "
           "stop on convergence (`dasknn.optimizer.auto`). \"grid\": Omnivore's Algorithm 1, a cold "
-          "start then grid searches from checkpoints. \"online\": the goodput optimizer (Pollux, "
+          "start then grid searches from checkpoints. \"online\": the goodput tuner (Pollux, "
           "YellowFin, AdaScale; `dasknn.optimizer.online`)."),
     Param("simulated_gflops", SIMULATED_GFLOPS,
           Custom("a number > 0 or 'calibrate'", accepts=lambda v: (isinstance(v, str) and v == "calibrate")
@@ -388,10 +388,10 @@ def optimizer_class(name: str):
 
 
 class _NoEngine:
-    """Stands in for the engine while optimizer options are checked: nothing may run."""
+    """Stands in for the engine while tuner options are checked: nothing may run."""
 
     def run(self, *args, **kwargs):  # pragma: no cover - never called
-        raise RuntimeError("optimizer options are only being checked")
+        raise RuntimeError("tuner options are only being checked")
 
 
 def check_params(params: dict[str, Any], partial: bool = False) -> None:

@@ -2,7 +2,7 @@
 divergence rollback, checkpoints and callbacks; a policy says what to run next.
 
 `Loop.run(policy, start)` asks its policy (`dasknn.policy.Policy`: Omnivore's Algorithm 1, the
-online optimizer or fixed knobs) for the next run, makes it on the engine from the state the
+online tuner or fixed knobs) for the next run, makes it on the engine from the state the
 policy names (the current one, or a snapshot of an earlier run), charges it to the clock
 (`dasknn.policy.RunLog`), judges divergence, and for a run whose iterations are kept evaluates the
 new state (its training figures from the run's trace, `training_scores`; the validation data
@@ -21,7 +21,7 @@ first batch's loss (when the policy asks: `NextRun.loss_limit`), or the policy's
 own rule for the run (`NextRun.diverges`). A kept run that diverged is rolled back: the current
 state stays the one it started from, its trace rows stay on the record (phase "rolled_back", their
 time spent), and the policy chooses what follows (fixed knobs and Algorithm 1 divide η by 10, the
-online optimizer by its `lr_factor`). After `MAX_ROLLBACKS` rollbacks in a row, FloatingPointError.
+online tuner by its `lr_factor`). After `MAX_ROLLBACKS` rollbacks in a row, FloatingPointError.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ class Loop:
     checkpoints and callbacks (the module docstring).
 
     `evaluate(state) -> scores` (an `Evaluator`), else `should_stop(state, trace) -> bool` (the
-    optimizers' own `optimize`), decides what a kept run's evaluation records; `selection(state) ->
+    tuners' own `optimize`), decides what a kept run's evaluation records; `selection(state) ->
     loss` scores states for the policy (the selection part, `optimizer.search.SelectionLoss`);
     `notify(hook, info) -> bool` calls the callbacks (True: a callback asks to stop);
     `target_accuracy` stops the fit when the held-out metric (else the training one) reaches it;
@@ -452,7 +452,7 @@ class Loop:
         log = self.log
         log.elapsed = float(session.get("elapsed", 0.0))
         log.iterations = int(session.get("iterations", len(trace)))
-        if "charged" in session:  # an optimizer's session: its runs one by one
+        if "charged" in session:  # a tuner's session: its runs one by one
             log.restore({**session, "trace": trace, "decisions": events})
         else:
             log.adopt(trace, events, log.elapsed)
@@ -513,7 +513,7 @@ class Loop:
                 return self.result(start, RunConfig(**resume["config"]), resume)
             if resume.get("kind") != "fixed":
                 raise ValueError(
-                    "resume: the optimizer's fit in the checkpoint had ended; a new budget continues a fit "
+                    "resume: the tuner's fit in the checkpoint had ended; a new budget continues a fit "
                     "with n_groups, learning_rate and momentum given as numbers (or use warm_start=True)"
                 )
         if resume is None and self.evaluator is not None:  # the curve starts at the starting weights
@@ -639,14 +639,14 @@ class Loop:
 
 
 def run_policy(policy: Policy, engine, net, X, y, *, start: TrainState | None = None, **options) -> FitResult:
-    """Run `policy` on a `Loop` without evaluation data (the optimizers' own `optimize`); sets the
+    """Run `policy` on a `Loop` without evaluation data (the tuners' own `optimize`); sets the
     final weights on `net`."""
     loop = Loop(engine, net, X, y, **options)
     return loop.run(policy, start.copy() if start is not None else TrainState.from_net(net))
 
 
 def runs_by_config(trace: pd.DataFrame, decisions: pd.DataFrame, seed: int) -> dict:
-    """The optimizer's runs keyed (n_groups, lr, momentum, seed), the longest run for each config,
+    """The tuner's runs keyed (n_groups, lr, momentum, seed), the longest run for each config,
     each on its own clock from 0 (for the xarray tradeoff record)."""
     if "run" not in trace or "run" not in decisions or not len(trace):
         return {}

@@ -3,7 +3,7 @@
 Every module logs to `logging.getLogger(__name__)` (`dasknn.fitting`, `dasknn.policy`, ...),
 whatever the verbosity: an application that configures logging sees them all. `verbose` maps to
 a level (`verbose_level`): 0 warnings only, 1 INFO (a cluster started, rollbacks), 2 DEBUG (a line
-per evaluation, the optimizer's decisions), 3 `TRACE` (the optimizer's probes). For a user who has
+per evaluation, the tuner's decisions), 3 `TRACE` (the tuner's probes). For a user who has
 configured nothing, a fit with verbose >= 1 shows those messages on stderr for its duration
 (`verbose_logging`); the `dasknn` command puts its own handler on stderr (`command_logging`).
 Progress bars are tqdm's, not log records.
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 TRACE = 5
-"""The level of the optimizer's probes, below DEBUG: shown from verbose=3."""
+"""The level of the tuner's probes, below DEBUG: shown from verbose=3."""
 logging.addLevelName(TRACE, "TRACE")
 FORMAT = "[dasknn] %(message)s"
 LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}

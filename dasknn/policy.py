@@ -3,7 +3,7 @@
 One loop (`dasknn.fitting.Loop`) runs every fit: it makes the engine runs, keeps the clock and
 budgets, evaluates, rolls back a divergence (its one handler), checkpoints and calls the
 callbacks. What to run next is a policy's answer (docs/architecture.md, "The loop and its
-policies"): Omnivore's Algorithm 1 (`dasknn.optimizer.grid`), the online optimizer
+policies"): Omnivore's Algorithm 1 (`dasknn.optimizer.grid`), the online tuner
 (`dasknn.optimizer.online`), fixed knobs (`dasknn.optimizer.fixed`). A policy never calls the
 engine; it asks for runs and reads what they measured, as dask-ml's searches answer
 `_additional_calls` and Caffe's solver wraps one step.
@@ -180,10 +180,10 @@ DECISION_COLUMNS = tuple(
     "start_hash run reason".split()
 )
 """One row per probe or decision. `score`: smoothed loss at the probe's end, or the selection loss
-of its end weights when the optimizer has a `probe_score`; `window_loss`: mean training loss over
+of its end weights when the tuner has a `probe_score`; `window_loss`: mean training loss over
 its last `winner_window` iterations; `iterations`: the probe's so far (a train epoch's);
 `seconds`: time charged to the row's engine run (probe and extend rows add up to the search time);
-`time`: the optimizer's clock after it; `chosen`: the winning probe, or a decision that sets the
+`time`: the fit's clock after it; `chosen`: the winning probe, or a decision that sets the
 training config (whose n_groups, lr, momentum it then holds); `start_hash`: digest of the state the
 row's run started from; `run`: the engine run's index in the trace's `run` column(-1 for decisions)."""
 
@@ -219,7 +219,7 @@ class RunLog:
         return left if left > TIME_RESOLUTION * self.time_budget else 0.0
 
     def budget(self, iterations: int | None = None, seconds: float | None = None) -> Budget | None:
-        """`iterations`/`seconds` clipped to what is left of the optimizer's budgets; None if spent."""
+        """`iterations`/`seconds` clipped to what is left of the fit's budgets; None if spent."""
         if self.exhausted() or (seconds is not None and not seconds > 0):
             return None
         if self.time_budget is not None:
@@ -230,8 +230,8 @@ class RunLog:
         return Budget(seconds=seconds, iterations=iterations)
 
     def restore(self, session: dict[str, Any]) -> None:
-        """The clock, budgets spent, runs and decisions of an optimizer's checkpointed `session`
-        (its "trace" and "decisions" included), so that a resumed optimizer goes on where it was."""
+        """The clock, budgets spent, runs and decisions of a policy's checkpointed `session`
+        (its "trace" and "decisions" included), so that a resumed policy goes on where it was."""
         self.elapsed, self.iterations = float(session["elapsed"]), int(session["iterations"])
         self.charged, self.kept = [float(c) for c in session["charged"]], {int(r) for r in session["kept"]}
         trace = session["trace"]
@@ -282,11 +282,11 @@ class RunLog:
         return seg, run_id
 
     def charge(self, seconds: float) -> None:
-        """Time spent between engine runs (scoring a probe) on the optimizer's clock."""
+        """Time spent between engine runs (scoring a probe) on the fit's clock."""
         self.elapsed += max(0.0, float(seconds))
 
     def trace(self) -> pd.DataFrame:
-        """Every run so far, end to end on the optimizer's clock, with `phase`, `run` and `kept`."""
+        """Every run so far, end to end on the fit's clock, with `phase`, `run` and `kept`."""
         frames = [s for s in self.traces if len(s)]
         df = pd.concat(frames, ignore_index=True) if frames else make_trace([], "unknown")
         df["phase"] = df["phase"] if "phase" in df else pd.Series(dtype=object)
@@ -307,7 +307,7 @@ class RunLog:
         self.rows.append(row)
         logger.log(
             TRACE if action in ("probe", "extend") else logging.DEBUG,
-            "optimizer t=%.4g: %s %s: g=%s lr=%g momentum=%g score=%.4g; %s",
+            "tuner t=%.4g: %s %s: g=%s lr=%g momentum=%g score=%.4g; %s",
             row["time"], phase, action, config.n_groups, config.lr, config.momentum, row["score"], reason,
         )  # fmt: skip
 
@@ -321,6 +321,6 @@ class RunLog:
         return default
 
     def decisions(self) -> pd.DataFrame:
-        """DECISION_COLUMNS, then any measured numbers the rows carry (the online optimizer's)."""
+        """DECISION_COLUMNS, then any measured numbers the rows carry (the online tuner's)."""
         extra = list(dict.fromkeys(k for row in self.rows for k in row if k not in DECISION_COLUMNS))
         return pd.DataFrame(self.rows, columns=[*DECISION_COLUMNS, *extra])

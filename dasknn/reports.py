@@ -111,7 +111,7 @@ def compare_runs(
 def search_spans(
     trace: pd.DataFrame | None, decisions: pd.DataFrame | None = None
 ) -> list[tuple[float, float]]:
-    """The optimizer's search phases as (start, end) times on the trace's clock.
+    """The tuner's search phases as (start, end) times on the trace's clock.
 
     A search is a stretch of probe runs (the runs that `decisions` rows "probe" and "extend" name,
     or else the trace's rows of phase "search") with no training run between them; the time spent
@@ -143,7 +143,7 @@ def broken_line(times, values, spans: Sequence[tuple[float, float]] = ()) -> tup
     """The points of a curve through evaluations, with NaN between two that a span separates.
 
     A line is then drawn only between consecutive evaluations with no search between them, never
-    across a stretch where nothing was evaluated because the optimizer was searching."""
+    across a stretch where nothing was evaluated because the tuner was searching."""
     t = np.asarray(times, dtype=float)
     v = np.asarray(values, dtype=float)
     xs, ys = [], []
@@ -211,7 +211,7 @@ def plot_accuracy(
         color = f"C{i % 10}"
         spans = list(search.get(name, ()))
         for a, b in spans:
-            label = None if labelled else "optimizer search (no evaluation)"
+            label = None if labelled else "tuner search (no evaluation)"
             for axis in axes:  # labelled in the accuracy panel's legend
                 shade = color if len(frames) > 1 else "0.6"
                 axis.axvspan(a, b, color=shade, alpha=0.15, lw=0, label=label if axis is ax else None)
@@ -297,11 +297,11 @@ def format_table(df: pd.DataFrame, columns: Iterable[str] | None = None, na_rep:
 
 
 DECISION_VIEW = ("phase", "action", "n_groups", "lr", "momentum", "score", "iterations", "time", "chosen")
-"""The columns of the optimizer's decisions `decisions_table` shows (then the reason)."""
+"""The columns of the tuner's decisions `decisions_table` shows (then the reason)."""
 
 
 def decisions_table(decisions: pd.DataFrame) -> str:
-    """The optimizer's decisions for a terminal: the main columns that hold a value (a column empty
+    """The tuner's decisions for a terminal: the main columns that hold a value (a column empty
     in every row is left out, an empty cell is blank) and the whole reason, left-aligned (every
     column is in the DataFrame / decisions.csv)."""
     view = decisions[[c for c in DECISION_VIEW if c in decisions]].copy()

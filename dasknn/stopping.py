@@ -41,7 +41,7 @@ def end_reason(
 ) -> str:
     """Why a fit that no evaluation stopped ended, after `iterations` iterations (now at `iteration`)
     and `elapsed` seconds of its clock (`unit`): `limit` (e.g. "max_epochs=2", what
-    `max_iterations` stands for) done, or the time budget spent, or else the optimizer's own last
+    `max_iterations` stands for) done, or the time budget spent, or else the tuner's own last
     "stop" decision; "" when none applies."""
     if max_iterations is not None and iterations >= max_iterations:
         return f"{limit} done: {iterations} iterations, at iteration {iteration}"
@@ -50,5 +50,5 @@ def end_reason(
     if decisions is not None and len(decisions) and "action" in decisions:
         stops = decisions[decisions["action"] == "stop"]
         if len(stops):
-            return f"the optimizer stopped: {stops['reason'].iloc[-1]}, at iteration {iteration}"
+            return f"the tuner stopped: {stops['reason'].iloc[-1]}, at iteration {iteration}"
     return ""

@@ -106,7 +106,7 @@ def test_lr_grid_sets_the_optimizers_cold_start_rates(tmp_path):
     assert cold["lr"].iloc[0] == 0.05 and set(cold[cold["n_groups"] == 1]["lr"]) <= {0.05, 0.005}
     # the printed decisions (whether or not the target was reached): the main columns and the
     # whole reasons, one line each
-    table = out.stdout.split("optimizer decisions (every column in decisions.csv):\n")[1]
+    table = out.stdout.split("tuner decisions (every column in decisions.csv):\n")[1]
     lines = table.split("\n\n")[0].splitlines()
     assert lines[0].split()[:3] == ["phase", "action", "n_groups"] and "start_hash" not in lines[0]
     assert len(lines) == len(decisions) + 1 and "cold-start rate 1 of 2" in lines[1]

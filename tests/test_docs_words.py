@@ -51,3 +51,52 @@ def test_no_session_wording_in_code_and_docs() -> None:
     texts = {str(p.relative_to(REPO)): p.read_text(errors="replace") for p in files}
     found = {name: hits for name, text in texts.items() if (hits := session_wording(text))}
     assert not found, f"session wording (say the date or the commit instead): {found}"
+
+
+OPTIMIZER = re.compile(r"\boptimizers?\b", re.IGNORECASE)
+PACKAGE_NAME = re.compile(
+    r"dasknn\.optimizer\b|\boptimizer/|\boptimizer\.\w|[`'\"]optimizer[`'\"=]|\boptimizer=|"
+    r"Omnivore's\s+optimizer|\*\*optimizer\*\*"
+)
+"""The forms in which "optimizer" may appear: the package (`dasknn.optimizer`, `optimizer/`,
+`optimizer.grid`), a former parameter's name as data (`optimizer`, optimizer=), the paper's own
+phrase "Omnivore's optimizer", and the glossary's entry."""
+
+
+def optimizer_words(text: str) -> list[str]:
+    """Each place in `text` that says "optimizer" for a tuner, the loop's policy or the solver."""
+    allowed = [m.span() for m in PACKAGE_NAME.finditer(text)]
+    return [
+        f"line {text.count(chr(10), 0, m.start()) + 1}: {text[max(0, m.start() - 30) : m.end() + 10]!r}"
+        for m in OPTIMIZER.finditer(text)
+        if not any(a <= m.start() < b for a, b in allowed)
+    ]
+
+
+def test_the_optimizer_rule_finds_a_tuner_called_an_optimizer() -> None:
+    assert optimizer_words('"auto" lets the optimizer choose; the optimizers\' runs')
+    assert optimizer_words("`dasknn.optimizer.grid`, `optimizer/auto.py`, `optimizer` read as `tuner`") == []
+    assert optimizer_words("'grid' is Omnivore's optimizer (Algorithm 1); optimizer_class(name)") == []
+
+
+def test_the_user_picks_a_tuner_not_an_optimizer() -> None:
+    """The glossary's rule (docs/architecture.md, Glossary): "optimizer" names the package only,
+    in the command's help, README.md, docs/ and the package's code outside `optimizer/`."""
+    from dasknn.cli import build_parser
+
+    parser = build_parser()
+    helps = {"dasknn --help": parser.format_help()}
+    for name, sub in parser._subparsers._group_actions[0].choices.items():
+        helps[f"dasknn {name} --help"] = sub.format_help()
+    texts = {**helps, "README.md": (REPO / "README.md").read_text()}
+    texts.update({str(p.relative_to(REPO)): p.read_text() for p in sorted((REPO / "docs").rglob("*.md"))})
+    package = REPO / "dasknn"
+    texts.update(
+        {
+            str(p.relative_to(REPO)): p.read_text()
+            for p in sorted(package.rglob("*.py"))
+            if "optimizer" not in p.relative_to(package).parts
+        }
+    )
+    found = {name: hits for name, text in texts.items() if (hits := optimizer_words(text))}
+    assert not found, f"say tuner (what the user picks), policy or solver: {found}"

@@ -1,6 +1,6 @@
 """The three disjoint parts of a training set: training samples, the selection part, validation.
 
-The optimizer judges its probes on a small *selection* part, and held-out accuracy is reported and
+The tuner judges its probes on a small *selection* part, and held-out accuracy is reported and
 targeted on the *validation* part; neither is ever trained on, and they share no sample, so no
 reported number is biased by a choice made on it (the train / validation / test discipline of
 sklearn's `MLPClassifier(validation_fraction=...)` and skorch's `train_split`, one level deeper).

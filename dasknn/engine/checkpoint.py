@@ -1,6 +1,6 @@
 """Checkpoints of a training run: a TrainState plus JSON metadata and tables, written atomically.
 
-docs/architecture.md "Layers": the optimizer and the estimator talk to
+docs/architecture.md "Layers": the loop and the estimator talk to
 engines through `run(...)` and checkpoints. A checkpoint is one directory
 
     <checkpoint_dir>/ckpt-<iterations_done, 12 digits>[.<n>]/   (.n: saved again at that iteration)

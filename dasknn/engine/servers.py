@@ -2,7 +2,7 @@
 
 Plain classes, usable in one process (the simulator, tests) and wrapped as dask actors by the Dask
 engine. Both apply Caffe's SGD (`dasknn.nn.solver.SGD`), with the learning rate and momentum of
-each call, so the optimizer can change them between probes. Each may be a `Schedule`, which the
+each call, so the tuner can change them between probes. Each may be a `Schedule`, which the
 server evaluates at its solver's iteration index (the updates it applied before, over the fit), so
 η and µ change inside a run at the update the schedule says, on either engine.
 """

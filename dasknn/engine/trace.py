@@ -1,9 +1,9 @@
 """The contract every engine keeps: a run configuration, a budget, the training state, and the Trace.
 
 An engine runs g compute groups for a budget and returns a `RunResult`: the Trace (a pandas
-DataFrame, one row per group iteration) and the `TrainState` it ended in. The optimizer talks to
-engines only through `run(net, X, y, config, budget, start) -> RunResult`, so the same optimizer
-drives the real cluster (DaskEngine) and the simulator (SimulatedEngine).
+DataFrame, one row per group iteration) and the `TrainState` it ended in. The fit's loop talks to
+engines only through `run(net, X, y, config, budget, start) -> RunResult`, so the same policies
+drive the real cluster (DaskEngine) and the simulator (SimulatedEngine).
 """
 
 from __future__ import annotations

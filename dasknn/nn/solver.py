@@ -90,7 +90,7 @@ class SGD:
     """Caffe's SGD solver: momentum, weight decay, lr policy, per-parameter lr/decay multipliers.
 
     `step(params, grads)` updates the arrays in `params` in place and advances `iter`.
-    `lr` and `momentum` may be overridden per step (the optimizer and servers do this).
+    `lr` and `momentum` may be overridden per step (the tuners and the servers do this).
     """
 
     base_lr: float = 0.01

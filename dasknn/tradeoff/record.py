@@ -229,7 +229,7 @@ def penalties(ds: xr.Dataset, window: int = SMOOTHING_WINDOW) -> xr.Dataset:
 
 
 def with_decisions(ds: xr.Dataset, decisions: pd.DataFrame) -> xr.Dataset:
-    """The record with the optimizer's decisions along a `decision` dimension, one variable per
+    """The record with the tuner's decisions along a `decision` dimension, one variable per
     column prefixed `decision_` (numbers as float, text as str), so the measured numbers that drove
     each decision travel with the record."""
     if not len(decisions):
