@@ -1,27 +1,11 @@
 """The one training loop behind every fit: engine runs, clock and budget, evaluation, the one
 divergence rollback, checkpoints and callbacks; a policy says what to run next.
 
-`Loop.run(policy, start)` asks its policy (`dasknn.policy.Policy`: Omnivore's Algorithm 1, the
-online tuner or fixed knobs) for the next run, makes it on the engine from the state the
-policy names (the current one, or a snapshot of an earlier run), charges it to the clock
-(`dasknn.policy.RunLog`), judges divergence, and for a run whose iterations are kept evaluates the
-new state (its training figures from the run's trace, `training_scores`; the validation data
-scored, `Evaluator`), appends a history row and calls the callbacks (`dasknn.callbacks`), then
-hands the policy what it measured and asks again
-(docs/architecture.md, "The loop and its policies"). The loop's own state (elapsed time, budgets
-spent, history, trace, decisions) and the policy's session travel in each checkpoint's metadata,
-and the engines continue a `TrainState` exactly (the simulator carries its in-flight iterations,
-clock and random generators in `TrainState.extra`), so a fit resumed from a checkpoint on the
-simulated engine makes the same engine calls as the uninterrupted fit and ends with the same weights.
-
-Divergence, judged here only: a FloatingPointError, a non-finite loss, `attrs["diverged"]`, weights
-that are non-finite or larger than `checkpoint.WEIGHT_LIMIT`, a training loss at the run's end
-(its smoothed batch losses) above `DIVERGED_LOSS` × ln(n_classes) and above `DIVERGED_LOSS` × its
-first batch's loss (when the policy asks: `NextRun.loss_limit`), or the policy's
-own rule for the run (`NextRun.diverges`). A kept run that diverged is rolled back: the current
-state stays the one it started from, its trace rows stay on the record (phase "rolled_back", their
-time spent), and the policy chooses what follows (fixed knobs and Algorithm 1 divide η by 10, the
-online tuner by its `lr_factor`). After `MAX_ROLLBACKS` rollbacks in a row, FloatingPointError.
+`Loop.run(policy, start)` asks its policy (`dasknn.policy.Policy`) for the next run, makes it on
+the engine from the state the policy names, charges it to the clock (`dasknn.policy.RunLog`),
+judges divergence, evaluates a kept run's new state and calls the callbacks, then hands the policy
+what it measured (docs/architecture.md, "The loop and its policies", with the divergence rules and
+how a resumed fit repeats the uninterrupted one).
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """Saving a fitted DistributedCNN to a folder and loading it back, without pickle.
 
-A saved model is one folder:
-
-    model.json     {"format": "dasknn-model", "version": 2, "dasknn": <version that wrote it>,
-                    "params": <the estimator's parameters>, "fitted": <its learned attributes>}
-    arrays.npz     every array (weights, momentum buffers, classes, numeric table columns), read
-                   back with `allow_pickle=False`, named a0, a1, ... in the order model.json names them
-    manifest.json  the size and SHA-256 of both (`dasknn.engine.manifest`)
-
-Values are encoded as in checkpoints (`dasknn.engine.checkpoint.encode`), with tags for the
-package's own objects: a Net as its architecture (`dasknn.nn.spec`) and its weights, so a net read
-from a `.prototxt` loads after the file is gone; DataFrames as tables; the training state, run
-configuration, data parts and augmentation as their fields; the trade-off record (xarray) as its
-dict form. A loaded model predicts without a cluster, and `partial_fit`, `warm_start` and
-`save_checkpoint` continue from it as from the fit that wrote it.
-
-The trust rule: a model folder is data, never instructions. Any changed byte of model.json or
-arrays.npz is refused as damaged or edited (the manifest); since a hash stops damage but not a
-forger, model.json is also checked against its schema (`dasknn.saving_schema`) before anything is
-built, whatever the manifest says. Paths, addresses, live objects and data (`checkpoint_dir`,
-`scheduler`, `security`, `callbacks`, `validation_data`, `resume`, a `.prototxt` path, a tuner's
-`prior_cache` file) are never written and never restored: they load as their defaults, for the
-user to set. Version 1 (no manifest) loads through the same schema; a lowered version skips no
-check. Every unreadable model is a `SavedModelError` (a ValueError) naming the file.
+A saved model is a folder of model.json (the parameters and the fitted attributes, encoded as in
+checkpoints, with the net as its architecture), arrays.npz and manifest.json. Paths, addresses,
+live objects and data are never written; model.json is checked against its schema
+(`dasknn.saving_schema`) before anything is built, and every unreadable model is a
+`SavedModelError` naming the file. The layout and the trust rule: docs/architecture.md, "Saved
+models and checkpoints".
 """
 
 from __future__ import annotations

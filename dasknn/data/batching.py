@@ -1,19 +1,7 @@
-"""Batches of an epoch as lazy dask arrays, shuffled without materialising the dataset.
-
-Shuffling follows the chunks: each epoch visits the chunks in a random order and each chunk's
-samples in a random order, both drawn from `numpy.random.default_rng([seed, epoch])`, so the order
-is a pure function of (seed, epoch, chunk sizes, window). With `window` w > 1, the permuted chunks
-are taken w at a time and the samples of those w chunks shuffled together: the usual out-of-core
-trade-off, where a reader holds w chunks at once (memory and the read-ahead grow with w) and a
-batch mixes samples of w chunks instead of one (closer to a full shuffle as w grows; w = number of
-chunks is a full shuffle with the whole set held). A batch is cut from one shuffled chunk, or from
-the end of one and the start of the next, so computing it reads one or two chunks (more only when
-chunks are smaller than a batch; `load` makes them whole multiples of it). Batches cut
-from the same chunk share its (deterministically named) shuffled-chunk task, so computing them
-together reads that chunk once. Mixing across chunks is only as good as the data's own order:
-store data class-mixed (the loaders of class-sorted sources permute them once). On a cluster,
-persist X and y first (`client.persist`) so that each batch's graph refers to chunks already held by
-workers instead of carrying or recomputing them.
+"""Batches of an epoch as lazy dask arrays, shuffled without materialising the dataset: each epoch
+visits the chunks in a random order and each chunk's samples in a random order (w chunks together
+with a shuffle window w), drawn from `numpy.random.default_rng([seed, epoch])`, so the order is a
+pure function of (seed, epoch, chunk sizes, window). docs/architecture.md, "The data path".
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""Converted datasets on disk: zarr stores under the data home, written atomically, read back lazily.
-
-A store is a zarr group `<name>.zarr` with two arrays, `X` (samples in their raw units, e.g. uint8
-pixels, chunked along samples) and `y` (int64 labels), and attributes saying what it holds
-(`dataset`, `options`, `unit_max`: the raw value that means 1.0) plus `complete: true`, written last.
-It is built in a hidden temporary folder beside its final place and renamed into place only when
-complete, so an interrupted conversion never leaves a store that loads.
-
-zarr reads a chunk whose file is absent as its fill value (zeros: blank images, class 0), so a
-store is checked before it is read. Every chunk is written, even an all-zero one, and the store
-records its `index`: the chunk count of X and y and a SHA-256 of its chunk listing (each chunk
-file's key and size). `read_store` lists the store (no chunk is read) and refuses a missing chunk
-or a listing that no longer matches, naming the store and the first chunk at fault; every read of
-a chunk afterwards (streamed batches included) checks that its file is still there, and a chunk
-that cannot be decoded is refused naming it too. A `StoreError` is bad input (a ValueError).
+"""Converted datasets on disk: zarr stores under the data home, written atomically, read back lazily,
+and checked before they are read (a missing or changed chunk is a `StoreError` naming the store and
+the chunk). docs/architecture.md, "The data path".
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""Batches streamed from the data's source on a worker, read ahead by a thread, never persisted.
-
-When the training set does not fit in the cluster's memory, a group's lead worker reads each of
-its batches straight from the dask array's source: it computes only the chunks the batch's
-samples lie in (`X.blocks[c]`, with dask's synchronous scheduler in the reading thread, so a zarr
-store's chunks are read from storage by that worker and no task or key is made on the cluster),
-keeps the last 2·window of them (the chunks of the current shuffle window and of the next one, so
-that a batch straddling two windows reads nothing twice), and cuts the batch's rows from them.
-A `StreamReader` does that in a thread that runs `prefetch` batches ahead of the loop (a bounded
-queue), so reading overlaps compute. The batch stays in the source's dtype (uint8 pixels stay
-uint8) until `prepare` converts it (float32, after augmentation) in the same thread.
-
-Every batch read is counted per source (`stream_reads`): the samples it delivered and the chunks
-it loaded, so a test can check that an epoch reads every sample once.
+"""Batches streamed from the data's source on a worker, read ahead by a thread, never persisted: a
+group's lead worker computes only the chunks its batches lie in, keeps those of two shuffle
+windows, and a `StreamReader` runs `prefetch` batches ahead of the loop; `stream_reads` counts what
+each source delivered. docs/architecture.md, "The data path".
 """
 
 from __future__ import annotations

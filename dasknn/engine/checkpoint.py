@@ -1,34 +1,10 @@
 """Checkpoints of a training run: a TrainState plus JSON metadata and tables, written atomically.
 
-docs/architecture.md "Layers": the loop and the estimator talk to
-engines through `run(...)` and checkpoints. A checkpoint is one directory
-
-    <checkpoint_dir>/ckpt-<iterations_done, 12 digits>[.<n>]/   (.n: saved again at that iteration)
-        arrays.npz    every array (numpy .npz, uncompressed, no pickles): weights, momentum
-                      buffers, arrays inside `TrainState.extra`, numeric table columns
-        state.json    {"format": "dasknn-checkpoint", "version": 2, "iterations_done",
-                      "batches_done", "params": {key: array name}, "momentum": {...},
-                      "extra": <encoded>, "meta": <encoded>, "tables": {name: {...}},
-                      "arrays_bytes", "arrays_sha256"}
-        manifest.json size and SHA-256 of state.json and arrays.npz (`dasknn.engine.manifest`;
-                      version 1 had none)
-
-Encoded values are JSON with tagged objects for what JSON lacks: {"__array__": name} (an array
-or numpy scalar in arrays.npz, dtype kept), {"__tuple__": [...]}, {"__items__": [[k, v], ...]}
-(dicts whose keys are not all strings), {"__float__": "nan" | "inf" | "-inf"}. Python ints of
-any size (the bit generators' states) are plain JSON ints.
-
-A save writes both files into a hidden temporary directory beside the target, fsyncs them and
-the directory, renames it into place (`os.replace`) and fsyncs the parent: a reader never sees a
-half-written `ckpt-*`. A writer killed at any point leaves at most a `.tmp-*` directory, which
-`latest` ignores and the next save removes. `load` checks the manifest, so that a changed byte of
-either file is refused as damaged or edited, and `latest` falls back to the newest one that loads.
-Whatever the hashes say (a forger recomputes them), state.json is then checked on its own: parsed
-strictly, known fields only, arrays named in the writer's order, counts and clocks in range and
-bit-generator states that numpy accepts (`check_state`), weights and momentum finite floats of
-matching shapes and dtypes, and `iterations_done` the folder's and, for a fit that goes on from it,
-not below its records (`check_document`). Every failure is a CheckpointError (a ValueError) naming
-the file.
+A checkpoint is a folder `ckpt-<iterations_done>` of arrays.npz (every array, no pickles),
+state.json (the counts, the arrays' names, the encoded `extra` and `meta`, the tables) and
+manifest.json (their sizes and hashes); a save is atomic, a load checks the hashes and then the
+document on its own. The layout, the encoding and the trust rule: docs/architecture.md, "Saved
+models and checkpoints".
 """
 
 from __future__ import annotations

@@ -2,27 +2,10 @@
 the class scores as `logits` and their softmax as `probabilities`.
 
 Each layer type has one small emitter that writes the operators computing exactly what its
-`forward(x, train=False)` computes (Caffe's test-phase semantics):
-
-- Convolution: Conv (group, pad, stride); dasknn's convolutions have no dilation.
-- Pooling: MaxPool or AveragePool at Caffe's output size (rounded up). The pads are explicit and
-  asymmetric (the bottom and right ones long enough for the last window), so no operator's own
-  rounding is relied on; an average is the window's sum divided by Caffe's divisor (the window
-  clipped to the image plus its padding), a constant per output position.
-- LRN: across channels, ONNX's LRN (Caffe's formula); within a channel, x·(1 + α/n²·Σ x²)^−β with
-  the n×n sum of squares as a zero-padded AveragePool.
-- ReLU: Relu, or LeakyRelu for a negative_slope; Dropout: Identity (test time).
-- InnerProduct: Flatten then Gemm; Flatten; Softmax over the channels; Concat along the channels;
-  Eltwise: Sum (each input times its coefficient), Mul, Max.
-- BatchNorm: BatchNormalization with the running statistics divided by the scale factor blob
-  (Caffe's), unit scale and zero shift; Scale: Mul (and Add for its bias) per channel.
-
-In front of the net, the graph can take X as DistributedCNN.predict_proba does: rows of features
-reshaped to (C, H, W), and images cut to the net's size at their centre (Caffe's test-time crop,
-for a model trained on crops). Only the layers the main output depends on are written: auxiliary
-loss heads (GoogLeNet's) are training aids. Everything is float32. `REFUSED` lists what has no
-faithful graph, with the reason; the refusal names the layer. The onnx package builds the graph:
-it is an optional dependency (`pip install "dasknn[export]"`), imported only here.
+`forward(x, train=False)` computes (Caffe's test-phase semantics); `REFUSED` lists what has no
+faithful graph, with the reason. The emitters, the input the graph takes and what it leaves out:
+docs/architecture.md, "A net as an ONNX graph". The onnx package is an optional dependency
+(`pip install "dasknn[export]"`), imported only here.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Convolution as lowering, one GEMM per batch partition, and lifting (Caffe con Troll §2).
 
-A convolution of `bp` images at once is three steps: *lower* the images into a matrix D̂, multiply
-by the kernel matrix K̂ in a single GEMM, and *lift* the product R̂ back into the output tensor. The
-three lowerings of CcT §2.1 differ in where the k² blow-up sits (n×n×d input, k×k kernel, o outputs):
-
-- Type 1, expensive lowering (im2col): D̂ is m²×(k²d), R̂ = D̂K̂ is the output (trivial lifting).
-- Type 2, balanced: D̂ is n·m×(kd), K̂ is (kd)×(ko), lifting sums k row-shifted slices of R̂.
-- Type 3, expensive lifting: D̂ is the padded input n²×d, K̂ is d×(k²o), lifting sums k² slices.
-
-The API is NCHW; inside, images are padded into a channels-last (NHWC) copy, the layout of CcT's own
-D ∈ R^{n×n×d}. Then every lowered row is a few runs of KW·C contiguous values (one strided copy per
-batch partition), GEMM operands are contiguous or plain transposes (BLAS flags, no copy), and the
-only transposes are of input- and output-sized arrays. Strides: Type 1 lowers only the output
-positions; Type 2 applies the column stride while lowering and computes all n rows, picking the
-strided ones while lifting; Type 3 computes every padded position (stride 1) and subsamples in the
-lifting, so it does about s² times the useful FLOPs. Rows and columns beyond the last window are
-never padded in (`n` below is the used extent (m−1)·s + k, not H + 2·pad).
+A convolution of `bp` images at once *lowers* the images into a matrix D̂, multiplies it by the
+kernel matrix K̂ in one GEMM and *lifts* the product R̂ back into the output; the three Types of
+CcT §2.1 differ in where the k² blow-up sits (Type 1 im2col, Type 2 balanced, Type 3 expensive
+lifting). The Types, the channels-last layout inside and strides: docs/architecture.md, "Lowering".
 """
 
 from __future__ import annotations
@@ -82,9 +70,9 @@ class ConvCache:
     """What `conv_backward` needs from `conv_forward`: the padded input, weights, shapes and choices.
 
     `lowered` keeps D̂ of the whole batch when bp == N (Types 1 and 2), so backward's dW GEMM does not
-    lower again; measured on CaffeNet conv2-conv5 at batch 64 this saves one im2col copy, 3-5% of
-    forward+backward, at the price of holding D̂ until the cache is dropped (with bp < N, the CPU
-    default for all but small layers, D̂ is rebuilt per partition while it fits in cache).
+    lower again (one im2col copy saved, experiments/README.md), at the price of holding D̂ until the
+    cache is dropped (with bp < N, the CPU default for all but small layers, D̂ is rebuilt per
+    partition while it fits in cache).
     `lowered_nbytes` is the size of the lowering buffers forward allocated (D̂ plus the R̂ that
     lifting reads), which `lowered_bytes` predicts.
     """
@@ -203,15 +191,9 @@ def choose_lowering(
     d + k²o (Type 3), so by bytes alone Type 1 would give way to Type 2 at d/o = 1/k and Type 2 to
     Type 3 at d/o = k. Here all three GEMMs run near peak, but Types 2 and 3 also compute the padded
     border (n² rows instead of m²) and lift in k or k² separate passes, which moves the crossovers
-    up. Forward+backward GFLOP/s of Type 1/2/3 measured on a 2-core EPYC (float32; k3: 13², pad 1,
-    batch 32, d·o = 2¹⁶-2¹⁷; k5: 27², pad 2, batch 16, d·o = 2¹⁴-2¹⁵):
-
-        d/o          1            2            4            8            16           64
-        k3, 13²  121/106/89   132/118/101  105/99/97    109/109/106  74/73/85     52/60/76
-        k5, 27²  124/115/77   130/128/102  98/109/93    103/113/94   71/96/97     40/61/66
-
-    hence Type 1 up to d/o = TYPE1_MAX_D_OVER_O (2), Type 3 from TYPE3_MIN_D_OVER_O (16), Type 2
-    between (at most ~6% off the best in this table). CaffeNet (d/o ≤ 1.5) and LeNet take Type 1.
+    up: by the three Types' measured speeds (experiments/README.md, "Measurements behind the code's
+    choices"), Type 1 up to d/o = TYPE1_MAX_D_OVER_O (2), Type 3 from TYPE3_MIN_D_OVER_O (16),
+    Type 2 between. CaffeNet (d/o ≤ 1.5) and LeNet take Type 1.
     Strided layers always take Type 1: Types 2 and 3 compute s or s² times the useful FLOPs.
     """
     g = _geometry(tuple(x_shape), tuple(w_shape), stride, pad)

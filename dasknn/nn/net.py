@@ -1,17 +1,11 @@
 """`Net`: a directed acyclic graph of layers over named blobs, with shape inference, costs per
 layer, several weighted losses, and the phase split.
 
-Caffe's model: each layer reads its `bottom` blobs and writes one `top` blob; a layer may write the
-blob it reads (in place, as Caffe's ReLU), and a blob read by several layers gets the sum of their
-gradients (Caffe's implicit Split). Layers run in the given order, which must be a topological
-order (each bottom written before it is read, as Caffe requires); backward runs in reverse. A
-plain list of layers is a chain, each reading the previous one's output, so chains stay as simple
-to build as before; a graph gives `(layer, bottom, top)` entries instead.
-
-Omnivore §II-B: a CNN is a conv phase (conv, pool, ReLU, LRN: big data, small model) followed by an
-FC phase (fully connected layers and the loss: small data, big model). `split_phases()` cuts a Net
-there into two Nets that share their layers (and so their parameters); see `split_layers` for the
-rule on graphs, auxiliary loss heads included.
+Caffe's model: each layer reads its `bottom` blobs and writes one `top` blob (in place allowed, as
+Caffe's ReLU), a blob read by several layers gets the sum of their gradients (Caffe's implicit
+Split), and layers run in the given topological order, backward in reverse; a plain list of layers
+is a chain. `split_phases()` cuts a Net at Omnivore's conv/FC boundary (§II-B) into two Nets that
+share their layers (`split_layers`: the rule on graphs, auxiliary loss heads included).
 """
 
 from __future__ import annotations

@@ -102,8 +102,8 @@ forward, where each forward's fixed cost (layer calls, kernel set-up, threads) i
 
 def scoring_batch_size(net: Net, floor: int = 256, ceiling: int = 4096) -> int:
     """Images per forward when scoring: as many as fit `EVAL_BATCH_BYTES` of the net's blobs (all
-    of them, as float32), within [floor, ceiling]. LeNet's 20,194 values an image give 1,661: on 2
-    cores (load 6) a 3,000-image score took 0.68 s at 1,024 images a forward against 1.39 s at 256."""
+    of them, as float32), within [floor, ceiling] (LeNet's 20,194 values an image give 1,661;
+    experiments/README.md, "Measurements behind the code's choices")."""
     per_image = 4 * sum(math.prod(shape) for shape in net.blob_shapes.values())
     return int(min(ceiling, max(floor, EVAL_BATCH_BYTES // max(1, per_image))))
 

@@ -1,21 +1,13 @@
 """Where to cut a net between the workers and the server: RALP's layer placement, and FireCaffe's
 gradient aggregation, as byte and time models.
 
-Layer placement (layer-placement.txt §3, "Step 2"): for each layer i, P_i is its parameter bytes and
-O_i its output bytes for one batch. Layers up to i run data parallel on the workers, so their
-parameters cross the network; the rest run on the server, so only O_i crosses. The split is after the
-layer i minimising
-
-    cost_i = O_i + Σ_{x ≤ i} P_x.
-
-Omnivore §II-B splits at the first fully connected layer instead; `placement_report` compares both
-with keeping every layer on the workers (plain data parallelism, only parameters cross). The rule
-itself (`layer_costs`, `ralp_split`) sits in `dasknn.engine.strategy`, where the engines resolve
-`split="auto"`; it is re-exported here.
-
-Gradient aggregation inside a compute group (FireCaffe §6): a parameter server receives all p
-gradients (|∇W|·p / BW); a reduction tree of branching factor b sums them in ceil(log_b p) levels and
-broadcasts back the same way (|∇W|·2·(b − 1)·ceil(log_b p) / BW; b = 2 is FireCaffe's Eq. 4).
+RALP (layer-placement.txt §3, "Step 2") splits after the layer i minimising
+cost_i = O_i + Σ_{x ≤ i} P_x (P_x a layer's parameter bytes, O_i its output bytes for one batch);
+Omnivore §II-B splits at the first fully connected layer, and `placement_report` compares both
+with plain data parallelism. Inside a group (FireCaffe §6) a parameter server receives all p
+gradients, |∇W|·p / BW, where a reduction tree of branching b takes |∇W|·2·(b − 1)·ceil(log_b p) / BW
+(b = 2: FireCaffe's Eq. 4). The rule itself (`layer_costs`, `ralp_split`) sits in
+`dasknn.engine.strategy`, re-exported here.
 """
 
 from __future__ import annotations

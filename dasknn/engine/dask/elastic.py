@@ -1,21 +1,8 @@
 """Elastic clusters: a worker that joins a running fit is put to work, one retired gracefully hands
-its roles over first (docs/architecture.md, "Elastic clusters").
-
-distributed retires a worker by moving its data elsewhere, and gives up at once on a worker that
-holds an actor (`active_memory_manager.RetireWorker`): the FC server, the conv model server and
-the groups' shard servers are actors. A worker that runs a group's loop (a long-running task
-pinned to it) would lose the loop. So a plain `client.retire_workers`, `cluster.scale(n)` down or
-an `Adaptive` scale-down of a worker a fit uses must wait until the fit has moved off it.
-
-`ElasticPlugin` is the scheduler's side: the DaskEngine installs it when a run starts (`install`)
-and tells it which workers the run's placement uses (`use`). It wraps the scheduler's
-`retire_workers` handler (which the client, SpecCluster and Adaptive all call): a retirement of a
-worker in use is announced (`leaving`), waits until the driver has re-planned without it (or
-`handoff_seconds` pass), then runs as dask's own, which now finds no actor there. The driver asks
-at every poll what changed (`cluster_change`): a worker leaving, or one that joined and that the
-placement a run would get now includes. It then hands the segment over (`segment.Segment.hand_off`:
-the FC server stops first, the groups finish the iterations they are in, the conv model server
-stops), and the next segment starts on the new placement from the servers' exact state.
+its roles over first. `ElasticPlugin`, the scheduler's side, wraps its `retire_workers` handler so
+that a worker a run uses leaves only once the driver has re-planned without it; the driver asks at
+every poll what changed (`cluster_change`) and hands the segment over to the new placement
+(docs/architecture.md, "Elastic clusters").
 """
 
 from __future__ import annotations

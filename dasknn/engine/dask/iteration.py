@@ -1,19 +1,8 @@
-"""One iteration of a compute group, written once; a transport says how the group reaches its shards.
-
-An iteration (docs/architecture.md, "One iteration's data flow"; Omnivore §III-B): pull the model
-(version v), run the conv forward of each of the k shards of the batch, the FC step, the conv
-backward of each shard where its forward cache is, sum the k gradients, push ONE update. On the
-unmerged map (Omnivore appendix C) each shard runs the whole net, its FC phase included, so the
-forward, FC step and backward of a shard are one call. What varies is only the transport:
-
-- `Inline`: a group of one worker computes its one shard in its loop;
-- `ShardActors`: the lead worker's shard inline, each other worker's on its `ShardServer` actor,
-  called worker to worker, gradients summed by a reduction tree among the servers;
-- `ShardTasks`: the lead's shard inline (merged map), the others as pinned tasks through the
-  scheduler, summed by `tasks.aggregate` (a tree of tasks, or at the parameter server's worker).
-
-`group_loop` runs the iteration until the group's iterations, its deadline or the stop signal.
-These functions run on the group's lead worker.
+"""One iteration of a compute group, written once; a transport says how the group reaches its shards
+(`Inline`, `ShardActors`, `ShardTasks`: docs/architecture.md, "One iteration's data flow"; Omnivore
+§III-B). On the unmerged map (Omnivore appendix C) a shard's forward, FC step and backward are one
+call. `group_loop` runs the iteration until the group's iterations, its deadline or the stop
+signal; these functions run on the group's lead worker.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""The nanny of `local_client`'s workers and the thread count they share, for the first workers
-and those a later `cluster.scale(n)` or `cluster.adapt` adds or retires.
-
-distributed reads `distributed.nanny.pre-spawn-environ` while a Nanny is made, lets the driver's
-own environment variables win over it, and writes them into the driver's `os.environ` when it
-spawns the worker. A worker added once the cluster is up would get whatever the driver has (often
-nothing: BLAS then starts a thread per core in every worker, and glibc maps each large temporary
-afresh). `TunedNanny` holds the settings itself and puts the driver's environment back once its
-spawns are done (they run concurrently: the variables stay set until the last one has started).
-
-Those settings are fixed when a worker starts, but the workers of one machine share its cores: a
-cluster started with one worker gives it every core, and a second worker `cluster.scale(2)` adds
-would start with as many, so two workers would run two OpenMP/BLAS pools of all the cores each
-(oneDNN's and OpenBLAS's threads spin at their barriers: LeNet's iteration on two such workers of a
-2-core machine took 3× as long as on two workers of one thread each). `SharedCores` is a scheduler
-plugin that sets every worker's BLAS/OpenMP threads to cores // workers each time a worker joins or
-leaves (`tasks.set_blas_threads`; oneDNN's calls take the BLAS pool's count, `nn.onednn.memory`).
+"""The nanny of `local_client`'s workers and the thread count they share: `TunedNanny` starts every
+worker, a later `cluster.scale(n)` or `cluster.adapt`'s included, with the BLAS and malloc settings,
+and `SharedCores` keeps every worker of one machine at cores // workers BLAS/OpenMP threads as
+workers join and leave (docs/architecture.md, "Layers").
 """
 
 from __future__ import annotations
@@ -41,7 +28,13 @@ warning. A close that waits is quiet, and takes no longer where the process ends
 
 
 class TunedNanny(Nanny):
-    """A Nanny whose worker processes start with `pre_spawn_environ` (variable → value) set."""
+    """A Nanny whose worker processes start with `pre_spawn_environ` (variable → value) set.
+
+    distributed reads `distributed.nanny.pre-spawn-environ` while a Nanny is made, lets the
+    driver's own environment win over it, and writes it into the driver's `os.environ` when it
+    spawns the worker, so a worker added later would get whatever the driver has (often nothing:
+    BLAS then starts a thread per core in every worker). This one holds the settings itself and
+    puts the driver's environment back once its concurrent spawns are all done."""
 
     spawning = 0  # nannies of this process starting a worker now
     driver_env: dict[str, str | None] = {}  # the driver's values, put back when none is
@@ -89,7 +82,10 @@ def threads_per_worker(cores: int, n_workers: int) -> int:
 
 class SharedCores(SchedulerPlugin):
     """Keeps every worker of a one-machine cluster at cores // workers BLAS/OpenMP threads as
-    workers join and leave (module docstring). `threads` is the count the workers were last set to."""
+    workers join and leave (`tasks.set_blas_threads`; oneDNN's calls take the BLAS pool's count).
+    A worker's settings are fixed when it starts, so a second worker added to a one-worker cluster
+    would start with every core, and two pools of all the cores spin at their barriers against
+    each other. `threads` is the count the workers were last set to."""
 
     name = "dasknn-shared-cores"
     idempotent = True

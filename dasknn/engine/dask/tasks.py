@@ -1,19 +1,8 @@
-"""The worker side of the Dask engine: the shards' computations and the servers that run them.
-
-A compute group's loop (`iteration.group_loop`, one long-running task on the group's lead worker)
-runs one iteration at a time (`iteration.iteration`, docs/architecture.md "One iteration's data
-flow"); this module holds what the iteration's transports call: a worker's copy of the net
-(`_net`), one shard's conv forward and backward, the unmerged map's whole-net step, the
-`ShardServer` actor that serves a remote shard, the shard tasks (`conv_forward`, `conv_backward`,
-`whole_net_step`) and the sum of gradients (`sum_grads`, `aggregate`, `reduce_on_servers`).
-
-A remote shard runs on the `ShardServer` actor of its worker (one per worker of a group but its
-lead): an actor call goes straight to that worker (~1 ms on a local cluster), where a task goes
-through the scheduler and back (~13 ms), which on LeNet made a 2-worker group slower than one
-worker. `DaskEngine(shard_calls="tasks")` keeps the task path.
-
-These functions run on workers. They reach a server directly when its actor lives in the same
-worker process, and through the actor protocol otherwise.
+"""The worker side of the Dask engine: what an iteration's transports call on the workers (a
+worker's copy of the net, one shard's conv forward and backward, the unmerged map's whole-net
+step), the `ShardServer` actor that serves a remote shard, the shard tasks (`conv_forward`,
+`conv_backward`, `whole_net_step`) and the sum of gradients (`sum_grads`, `aggregate`,
+`reduce_on_servers`); docs/architecture.md, "One iteration's data flow" and its transports.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""The simulator's event loop: g compute groups in one process, real SGD maths, a modeled clock.
-
-docs/architecture.md "The simulator's clock"; Omnivore §III-B (compute groups, merged FC) and
-§IV-B (HE model).
-Each group iteration: read the conv weights (version v); conv forward; join the merged FC server's
-FIFO queue (one batch at a time, t_fc each); conv backward; push ONE summed gradient (version v').
-Time is modeled by discrete events, so only the clock is a model: which weight version each
-gradient is computed on follows from the event order, and the training is real.
-
-The conv phase of a group of k workers takes t_conv(k), split into a forward part before the FC
-queue (`forward_fraction`, default 1/3: forward ≈ 1/3 of forward + backward FLOPs) and a backward
-part after it. With k > 1 the batch is cut into k shards; each shard's forward and backward run
-separately and the k gradients are summed, which equals the full-batch gradient up to float
-rounding. In-flight iterations are kept in `TrainState.extra["simulator"]`, so continuing from a
-run's state is exactly one longer run. `simulated.strategies` builds the other papers' layouts on
-this loop.
+"""The simulator's event loop: g compute groups in one process, real SGD maths, a modeled clock
+(docs/architecture.md, "The simulator's clock"; Omnivore §III-B, §IV-B). Each group iteration
+reads the conv weights, runs the conv forward, joins the merged FC server's FIFO queue, runs the
+conv backward and pushes one summed gradient; with k > 1 the batch is cut into k shards whose
+gradients are summed. Which weight version each gradient is computed on follows from the event
+order, and in-flight iterations ride in `TrainState.extra["simulator"]`, so continuing from a run's
+state is exactly one longer run.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """oneDNN as a kernel backend of the conv phase's layers (convolution, pooling, ReLU, LRN) and of
-the FC phase's inner products.
-
-docs: docs/architecture.md "Arrays and devices". Batched lowering (`dasknn.nn.lowering`, Caffe con Troll
-§2) stays the reference; a layer's `backend` picks who computes it:
-
-- "lowering": the layers' own numpy/cupy maths, always.
-- "onednn": oneDNN's direct kernels on blocked layouts (float32 numpy arrays only; an error when
-  the library is missing or the data is float64 or on a GPU).
-- "auto" (default): "onednn" for float32 numpy data when the library loads, else "lowering",
-  quietly (`dasknn info` and `describe_kernels` say which).
-
-With "onednn" and "auto" a layer still falls back to lowering where oneDNN does not compute the
-same function (Caffe's average pooling whose last window overflows its padding) or where oneDNN
-would run a reference (`ref`) kernel. `layer.backend_ran` names what ran last, with oneDNN's
-implementation. `net_backends(net, batch)` lists it per layer from one forward of zeros.
-The library is the `onednn-cpu-gomp` wheel's (a dependency of dasknn on x86-64 Linux, the only
-platform it has wheels for), or the one $DASKNN_ONEDNN_LIBRARY names (empty: none).
+the FC phase's inner products. A layer's `backend` picks who computes it: "lowering" (the layers'
+own numpy/cupy maths, the reference), "onednn" (oneDNN's direct kernels on blocked layouts, float32
+numpy only) or "auto" (oneDNN where the library loads and computes the same function, else
+lowering); `layer.backend_ran` and `net_backends` say what ran (docs/architecture.md, "Arrays and
+devices"). The library is the `onednn-cpu-gomp` wheel's, or the one $DASKNN_ONEDNN_LIBRARY names
+(empty: none).
 """
 
 from __future__ import annotations
