@@ -257,3 +257,20 @@ def test_a_bare_key_is_named_as_missing_not_printed_alone():
     code, line = failure(KeyError("a5"))
     assert line.startswith("error: missing 'a5'"), line
     assert failure(KeyError("no array 'X' in the store"))[1] == "error: no array 'X' in the store"
+
+
+def test_every_exit_code_is_said_once_in_the_help_and_each_command_module_adds_its_parser():
+    """The exit codes live in `cli.exits`: each has its meaning there, which `dasknn --help` lists
+    in order; every command of the parser is a module of `dasknn.cli` with `add_parser` and `run`."""
+    from dasknn.cli import build_parser, exits
+    from dasknn.cli.app import COMMANDS
+
+    codes = {v for k, v in vars(exits).items() if k.startswith("EXIT_")}
+    assert set(exits.MEANINGS) == codes and len(codes) == 9
+    epilog = " ".join(build_parser().epilog.split())
+    assert epilog == "exit codes: " + ", ".join(f"{c} {m}" for c, m in exits.MEANINGS.items())
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    assert list(commands) == [m.__name__.rsplit(".", 1)[1] for m in COMMANDS]
+    for module in COMMANDS:
+        assert commands[module.__name__.rsplit(".", 1)[1]].get_default("func") is module.run
