@@ -1,12 +1,11 @@
 """dasknn's messages: the `dasknn` logger hierarchy, and what `verbose` means for it.
 
-Every module logs to `logging.getLogger(__name__)` (`dasknn.fitting`, `dasknn.policy`, ...),
-whatever the verbosity: an application that configures logging sees them all. `verbose` maps to
-a level (`verbose_level`): 0 warnings only, 1 INFO (a cluster started, rollbacks), 2 DEBUG (a line
-per evaluation, the tuner's decisions), 3 `TRACE` (the tuner's probes). For a user who has
-configured nothing, a fit with verbose >= 1 shows those messages on stderr for its duration
-(`verbose_logging`); the `dasknn` command puts its own handler on stderr (`command_logging`).
-Progress bars are tqdm's, not log records.
+Every module logs to `logging.getLogger(__name__)`, whatever the verbosity; `verbose` maps to a
+level (`verbose_level`: 0 warnings only, 1 INFO, 2 DEBUG, 3 `TRACE`, the tuner's probes). A fit
+with verbose >= 1 shows them on stderr when the user configured no logging (`verbose_logging`);
+the `dasknn` command has its own handler (`command_logging`), prints each warning as one line and
+strips dask's records of their tracebacks (`one_line_warnings`, `one_line_logs`). Progress bars
+are tqdm's, not log records.
 """
 
 from __future__ import annotations
