@@ -1,0 +1,92 @@
+"""The documentation site builds with no warning, and the user guide's Python blocks run as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+DOCS = REPO / "docs"
+
+
+def toctree_pages(caption: str) -> list[str]:
+    """The pages of docs/index.md's toctree with this caption, in order."""
+    index = (DOCS / "index.md").read_text()
+    pattern = rf"```{{toctree}}\n(?::[^\n]*\n)*?:caption: {re.escape(caption)}\n(.*?)```"
+    match = re.search(pattern, index, re.S)
+    assert match, f"docs/index.md has no toctree captioned {caption!r}"
+    return [line.strip() for line in match.group(1).splitlines() if line.strip() and not line.startswith(":")]
+
+
+def python_blocks(page: str) -> list[str]:
+    """The fenced ```python blocks of a page (a block shown but not run is a ```{code-block} python)."""
+    return re.findall(r"^```python\n(.*?)^```", (DOCS / f"{page}.md").read_text(), flags=re.S | re.M)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site built once into a temporary folder: sphinx-build -W (a warning fails the build)."""
+    out = tmp_path_factory.mktemp("site")
+    build = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "-d",
+         str(out / "doctrees"), str(DOCS), str(out / "html")],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr[-6000:]
+    assert build.stderr.strip() == "", build.stderr[-6000:]
+    return out / "html"
+
+
+def test_the_site_builds_with_every_page(site):
+    """Every guide and API page is there, and the architecture page is one of them."""
+    for caption in ("User guide", "API reference", "About"):
+        for page in toctree_pages(caption):
+            assert (site / f"{page}.html").is_file(), page
+    assert "architecture" in toctree_pages("About")
+
+
+def test_the_cli_page_is_read_from_the_parser(site):
+    """Every command and every option of `dasknn train` is on the page, as the parser has them."""
+    from dasknn.cli import build_parser
+
+    page = (site / "guide" / "cli.html").read_text()
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    assert set(commands) >= {"train", "predict", "export", "experiment", "info", "summary"}
+    for name, parser in commands.items():
+        assert f">{name}<" in page or f"dasknn {name}" in page, name
+        for action in parser._actions:
+            for option in action.option_strings:
+                assert option in page, f"dasknn {name} {option}"
+
+
+def test_the_api_pages_render_the_numpydoc_sections(site):
+    """DistributedCNN's page has its parameters, attributes and examples, and each documented
+    public class has its own entry."""
+    page = (site / "api" / "estimator.html").read_text()
+    for section in ("Parameters", "Attributes", "Examples", "Returns"):
+        assert f">{section}<" in page, section
+    assert "time_budget" in page and "history_" in page
+    callbacks = (site / "api" / "callbacks.html").read_text()
+    for name in ("EarlyStopping", "ModelCheckpoint", "ProgressBar", "CSVLogger"):
+        assert f'id="dasknn.callbacks.{name}"' in callbacks, name
+
+
+def test_the_user_guide_runs(tmp_path, monkeypatch):
+    """The guide's Python blocks, page after page in the toctree's order, in one namespace (a page
+    goes on from the objects the pages before it made, as a reader does)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no window from plt.show()
+    pages = toctree_pages("User guide")
+    blocks = [(page, block) for page in pages for block in python_blocks(page)]
+    assert {"guide/python", "guide/saving"} <= {page for page, _ in blocks}
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for page, block in blocks:
+        exec(compile(block, f"docs/{page}.md", "exec"), namespace)
+    assert (tmp_path / "lenet-digits" / "model.json").is_file()
+    assert (tmp_path / "lenet-digits.onnx").is_file()
