@@ -90,3 +90,42 @@ def test_the_user_guide_runs(tmp_path, monkeypatch):
         exec(compile(block, f"docs/{page}.md", "exec"), namespace)
     assert (tmp_path / "lenet-digits" / "model.json").is_file()
     assert (tmp_path / "lenet-digits.onnx").is_file()
+
+
+def documented() -> list[tuple[str, str, list[str]]]:
+    """(directive, dotted name, members) of each object the API pages document."""
+    found = []
+    for page in sorted((DOCS / "api").glob("*.rst")):
+        text = page.read_text()
+        pattern = r"^\.\. auto(\w+):: ([\w.]+)\n((?:   :[^\n]*\n)*)"
+        for kind, name, options in re.findall(pattern, text, re.M):
+            members = re.search(r":members: (.*)", options)
+            found.append((kind, name, members.group(1).split(", ") if members else []))
+    return found
+
+
+def resolve(name: str):
+    import importlib
+
+    module, _, attr = name.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def test_the_public_docstrings_have_examples_that_run(tmp_path, monkeypatch):
+    """Each class and function of the API pages has an Examples section, and every example not
+    marked `doctest: +SKIP` runs and prints what its docstring says."""
+    import doctest
+
+    objects = [(name, resolve(name)) for kind, name, _ in documented() if kind in ("class", "function")]
+    names = dict(objects).keys()
+    assert {"dasknn.DistributedCNN", "dasknn.callbacks.ModelCheckpoint", "dasknn.data.load"} <= names
+    lacking = [name for name, obj in objects if "Examples\n" not in (obj.__doc__ or "")]
+    assert not lacking, f"no Examples section: {lacking}"
+    monkeypatch.chdir(tmp_path)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    finder = doctest.DocTestFinder(recurse=False)
+    report: list[str] = []
+    for name, obj in objects:
+        for test in finder.find(obj, name, globs={}):
+            runner.run(test, out=report.append)
+    assert runner.summarize(verbose=False).failed == 0, "".join(report)

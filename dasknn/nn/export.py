@@ -318,6 +318,14 @@ def net_to_onnx(net: Net, rows: tuple[int, ...] | None = None, crop: bool = Fals
         onnx is not installed (the message says `pip install "dasknn[export]"`).
     ExportError
         A layer in `REFUSED`; the message names the layer and the reason.
+
+    Examples
+    --------
+    >>> from dasknn.nn import zoo
+    >>> from dasknn.nn.export import net_to_onnx
+    >>> model = net_to_onnx(zoo.lenet(), classes=list(range(10)))
+    >>> [output.name for output in model.graph.output]
+    ['logits', 'probabilities']
     """
     onnx = _onnx()
     if len(net.inputs) != 1 or net.outputs[0] not in net.loss_weights:
