@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import REPO
 
 DOCS = REPO / "docs"
+
+# Sphinx's notices to extension authors (MyST calls an API that Sphinx 11 will drop): not ours to act on
+pytestmark = pytest.mark.filterwarnings("ignore::PendingDeprecationWarning:myst_parser.*")
 
 
 def toctree_pages(caption: str) -> list[str]:
@@ -29,15 +30,16 @@ def python_blocks(page: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """The site built once into a temporary folder: sphinx-build -W (a warning fails the build)."""
+    """The site built once into a temporary folder, as `sphinx-build -W` builds it (a warning fails
+    the build). In this process: the modules autodoc imports are mostly imported already."""
+    from sphinx.cmd.build import build_main
+
     out = tmp_path_factory.mktemp("site")
-    build = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "-d",
-         str(out / "doctrees"), str(DOCS), str(out / "html")],
-        capture_output=True, text=True, cwd=REPO, timeout=300,
-    )  # fmt: skip
-    assert build.returncode == 0, build.stderr[-6000:]
-    assert build.stderr.strip() == "", build.stderr[-6000:]
+    warnings = out / "warnings.txt"
+    args = ["-W", "--keep-going", "-q", "-w", str(warnings), "-b", "html", "-d", str(out / "doctrees")]
+    status = build_main([*args, str(DOCS), str(out / "html")])
+    text = warnings.read_text() if warnings.exists() else ""
+    assert status == 0 and text.strip() == "", text[-6000:]
     return out / "html"
 
 
