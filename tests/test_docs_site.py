@@ -131,3 +131,13 @@ def test_the_public_docstrings_have_examples_that_run(tmp_path, monkeypatch):
         for test in finder.find(obj, name, globs={}):
             runner.run(test, out=report.append)
     assert runner.summarize(verbose=False).failed == 0, "".join(report)
+
+
+def test_the_exit_codes_page_has_every_code_of_the_cli():
+    """Each exit code the command line returns has its row on the page, and no other code does."""
+    import dasknn.cli
+
+    codes = {value for name, value in vars(dasknn.cli).items() if name.startswith("EXIT_")}
+    assert {0, 1, 2, 3, 130} <= codes
+    page = (DOCS / "guide" / "exit-codes.md").read_text()
+    assert {int(code) for code in re.findall(r"^\| (\d+) \|", page, re.M)} == codes
