@@ -83,75 +83,27 @@ OPTIONS = (
 
 
 class GridPolicy:
-    """Omnivore's Algorithm 1 with its cold start, ``tuner="grid"``.
+    """Omnivore Algorithm 1 with its cold start, over any engine (see the module docstring).
 
-    A cold start at g = 1 probes the learning rates from the highest down, picks the initial g
-    that saturates the FC server, and then every epoch searches a (µ, η) grid from one
-    checkpoint and trains the winner for ``epoch_factor`` times the search's time (Omnivore
-    §IV-C and appendix E). Every number is an option with the paper's value as its default; pass
-    them by name in ``tuner_options``.
-
-    Parameters
-    ----------
-    engine : Engine
-        The engine the fit runs on (``DistributedCNN`` passes it).
-    n_workers : int, optional
-        The conv devices N (default: the engine's).
-    lr_grid : sequence of float, default (0.1, 0.01, 0.001, 1e-4, 1e-5)
-        The cold start's learning rates, highest first.
-    momentum_grid : sequence of float, default (0.0, 0.3, 0.6, 0.9)
-        The momenta of each epoch's grid.
-    cold_start_momentum : float, default 0.9
-        µ during the cold start.
-    small_momenta : sequence of float, default (0.1, 0.2)
-        Tried when the best momentum is 0 (then g is halved).
-    probe_iterations : int, optional
-        Iterations of a probe (default: from the data).
-    probe_seconds : float, optional
-        Or the seconds of a probe.
-    clear_winner : float, default 0.05
-        A winner needs a loss this much lower; ties get longer probes.
-    winner_window : int, default 50
-        Iterations over which probes' losses are compared.
-    max_extensions : int, default 1
-        How many times tied probes are run longer.
-    epoch_factor : float, default 10
-        The winner trains for this many times the search's time.
-    cold_start_fraction : float, default 0.15
-        The cold start's share of the time budget at most.
-    stop_checks : int, default 4
-        Training runs per epoch, so that the fit stops at its target as often as a fixed one.
-    stop_check_iterations : int, optional
-        Iterations of each such run at most.
-    max_groups : int, optional
-        The largest g (default N, else 32).
-    he_model : HEModel, optional
-        The hardware efficiency model (default: measured on the engine).
-    probe_losses : callable, optional
-        ``probe_losses(trace, config)``: the per-iteration losses a probe is judged by (default:
-        the training loss).
-    probe_score : callable, optional
-        ``probe_score(state)``: judge a probe by the loss of its end weights instead (DistributedCNN
-        passes the loss of the selection part).
-    cold_start_groups : bool, default True
-        Tune g during the cold start too (False: its epoch runs at g = 1).
-    momentum_early_stop : bool, default True
-        Probe each rate's momenta from the highest down, stopping at the first worse one (False:
-        every point of the grid).
-    n_groups, learning_rate, momentum : optional
-        Pin a knob; the others are tuned.
-    verbose : int, default 0
-        The fit's verbosity.
-
-    Raises
-    ------
-    ValueError
-        An unknown option, or a value out of range, named.
-
-    Examples
-    --------
-    >>> from dasknn import DistributedCNN
-    >>> est = DistributedCNN(tuner="grid", tuner_options={"lr_grid": (0.1, 0.03, 0.01)})
+    Every number is a parameter with the paper's value as its default: the grids (appendix E),
+    `clear_winner` = 5% over `winner_window` = 50 iterations, `small_momenta` = (0.1, 0.2) tried
+    when µ* = 0, `epoch_factor` = 10 (search ≤ 10% of the time); the cold start's training epoch is
+    at most `cold_start_fraction` = 15% of the time budget (appendix E-D: the cold start is < 15% of
+    the run). `max_extensions`: how many times tied probes are run longer; `stop_checks`: train
+    runs per epoch when `should_stop` is given, each at most `stop_check_iterations` long (default
+    no limit; DistributedCNN passes one pass over the data, as its fixed loop checks: the optimizer's
+    training is then evaluated, and stops at the target, as often as a fixed run's).
+    `n_workers`: the conv devices N (default: he_model's, the engine's `n_workers`, or the number of
+    conv workers of its `placement_` after a run); `max_groups`: the largest g (default N, else 32).
+    `probe_losses(trace, config)`: the per-iteration losses probes are judged by (default: the
+    training loss column; e.g. a planted or validation loss); `probe_score(state)`: judge probes by
+    the loss of their end weights instead (e.g. `optimizer.search.SelectionLoss` on the selection part;
+    its time is charged to the clock). `cold_start_groups`: tune g during the cold start too
+    (appendix E-D; False: the cold-start epoch runs at g = 1). `momentum_early_stop`: each rate's
+    momenta are probed from the highest down, stopping at the first worse one (the cold start's rule
+    for η, applied to µ; about half the probes when the loss is unimodal in µ); False: every point
+    of the grid, as appendix E lists it. `n_groups`, `learning_rate`,
+    `momentum` pin a knob the user fixed; the others are still tuned. Unknown options raise ValueError.
     """
 
     def __init__(

@@ -115,56 +115,19 @@ class _Run:
 
 
 class OnlinePolicy:
-    """The goodput optimizer, ``tuner="online"``: tunes (g, η, µ) online from measurements.
+    """Goodput-driven online tuning of (g, η, µ) over any engine (see the module docstring).
 
-    After every training run it steers µ toward ``target_momentum`` by the measured total
-    momentum (YellowFin), tries the g of highest predicted goodput (throughput × statistical
-    efficiency, Pollux) with AdaScale's rate, and otherwise η × 3 and η ÷ 3, its trials within
-    ``exploration_fraction`` of the estimated time to target. Pass options by name in
-    ``tuner_options``.
-
-    Parameters
-    ----------
-    engine : Engine
-        The engine the fit runs on (``DistributedCNN`` passes it).
-    n_workers, max_groups, he_model : optional
-        As for ``GridPolicy``.
-    initial_lr : float, default 0.01
-        The first learning rate.
-    target_momentum : float, default 0.9
-        The total momentum µ is steered to.
-    momentum_gain, momentum_tolerance : float, default 0.5, 0.03
-        The momentum feedback's step and dead band.
-    exploration_fraction : float, default 0.1
-        The trials' share of the estimated time to target.
-    run_iterations : int, optional
-        Iterations of a training run (default one pass over the data, at most 200).
-    trial_iterations : int, optional
-        Iterations of a trial (default half a run, at least 5·g).
-    lr_factor : float, default 3.0
-        The learning rate's step.
-    margin : float, default 0.1
-        How much better a trial's progress (or a g's predicted goodput) must be to be adopted.
-    divergence_limit : float, default 2.0
-        A trial whose score reaches this multiple of its start is abandoned.
-    probe_score : callable, optional
-        ``probe_score(state)``: the loss runs are judged on (default: the smoothed training loss).
-    target_accuracy : float, optional
-        For the time-to-target estimate.
-    n_groups, learning_rate, momentum : optional
-        Pin a knob; the others are tuned.
-    verbose : int, default 0
-        The fit's verbosity.
-
-    Raises
-    ------
-    ValueError
-        An unknown option, or a value out of range, named.
-
-    Examples
-    --------
-    >>> from dasknn import DistributedCNN
-    >>> est = DistributedCNN(tuner="online", tuner_options={"initial_lr": 0.03})
+    `initial_lr` (default 0.01, Caffe's LeNet rate): the first rate; `target_momentum`: the total
+    momentum µ is steered to (default 0.9); `momentum_gain`, `momentum_tolerance`: the feedback's
+    step and dead band; `exploration_fraction`: trials' share of the time to target;
+    `run_iterations`: a training run (default one pass over the data, at most 200
+    iterations); `trial_iterations`: a trial (default half a run, at least 5·g); `lr_factor`:
+    the rate's step (×3 / ÷3); `margin`: how much better a trial's progress (and a g's predicted
+    goodput) must be; `divergence_limit`: a trial whose score reaches this multiple of its start
+    is abandoned. `probe_score(state)`: the loss runs are judged on (e.g. a selection part of
+    the training data; default the smoothed training loss); `target_accuracy`: for the time-to-
+    target estimate. `n_workers`, `max_groups`, `he_model` as for `GridPolicy`;
+    `n_groups`, `learning_rate`, `momentum` pin a knob. Unknown options raise ValueError.
     """
 
     def __init__(
