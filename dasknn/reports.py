@@ -208,12 +208,8 @@ def plot_accuracy(
     search: Mapping[str, Sequence[tuple[float, float]]] | None = None,
     decisions: Mapping[str, pd.DataFrame] | None = None,
 ):
-    """Plot accuracy over time for each run, and below it the training loss: the plot
-    ``dasknn train`` draws.
-
-    Each evaluation is a marker; a line joins two evaluations only when no search phase lies
-    between them. The loss panel (when the histories have a loss) marks each change of the
-    learning rate η (the histories' ``lr``) and each rollback.
+    """Plot accuracy over time for each run, and below it the training loss (``dasknn train``'s
+    plot): a marker per evaluation, each change of η and each rollback marked.
 
     Parameters
     ----------
@@ -224,22 +220,18 @@ def plot_accuracy(
         inline one) is left as it is and no figure stays open. Without it, a pyplot figure in the
         current backend, which a notebook shows.
     title : str, default "Accuracy over time"
-        The figure's title.
     simulated : bool, default False
         The times are simulated seconds (the axis says so).
     metric : {"val_accuracy", "accuracy"}, optional
         Held-out or training accuracy; default held-out when every run has it.
     target : float, optional
         A target accuracy, drawn as a dashed line.
-    search : mapping of str to list of (float, float), optional
-        Each run's search spans, shaded and labelled.
-    decisions : mapping of str to pandas.DataFrame, optional
-        Each run's ``decisions_``, whose rollbacks are marked.
+    search, decisions : mapping of run name, optional
+        Each run's search spans (shaded) and ``decisions_`` (whose rollbacks are marked).
 
     Returns
     -------
     matplotlib.figure.Figure
-        The figure.
 
     Examples
     --------

@@ -77,9 +77,8 @@ def local_client(
     n_workers : int, optional
         Worker processes; default one per core, at most 4.
     threads_per_worker : int, default 1
-        Dask threads of each worker.
     processes : bool, default True
-        Workers as processes (False: threads of this process).
+        Workers as processes (False: threads).
     security : distributed.security.Security, bool or None, default None
         TLS credentials: the cluster then listens on tls:// and the client connects with them.
         True makes throwaway self-signed ones (``Security.temporary()``, for a cluster on this
@@ -98,8 +97,6 @@ def local_client(
 
     Examples
     --------
-    >>> from dasknn import DistributedCNN
-    >>> from dasknn.engine.dask import local_client
     >>> with local_client(n_workers=2) as client:                 # doctest: +SKIP
     ...     DistributedCNN(max_epochs=1, time_budget=None).fit(X, y)
     """
