@@ -28,6 +28,7 @@ extensions = [
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build"]
 root_doc = "index"
+smartquotes = False  # options stay `--time-budget` (no en dash), quotes as typed
 
 # numpydoc renders the sections; no member tables (the API pages list the members they show)
 numpydoc_show_class_members = False
