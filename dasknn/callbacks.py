@@ -41,7 +41,17 @@ __all__ = [
 
 
 class Callback:
-    """A callback that does nothing; subclass it and override the hooks you need."""
+    """A callback that does nothing: subclass it and override the hooks you need.
+
+    Examples
+    --------
+    >>> from dasknn.callbacks import Callback
+    >>> class PrintAccuracy(Callback):
+    ...     def on_evaluation(self, est, record):
+    ...         print(record["iteration"], record["accuracy"])
+    ...         return record["accuracy"] > 0.99          # True stops the fit
+    >>> est = DistributedCNN(callbacks=[PrintAccuracy()])   # doctest: +SKIP
+    """
 
     def on_fit_begin(self, est) -> None:
         """Before the first evaluation of a fit."""
@@ -86,11 +96,36 @@ def _finite(value) -> bool:
 
 
 class EarlyStopping(Callback):
-    """Stop when `monitor` has not improved by more than `tol` for `n_iter_no_change` evaluations.
+    """Stop a fit when a metric has stopped improving, and keep its best weights.
 
-    sklearn's `MLPClassifier(early_stopping=True)` rule, counted in evaluations. `monitor`: a history
-    column, "val_loss" (default; lower is better) or "val_accuracy", "loss", "accuracy" (accuracies:
-    higher is better). With `restore_best` the fit ends with the weights of the best evaluation.
+    scikit-learn's ``MLPClassifier(early_stopping=True)`` rule, counted in evaluations;
+    ``DistributedCNN(early_stopping=True)`` adds one on the held-out loss.
+
+    Parameters
+    ----------
+    monitor : {"val_loss", "val_accuracy", "loss", "accuracy"}, default "val_loss"
+        The history column watched: a loss is better lower, an accuracy higher.
+    n_iter_no_change : int, default 10
+        Evaluations without an improvement before the fit stops.
+    tol : float, default 1e-4
+        The least change that counts as an improvement.
+    restore_best : bool, default True
+        End the fit with the weights of the best evaluation (skorch's ``load_best``).
+
+    Attributes
+    ----------
+    best : float or None
+        The best value of ``monitor`` in this fit.
+    best_iteration : int or None
+        The iteration of that evaluation.
+    stopped_iteration : int or None
+        The iteration at which this callback stopped the fit (None: it did not).
+
+    Examples
+    --------
+    >>> from dasknn.callbacks import EarlyStopping
+    >>> stop = EarlyStopping(monitor="val_accuracy", n_iter_no_change=5)
+    >>> est = DistributedCNN(validation_fraction=0.2, callbacks=[stop])   # doctest: +SKIP
     """
 
     def __init__(
@@ -158,17 +193,26 @@ class EarlyStopping(Callback):
 
 
 class ProgressBar(Callback):
-    """A tqdm bar (`tqdm.auto`: a widget in notebooks) over the fit's budgets: the time budget and
-    max_epochs, whichever ends the fit first (the larger of the two fractions done).
+    """A progress bar over the fit's budgets, the one ``verbose=1`` shows.
 
-    On engine="simulated" it says so, and counts simulated seconds ("sim s").
+    A tqdm bar (a widget in notebooks) over the time budget and ``max_epochs``, whichever ends the
+    fit first. On ``engine="simulated"`` it says so and counts simulated seconds ("sim s"). It
+    moves at every evaluation and while the tuner searches; its postfix shows the phase, the
+    training loss and the held-out accuracy (the training accuracy without validation data), and,
+    once the cluster has changed under the fit, the workers there are now; each change (a worker
+    joined, left or was lost) is also written above the bar. When ``file`` is not a terminal
+    (output redirected to a file or a log) there is no bar but one line per evaluation, at most
+    one every ``LOG_INTERVAL`` seconds, and the last one at the end.
 
-    It moves at every evaluation and while the tuner searches; its postfix shows the phase, the
-    training loss and the held-out accuracy (the training accuracy without validation data), and
-    once the cluster has changed under the fit the workers there are now; each change (a worker
-    joined, left or was lost) is also written above the bar. Drawn on `file` (default: stderr);
-    when that is not a terminal (output redirected to a file or a log) there is no bar but one
-    line per evaluation, at most one every `LOG_INTERVAL` seconds, and the last one at the end.
+    Parameters
+    ----------
+    file : file object, optional
+        Where to draw; default ``sys.stderr``.
+
+    Examples
+    --------
+    >>> from dasknn.callbacks import ProgressBar
+    >>> est = DistributedCNN(callbacks=[ProgressBar()])   # doctest: +SKIP
     """
 
     LOG_INTERVAL = 10.0
@@ -321,10 +365,22 @@ def _in_notebook() -> bool:
 
 
 class CSVLogger(Callback):
-    """Appends each evaluation's history row to a CSV file as it happens (one row per evaluation).
+    """Write each evaluation's history row to a CSV file as it happens.
 
-    The columns are fixed (`COLUMNS`; empty where a fit has no such value), so a file can be read
-    while the fit runs. A fresh fit overwrites the file; `append=True` adds to it (warm starts).
+    The columns are fixed (``COLUMNS``; empty where a fit has no such value), so the file can be
+    read while the fit runs.
+
+    Parameters
+    ----------
+    path : str or path
+        The CSV file.
+    append : bool, default False
+        Add to the file (warm starts) instead of writing it afresh at each fit.
+
+    Examples
+    --------
+    >>> from dasknn.callbacks import CSVLogger
+    >>> est = DistributedCNN(callbacks=[CSVLogger("evaluations.csv")])   # doctest: +SKIP
     """
 
     COLUMNS = ("time", "wall_time", "iteration", "epoch", "phase", "loss", "accuracy", "val_loss",
@@ -359,14 +415,21 @@ LOWER_IS_BETTER = ("loss", "val_loss")
 
 
 class ModelCheckpoint(Callback):
-    """Save the model during a fit: the best by `monitor`, or every `every` evaluations.
+    """Save the model during a fit: the best by a metric, or every N evaluations.
 
-    Keras' `ModelCheckpoint` and skorch's `Checkpoint`. Each save is `DistributedCNN.save` of the
-    evaluated state (`dasknn.saving`: a folder that loads with `DistributedCNN.load`), replacing
-    the folder it writes. `path` may name the record's fields, e.g. "models/it{iteration}"; with
-    `every` set, each save goes to its own folder when it does. `monitor`: a history column,
-    "val_loss" (default; lower is better), "val_accuracy", "loss" or "accuracy"; with `every`
-    set it is not used. The saved models hold no callbacks, security or validation data.
+    Keras' ``ModelCheckpoint`` and skorch's ``Checkpoint``. Each save is ``DistributedCNN.save``
+    of the evaluated state, a folder that ``DistributedCNN.load`` reads, replacing the folder it
+    writes. The saved models hold no callbacks, security or validation data.
+
+    Parameters
+    ----------
+    path : str or path
+        The folder to save to. It may name the history row's fields, e.g.
+        ``"models/it{iteration}"``, so that each save goes to its own folder.
+    monitor : {"val_loss", "val_accuracy", "loss", "accuracy"}, default "val_loss"
+        Save when this history column is the best so far (a loss lower, an accuracy higher).
+    every : int, optional
+        Save every this many evaluations instead (``monitor`` is then not used).
 
     Attributes
     ----------
@@ -376,6 +439,14 @@ class ModelCheckpoint(Callback):
         The iteration of that evaluation.
     saved : list of Path
         Each folder written in this fit, in order.
+
+    Examples
+    --------
+    >>> from dasknn.callbacks import ModelCheckpoint
+    >>> best = ModelCheckpoint("best-model", monitor="val_accuracy")
+    >>> est = DistributedCNN(validation_fraction=0.2, callbacks=[best])   # doctest: +SKIP
+    >>> est.fit(X, y)                                                     # doctest: +SKIP
+    >>> model = DistributedCNN.load("best-model")                         # doctest: +SKIP
     """
 
     def __init__(self, path, monitor: str = "val_loss", every: int | None = None) -> None:

@@ -73,16 +73,17 @@ if TYPE_CHECKING:
 
 
 class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
-    """Train a convolutional network on a Dask cluster, Omnivore-style (Hadjis et al., 2016).
+    """A scikit-learn classifier that trains a convolutional network on a Dask cluster.
+
+    It trains as Omnivore does (Hadjis et al., 2016): the conv phase of the net runs on the
+    workers in ``n_groups`` compute groups, synchronous inside a group and asynchronous across
+    groups, and the FC phase on one merged FC server. The knobs left "auto" (``n_groups``,
+    ``learning_rate``, ``momentum``) are chosen while training by the ``tuner``. With
+    ``engine="simulated"`` the same maths runs in this process on a modeled clock.
 
     {parameters}
 
-    `partial_fit(X, y, classes)` trains one epoch of X (`max_epochs` epochs when set, within
-    `time_budget` when set) from the current state, with the fixed knobs, or the ones the last fit
-    ended with (the tuner's choice; a lowered rate after a rollback); on a first call "auto"
-    knobs take Omnivore's cold-start values n_groups=1, momentum=0.9 and learning_rate=0.01.
-    Divergence (non-finite loss or exploding weights) never ends a fit with NaN weights: training
-    rolls back to the last good state and divides the learning rate by 10 (`dasknn.fitting`).
+    {sections}
     """
 
     def __init__(
@@ -207,7 +208,11 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
 
     # -- fit -------------------------------------------------------------------------------------
     def fit(self, X, y) -> DistributedCNN:
-        """Train on X (n, C, H, W) and class labels y; returns self."""
+        """Train the net on images X (n, C, H, W), or rows with ``input_shape``, and labels y.
+
+        X and y are numpy or dask arrays; bad parameters or data raise a ValueError naming them
+        before any cluster starts. Returns self, fitted.
+        """
         self._check_params()
         X, y, labels, stored = check_fit_input(X, y, self.input_shape, self.batch_size)
         self._resolve_tuner()
@@ -226,10 +231,11 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
             return self._fit(X, y, stored, ckpt)
 
     def partial_fit(self, X, y, classes=None) -> DistributedCNN:
-        """Train one epoch of (X, y) (`max_epochs` when set) from the current state; returns self.
+        """Train one epoch of (X, y) from the current state (``max_epochs`` epochs when set).
 
-        sklearn's incremental contract: `classes` (all labels of the stream) on the first call, or
-        the labels of this y; later calls may only use those. Knobs: see the class docstring.
+        scikit-learn's incremental contract: ``classes`` (every label of the stream) on the first
+        call, default the labels of this y; later calls may only use those. Knobs left "auto" take
+        the values the last fit ended with (see Notes). Returns self.
         """
         self._check_params(partial=True)
         X, y, labels, stored = check_fit_input(X, y, self.input_shape, self.batch_size)
@@ -373,12 +379,14 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         return notify
 
     def time_to_accuracy(self, thresholds=None, rule: str = "first") -> pd.DataFrame:
-        """Time to accuracy of this fit: held-out rows (when there was validation data), then training.
+        """Time this fit took to reach each accuracy: held-out rows first, then training rows.
 
-        `thresholds`: default 0.9, 0.95, 0.98, 0.99 and `target_accuracy`; `rule`: "first" (DAWNBench:
-        the first evaluation at or above) or "median5" (Crossbow: the median of the last five).
-        Each row names its `metric` and `rule`; `attrs["time_unit"]` says whether `seconds` are
-        simulated ("simulated s", engine="simulated") or real ("s"). `report_` is this with the defaults.
+        ``thresholds``: default 0.9, 0.95, 0.98, 0.99 and ``target_accuracy``. ``rule``: "first"
+        (the first evaluation at or above, DAWNBench's) or "median5" (the median of the last five,
+        Crossbow's). Returns a DataFrame with a row per metric and threshold: ``metric``,
+        ``threshold``, ``rule``, ``reached``, and the ``seconds``, ``iterations`` and ``epochs``
+        it took (NaN when never); ``attrs["time_unit"]`` is "simulated s" or "s". ``report_`` is
+        this with the defaults.
         """
         self._check_fitted()
         unit = time_unit(self.engine)
@@ -392,7 +400,8 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
             raise NotFittedError("this DistributedCNN is not fitted yet; call fit(X, y) first")
 
     def predict_proba(self, X):
-        """Class probabilities, (n_samples, n_classes): numpy for numpy input, dask for dask input."""
+        """Class probabilities of X, (n_samples, n_classes) float32, columns as ``classes_``: a
+        dask array for a dask X (computed on the cluster), numpy for numpy."""
         self._check_fitted()
         import dask
 
@@ -421,7 +430,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         return proba if lazy else proba.compute()
 
     def predict(self, X):
-        """Predicted class labels (the original labels, not indices)."""
+        """The most probable class of each sample of X, from ``classes_``: dask in, dask out."""
         proba = self.predict_proba(X)
         if is_dask_array(proba):
             # the classes, not the estimator (a closure over self carried it into every task)
@@ -429,7 +438,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         return self.classes_[proba.argmax(axis=1)]
 
     def score(self, X, y, sample_weight=None) -> float:
-        """Mean accuracy on (X, y), computed batch by batch."""
+        """Mean accuracy of ``predict(X)`` against y (weighted by ``sample_weight``)."""
         pred = self.predict(X)
         y = np.asarray(y.compute() if is_dask_array(y) else y)
         pred = np.asarray(pred.compute() if is_dask_array(pred) else pred)
@@ -443,9 +452,90 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         return tags
 
 
+SECTIONS = """Attributes
+----------
+net_ : Net
+    The fitted network (architecture and weights).
+classes_ : ndarray
+    The class labels, sorted; ``predict`` returns them.
+n_features_in_ : int
+    Features per sample (C·H·W) seen by ``fit``.
+history_ : list of dict
+    One row per evaluation: ``time``, ``iteration``, ``epoch``, ``loss``, ``accuracy``, and
+    with validation data ``val_loss`` and ``val_accuracy``; also ``phase``, ``lr`` and
+    ``event``. ``pandas.DataFrame(history_)`` reads it.
+report_ : pandas.DataFrame
+    Time to 90/95/98/99% accuracy (and ``target_accuracy``): held-out rows, then training
+    rows; ``time_to_accuracy`` with its defaults.
+stopped_by_ : str
+    What ended the fit: ``max_epochs``, ``time_budget``, ``target_accuracy``,
+    ``max_wall_time``, convergence or a callback, in words.
+n_iter_ : int
+    Iterations (weight updates) trained in all.
+best_iteration_ : int or None
+    The iteration whose weights the model holds when early stopping restored the best ones.
+decisions_ : pandas.DataFrame
+    The tuner's probes and choices, one row each with its reason (empty when every knob is
+    given).
+trace_ : pandas.DataFrame
+    One row per group iteration: times, model versions, staleness, loss; ``attrs`` records
+    the run (workers, recoveries, the cluster's changes).
+tradeoff_ : xarray.Dataset
+    Hardware and statistical efficiency of the fit: loss, staleness, time per iteration,
+    P_HE, P_SE.
+state_ : TrainState
+    The full training state (weights, momentum, data position, random states).
+parts_ : Carved
+    The sample indices of X trained on, set aside for the tuner's selection, and held out
+    for validation.
+batch_size_ : int
+    The batch size used: ``batch_size``, clipped with a warning to the samples trained on
+    when they are fewer.
+data_ : str
+    How the workers got the batches: "persist" or "stream" (None on the simulator).
+augment_ : Augment or None
+    The augmentation the fit used.
+max_wall_time_ : float or None
+    The wall-clock bound the fit used.
+simulated_gflops_ : float
+    With ``engine="simulated"``: the simulated devices' SGEMM speed the fit used.
+n_train_samples_ : int
+    Samples trained on (X less the held-out and selection parts).
+
+See Also
+--------
+dasknn.callbacks : EarlyStopping, ModelCheckpoint, ProgressBar, CSVLogger.
+
+Notes
+-----
+``partial_fit(X, y, classes)`` trains one epoch of X (``max_epochs`` epochs when set, within
+``time_budget`` when set) from the current state, with the fixed knobs, or the ones the last
+fit ended with (the tuner's choice; a lowered rate after a rollback); on a first call "auto"
+knobs take Omnivore's cold-start values n_groups=1, momentum=0.9 and learning_rate=0.01.
+Divergence (a non-finite loss or exploding weights) never ends a fit with NaN weights:
+training rolls back to the last good state and divides the learning rate by 10.
+
+Examples
+--------
+>>> from dasknn import DistributedCNN
+>>> from dasknn.data import load
+>>> X, y = load("digits", size=28)
+>>> est = DistributedCNN(net="lenet", batch_size=32, n_groups=1, learning_rate=0.01,
+...                      momentum=0.9, max_epochs=0.5, time_budget=None,
+...                      validation_fraction=0.2, engine="simulated", n_workers=1)
+>>> est.fit(X, y).n_iter_
+22
+>>> est.predict(X[:5].compute()).shape
+(5,)
+>>> sorted(est.history_[-1])[:4]
+['accuracy', 'epoch', 'event', 'iteration']
+"""
+"""DistributedCNN's docstring after its Parameters: the learned attributes, notes and examples."""
+
 if DistributedCNN.__doc__:  # the Parameters section comes from the table (`dasknn.estimator_params`)
-    DistributedCNN.__doc__ = DistributedCNN.__doc__.replace(
-        "{parameters}", parameters_doc().replace("\n", "\n    ")
+    DistributedCNN.__doc__ = (
+        DistributedCNN.__doc__.replace("{parameters}", parameters_doc().replace("\n", "\n    "))
+        .replace("{sections}", SECTIONS.rstrip("\n").replace("\n", "\n    "))
     )
 
 

@@ -198,10 +198,10 @@ PARAMS: tuple[Param, ...] = (
           Custom("'auto', None or a number of seconds > 0", accepts=_wall_time, parse_text=_wall_time_word),
           "Real (wall-clock) seconds after which the fit stops at its next evaluation, keeping the model "
           "trained so far (`stopped_by_` says so). Meant for engine=\"simulated\", whose `time_budget` is "
-          "simulated seconds: one machine computes them several times (LeNet 8-75x, a small MLP 30-90x) "
-          "slower than the cluster it models runs them; the simulator checks the bound at every update. "
-          "\"auto\": with engine=\"simulated\" and a time_budget, max(60, time_budget) real seconds "
-          "(`dasknn.stopping.wall_bound`); otherwise None (no bound: the Dask engine's time_budget is "
+          "simulated seconds: one machine computes them many times slower than the cluster it models "
+          "runs them; the simulator checks the bound at every update. "
+          "\"auto\": with engine=\"simulated\" and a time_budget, max(60, time_budget) real seconds; "
+          "otherwise None (no bound: the Dask engine's time_budget is "
           "already wall-clock seconds). `max_wall_time_` is the value used. On the command line, none "
           "is None.", resume=False),
     Param("target_accuracy", None, replace(ACCURACY, also=(None,)),
@@ -246,8 +246,7 @@ PARAMS: tuple[Param, ...] = (
     Param("selection_size", 512, Number(0, integer=True),
           "Samples of X set aside (stratified, never trained on, disjoint from the validation data) on "
           "which the tuner judges its probes, at most a tenth of the rest of X; only when a knob is "
-          "\"auto\". Held-out accuracy is then measured on data no choice was made on "
-          "(`dasknn.data.split`)."),
+          "\"auto\". Held-out accuracy is then measured on data no choice was made on."),
     Param("early_stopping", False, Boolean(),
           "Stop when the held-out loss has not improved by more than `tol` for `n_iter_no_change` "
           "evaluations, and end with the best evaluation's weights (`dasknn.callbacks.EarlyStopping`). "
@@ -283,7 +282,7 @@ PARAMS: tuple[Param, ...] = (
           "0: warnings only; 1: a progress bar (`dasknn.callbacks.ProgressBar`, on stderr) and INFO "
           "messages (the dashboard link of a cluster the fit starts, rollbacks); 2: also a line per "
           "evaluation and the tuner's decisions (DEBUG) and the engine's progress bars; 3: also the "
-          "optimizer's probes. Messages are `logging` records of the `dasknn` loggers (`dasknn.logs`), "
+          "tuner's probes. Messages are `logging` records of the `dasknn` loggers, "
           "emitted whatever `verbose` is: with logging unconfigured, a fit with verbose >= 1 shows them on "
           "stderr from the matching level on.", flag=False, resume=False),
     Param("warm_start", False, Boolean(),
@@ -292,7 +291,7 @@ PARAMS: tuple[Param, ...] = (
     Param("checkpoint_dir", None,
           Custom("None or a path", accepts=lambda v: v is None or isinstance(v, (str, os.PathLike)),
                  check_value=_checkpoint_dir),
-          "Where the fit writes checkpoints (`dasknn.engine.checkpoint`): after every stretch of training "
+          "Where the fit writes checkpoints: after every stretch of training "
           "that completes an epoch and at the end (the newest 3 are kept). A fresh fit needs it empty; "
           "`save_checkpoint()` writes one on request.", resume=False, saved=False),
     Param("resume", False, Boolean(),
@@ -314,14 +313,15 @@ PARAMS: tuple[Param, ...] = (
           "(the SGD update itself is always Caffe's momentum SGD). \"auto\": from the first iteration at "
           "a free prior (the HE model's g, the net's solver η and µ, or the last fit of the same job), "
           "η doubled while it pays, A-B-A trials within 5% of the elapsed time, η ÷ 3 on a plateau and a "
-          "stop on convergence (`dasknn.optimizer.auto`). \"grid\": Omnivore's Algorithm 1, a cold "
+          "stop on convergence (`dasknn.optimizer.AutoPolicy`). \"grid\": Omnivore's Algorithm 1, a cold "
           "start then grid searches from checkpoints. \"online\": the goodput tuner (Pollux, "
-          "YellowFin, AdaScale; `dasknn.optimizer.online`)."),
+          "YellowFin, AdaScale; `dasknn.optimizer.OnlinePolicy`)."),
     Param("simulated_gflops", SIMULATED_GFLOPS,
           Custom("a number > 0 or 'calibrate'", accepts=lambda v: (isinstance(v, str) and v == "calibrate")
                  or Number(0, low_open=True).ok(v), parse_text=_simulated_gflops_word),
           "engine=\"simulated\": the SGEMM speed (GFLOP/s) of each simulated device, from which the "
-          "simulator's timing model (Omnivore §IV-B) is built. A number makes the simulated clock, and so "
+          "simulator's timing model (Omnivore's hardware efficiency model) is built. A number makes the "
+          "simulated clock, and so "
           "the whole run, the same on any machine at any load. \"calibrate\" measures this machine once at "
           "the start of the fit; the value is recorded in `trace_.attrs[\"simulated_gflops\"]` and in every "
           "checkpoint, and a resumed fit reads it back."),
@@ -329,9 +329,9 @@ PARAMS: tuple[Param, ...] = (
           "engine=\"dask\": how the workers get the training batches. \"persist\" holds X in the workers' "
           "memory (the fast path); \"stream\" never persists it: each group's lead worker reads its "
           "batches from X's source (zarr chunks, files), a bounded number ahead, holding at most "
-          "2·`shuffle_window` chunks (`dasknn.data.stream`); uint8 X stays uint8 until that worker "
-          "converts it. \"auto\" streams when X as float32 exceeds half the workers' summed memory limits "
-          "(`engine.dask.runs.data_mode`). Streaming runs Omnivore's merged map only. `data_` says which "
+          "2·`shuffle_window` chunks; uint8 X stays uint8 until that worker "
+          "converts it. \"auto\" streams when X as float32 exceeds half the workers' summed memory limits. "
+          "Streaming runs Omnivore's merged map only. `data_` says which "
           "one the fit used.", resume=False),
     Param("augment", None,
           Custom("None, 'shift', 'crop_mirror:SIZE', a dict or an Augment", check_value=_augment,
@@ -344,11 +344,11 @@ PARAMS: tuple[Param, ...] = (
           "none is None."),
     Param("shuffle_window", 1, Custom("an integer >= 1", check_value=_shuffle_window, parse_text=
                                       lambda t: Number(integer=True).parse(t)),
-          "Chunks whose samples are shuffled together each epoch, after the chunks are permuted "
-          "(`dasknn.data.batching.window_indices`): 1 shuffles within chunks; larger mixes more and makes a "
+          "Chunks whose samples are shuffled together each epoch, after the chunks are permuted: "
+          "1 shuffles within chunks; larger mixes more and makes a "
           "streaming reader hold more chunks."),
     Param("backend", None, Choice(("auto", "lowering", "onednn", None)),
-          "The kernels of the conv phase and of the FC phase's inner products (`dasknn.nn.onednn`), set "
+          "The kernels of the conv phase and of the FC phase's inner products, set "
           "on every layer that has a choice: "
           "\"lowering\" is Caffe con Troll's batched lowering on numpy's BLAS (the reference); \"onednn\" "
           "calls oneDNN's direct convolutions (installed with dasknn on Linux x86-64); \"auto\" takes "

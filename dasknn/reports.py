@@ -38,11 +38,37 @@ def time_to_accuracy(
     run: str = "run",
     metric: str = "accuracy",
 ) -> pd.DataFrame:
-    """One row per threshold: seconds, iterations and epochs until the run reached it (NaN if never).
+    """The time a run took to reach each accuracy, from its history.
 
-    `history` is a DataFrame or a list of dicts with at least `time` and the `metric` column (one row
-    per evaluation): "accuracy" (training samples) or "val_accuracy" (held-out); `iteration` and
-    `epoch` columns are reported when present. Each row names its `metric` and `rule`.
+    Parameters
+    ----------
+    history : pandas.DataFrame or list of dict
+        One row per evaluation, with at least ``time`` and the ``metric`` column, as a fit's
+        ``history_``; ``iteration`` and ``epoch`` are reported when present.
+    thresholds : sequence of float, default (0.9, 0.95, 0.98, 0.99)
+        The accuracies.
+    rule : {"first", "median5"}, default "first"
+        Reached at the first evaluation at or above (DAWNBench), or when the median of the last
+        five is (Crossbow).
+    run : str, default "run"
+        The run's name in the table.
+    metric : {"accuracy", "val_accuracy"}, default "accuracy"
+        Training or held-out accuracy.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per threshold: ``run``, ``metric``, ``threshold``, ``rule``, ``reached``, and
+        the ``seconds``, ``iterations`` and ``epochs`` it took (NaN when never reached).
+
+    Examples
+    --------
+    >>> from dasknn.reports import time_to_accuracy
+    >>> history = [{"time": 1.0, "accuracy": 0.8}, {"time": 2.0, "accuracy": 0.93}]
+    >>> time_to_accuracy(history, [0.9, 0.99])[["threshold", "reached", "seconds"]]
+       threshold  reached  seconds
+    0       0.90     True      2.0
+    1       0.99    False      NaN
     """
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")
@@ -182,17 +208,35 @@ def plot_accuracy(
     search: Mapping[str, Sequence[tuple[float, float]]] | None = None,
     decisions: Mapping[str, pd.DataFrame] | None = None,
 ):
-    """Accuracy (%) vs seconds for each run, and below it the training loss; saved to `path` as PNG
-    when given. Returns the figure.
+    """Plot accuracy over time for each run, and below it the training loss (``dasknn train``'s
+    plot): a marker per evaluation, each change of η and each rollback marked.
 
-    Each evaluation is a marker; a line joins two evaluations only when no search phase lies between
-    them. `metric`: "val_accuracy" (held-out) or "accuracy" (training); default held-out when every
-    run has it. `search`: each run's search spans (`search_spans`), shaded and labelled. `target`:
-    a horizontal line. The loss panel (when the histories have a loss) marks each change of the
-    learning rate η (the histories' `lr`) and each rollback (`decisions`: each run's `decisions_`).
-    With `path`, the figure is drawn without pyplot: the process's backend (a notebook's inline
-    one) is left as it is and no figure stays open; without, it is a pyplot figure in the current
-    backend, which a notebook shows.
+    Parameters
+    ----------
+    histories : mapping of str to history
+        Each run's name and its history (a fit's ``history_``, or a DataFrame of it).
+    path : str or path, optional
+        Save the figure there as PNG, drawn without pyplot: the process's backend (a notebook's
+        inline one) is left as it is and no figure stays open. Without it, a pyplot figure in the
+        current backend, which a notebook shows.
+    title : str, default "Accuracy over time"
+    simulated : bool, default False
+        The times are simulated seconds (the axis says so).
+    metric : {"val_accuracy", "accuracy"}, optional
+        Held-out or training accuracy; default held-out when every run has it.
+    target : float, optional
+        A target accuracy, drawn as a dashed line.
+    search, decisions : mapping of run name, optional
+        Each run's search spans (shaded) and ``decisions_`` (whose rollbacks are marked).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+
+    Examples
+    --------
+    >>> from dasknn.reports import plot_accuracy
+    >>> plot_accuracy({"lenet": est.history_}, "accuracy.png", simulated=True)   # doctest: +SKIP
     """
     frames = {
         name: h if isinstance(h, pd.DataFrame) else pd.DataFrame(list(h)) for name, h in histories.items()

@@ -40,7 +40,8 @@ STALE_DURING_FIT = ("_loop_", "best_iteration_", "checkpoint_", "config_", "repo
 
 
 class SavedModelError(ValueError):
-    """A model folder that is missing, damaged, edited or of a format this dasknn does not read."""
+    """Raised by ``DistributedCNN.load`` for a model folder that is missing, damaged, edited, or
+    of a format this version of dasknn does not read; the message names the file and the fault."""
 
 
 def _tagged(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:

@@ -90,3 +90,12 @@ def test_environment_yml_installs_the_export_extra():
     pip = next(dep["pip"] for dep in env["dependencies"] if isinstance(dep, dict) and "pip" in dep)
     assert set(extras["export"]) <= set(pip)
     assert set(extras["export"]) <= set(extras["test"]) and any("onnxruntime" in d for d in extras["test"])
+
+
+def test_the_docs_extra_is_in_the_test_extra_and_environment_yml():
+    """The test run builds the site: the README's `.[test]` and environment.yml install its packages."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pip = set(conda_pip_lines())
+    names = {re.split(r"[<>=]", dep)[0] for dep in extras["docs"]}
+    assert names == {"sphinx", "numpydoc", "myst-parser", "sphinx-argparse"}
+    assert set(extras["docs"]) <= set(extras["test"]) and set(extras["docs"]) <= pip

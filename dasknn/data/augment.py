@@ -114,10 +114,26 @@ def random_shift(
 
 @dataclass(frozen=True)
 class Augment:
-    """What the workers do to each training batch: `crop_size` (Caffe: random crop in training,
-    centre crop in testing; the net then takes crop_size × crop_size inputs), `mirror` (Caffe:
-    flip left-right with probability ½) and `shift` (random moves of up to that many pixels with
-    zero padding). Draws in that order, from `augment_rng(seed, batch)`.
+    """What the workers do to each training batch: ``DistributedCNN(augment=...)``.
+
+    Each batch's draws come from the fit's ``random_state`` and the batch's number, in the order
+    crop, mirror, shift, so that runs and resumes see the same batches.
+
+    Parameters
+    ----------
+    crop_size : int, optional
+        Caffe's crop: a random crop_size × crop_size cut in training and the centre one when
+        scoring and predicting; the net then takes crop_size inputs.
+    mirror : bool, default False
+        Caffe's mirror: flip left-right with probability ½.
+    shift : int, default 0
+        Move each image by up to this many pixels, with zero padding.
+
+    Examples
+    --------
+    >>> from dasknn.data.augment import Augment
+    >>> Augment(crop_size=227, mirror=True)
+    Augment(crop_size=227, mirror=True, shift=0)
     """
 
     crop_size: int | None = None

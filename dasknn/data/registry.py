@@ -162,13 +162,43 @@ def load(
     from_store: bool | None = None,
     **options: Any,
 ) -> tuple[da.Array, da.Array]:
-    """A dataset as (X, y) dask arrays: X float32 (n, C, H, W) in [0, 1] (or raw units), y int64 (n,).
+    """Load a dataset as (X, y) dask arrays, ready for ``DistributedCNN.fit``.
 
-    `name` is one of `DATASETS` (its options are listed there with their defaults). Chunks run
-    along samples only and hold a whole number of batches of `batch_size` (about 4 MiB each).
-    `from_store`: None (default) reads the converted store of these options under `data_home()`
-    when one is complete and no explicit source `path` was given, else the source; True requires
-    the store; False always reads the source. `load("zarr", path=...)` reads any store.
+    Parameters
+    ----------
+    name : str
+        "digits" (scikit-learn's, always there; option ``size``: the images' side, 8 to upscale
+        from), "mnist-sample" (5,000 MNIST digits that ship with a dependency), "mnist" and
+        "cifar10" (the standard files in the folder ``path``; ``split`` "train" or "test"),
+        "imagefolder" (a folder per class under ``path``; ``size``, ``classes``, ``resize``
+        "crop" or "warp"), "synthetic" (learnable random data of any size, made lazily;
+        ``n_samples``, ``shape``, ``n_classes``, ``seed``, ``noise``) or "zarr" (a store written
+        by ``convert``, at ``path``).
+    batch_size : int, default 64
+        Chunks run along samples only and hold a whole number of batches of this size (about
+        4 MiB each).
+    raw : bool, default False
+        Keep the stored units (e.g. uint8 pixels) instead of float32 in [0, 1].
+    from_store : bool or None, default None
+        None reads the converted store of these options in the data home when one is complete
+        and no source ``path`` was given, else the source; True requires the store; False always
+        reads the source.
+    **options
+        The dataset's options (above); an unknown one is refused with the valid ones named.
+
+    Returns
+    -------
+    X : dask array of shape (n, C, H, W)
+        float32 in [0, 1] (or raw units).
+    y : dask array of shape (n,)
+        int64 class labels.
+
+    Examples
+    --------
+    >>> from dasknn.data import load
+    >>> X, y = load("digits", size=28)
+    >>> X.shape, X.dtype, y.shape
+    ((1797, 1, 28, 28), dtype('float32'), (1797,))
     """
     batch_size = check_batch_size(batch_size)
     _check_flag("raw", raw)
@@ -209,12 +239,35 @@ def convert(
     out: str | Path | None = None,
     **options: Any,
 ) -> Path:
-    """Convert a dataset to a zarr store (raw units, chunked for `batch_size`) and return its path.
+    """Convert a dataset to a zarr store, which ``load`` then reads lazily (also when it is bigger
+    than memory).
 
-    The store goes to `out`, or by default `store_path(name, **options)` under `data_home()`,
-    where `load(name, **options)` finds it. An existing complete store is kept and its path
-    returned unless `overwrite=True`. The store is written to a temporary folder and renamed into
-    place when complete, so an interrupted conversion leaves nothing that loads.
+    The store holds raw units, chunked for ``batch_size``; it is written to a temporary folder
+    and renamed into place when complete, so an interrupted conversion leaves nothing that loads.
+
+    Parameters
+    ----------
+    name : str
+        A dataset ``load`` reads from its source (not "zarr").
+    batch_size : int, default 64
+        Chunks hold a whole number of batches of this size.
+    overwrite : bool, default False
+        Write the store again when a complete one is there (else it is kept).
+    out : str or path, optional
+        Where to write; default the data home, where ``load(name, **options)`` finds it.
+    **options
+        The dataset's options, as for ``load``.
+
+    Returns
+    -------
+    Path
+        The store's folder.
+
+    Examples
+    --------
+    >>> from dasknn.data import convert, load
+    >>> store = convert("digits", size=28, out="digits28.zarr")    # doctest: +SKIP
+    >>> X, y = load("zarr", path=store)                           # doctest: +SKIP
     """
     batch_size = check_batch_size(batch_size)
     _check_flag("overwrite", overwrite)

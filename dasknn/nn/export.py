@@ -61,7 +61,8 @@ INSTALL_HINT = 'pip install "dasknn[export]"'
 
 
 class ExportError(ValueError):
-    """A net that has no faithful ONNX graph (`REFUSED`): names the layer and the reason."""
+    """Raised for a net that has no faithful ONNX graph (``REFUSED``); the message names the
+    layer and the reason."""
 
 
 def _onnx():
@@ -300,6 +301,14 @@ def net_to_onnx(net: Net, rows: tuple[int, ...] | None = None, crop: bool = Fals
         onnx is not installed (the message says `pip install "dasknn[export]"`).
     ExportError
         A layer in `REFUSED`; the message names the layer and the reason.
+
+    Examples
+    --------
+    >>> from dasknn.nn import zoo
+    >>> from dasknn.nn.export import net_to_onnx
+    >>> model = net_to_onnx(zoo.lenet(), classes=list(range(10)))
+    >>> [output.name for output in model.graph.output]
+    ['logits', 'probabilities']
     """
     onnx = _onnx()
     if len(net.inputs) != 1 or net.outputs[0] not in net.loss_weights:
@@ -393,9 +402,36 @@ def write_onnx(model, path: str | os.PathLike) -> Path:
 def export_net(
     net: Net, path: str | os.PathLike, rows: tuple[int, ...] | None = None, crop: bool = False, classes=None
 ) -> Path:
-    """Write `net` as an ONNX file at `path` (`net_to_onnx`, then `write_onnx`); returns the path.
+    """Write a net as an ONNX file, which appears whole or not at all.
 
-    A `path` whose folder does not exist, or that is a folder, is refused before the graph is built."""
+    Parameters
+    ----------
+    net : Net
+        A whole net; its parameters become the graph's weights.
+    path : str or path
+        The .onnx file to write. A folder, or a file whose folder does not exist, is refused
+        before the graph is built.
+    rows, crop, classes
+        As for ``net_to_onnx``.
+
+    Returns
+    -------
+    Path
+        The file written.
+
+    Raises
+    ------
+    ExportError
+        A layer with no faithful ONNX graph (``REFUSED``), named with the reason.
+
+    Examples
+    --------
+    >>> from dasknn.nn import zoo
+    >>> from dasknn.nn.export import export_net
+    >>> net = zoo.lenet()
+    >>> export_net(net, "lenet.onnx").name    # doctest: +SKIP
+    'lenet.onnx'
+    """
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(

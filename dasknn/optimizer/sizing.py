@@ -77,14 +77,38 @@ def productive_workers(
 
 
 class GoodputAdaptive(Adaptive):
-    """dask's `Adaptive` with `productive_workers` as its target: the cluster grows while the HE
-    model and the measured noise scale predict that workers speed training, and shrinks to that
-    size (graceful leaves hand a running fit's roles over first, `engine.dask.elastic`).
+    """Dask's adaptive scaling sized by goodput: the cluster grows only while workers speed training.
 
-    `cluster.adapt(Adaptive=GoodputAdaptive, model=..., batch_size=..., noise_scale=...,
-    minimum=..., maximum=...)`; `update(model=..., noise_scale=...)` feeds it new measurements
-    (the HE model gives the time per iteration at each N, so N conv devices = N workers; with a
-    worker dedicated to the FC server, ask for one more). `maximum` bounds the sizes considered.
+    The target size is the largest at which each added worker still adds at least ``min_gain`` of
+    an average worker's share of the goodput, as the hardware efficiency model (and the gradient
+    noise scale, when measured) predicts, as Pollux sizes its jobs. A running fit hands its roles
+    over before a worker leaves.
+
+    Parameters
+    ----------
+    cluster : distributed.deploy.Cluster
+        The cluster to scale (``cluster.adapt`` passes it).
+    model : HEModel
+        The hardware efficiency model: the time per iteration at each number of conv workers
+        (N conv devices = N workers; with a worker dedicated to the FC server, ask for one more).
+    batch_size : int
+        The fit's batch size.
+    noise_scale : float, default nan
+        The gradient noise scale, when measured (nan: throughput alone).
+    n_groups : int, optional
+        The compute groups of the fit, when pinned.
+    min_gain : float, default 0.1
+        The share of an average worker's goodput a worker must add.
+    **kwargs
+        Dask's ``Adaptive`` options; ``maximum`` (required, finite) bounds the sizes considered.
+
+    Examples
+    --------
+    >>> from dasknn.optimizer.sizing import GoodputAdaptive
+    >>> from dasknn.tradeoff.hardware import HEModel
+    >>> model = HEModel(T_cc=0.8, T_nc=0.01, t_fc=0.05, n_workers=1)
+    >>> cluster.adapt(Adaptive=GoodputAdaptive, model=model, batch_size=256,   # doctest: +SKIP
+    ...               minimum=1, maximum=32)
     """
 
     def __init__(

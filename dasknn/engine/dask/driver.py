@@ -65,20 +65,40 @@ def local_client(
     tune_malloc: bool = True,
     **cluster_kwargs,
 ) -> Iterator[Any]:
-    """A LocalCluster sized to this machine and a Client on it, closed on exit.
+    """A LocalCluster sized to this machine and a Client on it, closed on exit (a context manager).
 
     Each worker process gets cores // n_workers BLAS threads, so the workers together use the
-    machine's cores once (numpy's BLAS would otherwise start a thread per core in every worker).
-    `tune_malloc`: dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which turns off
-    glibc's dynamic mmap threshold, so every large temporary (lowered matrices, activations) is
-    mapped and faulted in afresh each iteration; raising the mmap and trim thresholds to 32/64 MiB
-    makes a worker's training step as fast as in-process (experiments/bench_overhead.py measures it).
-    `security`: a `distributed.security.Security` (TLS credentials; the cluster then listens on
-    tls:// and the client connects with them), True for `Security.temporary()` (a throwaway
-    self-signed certificate, for a cluster on this machine), or None/False for plain tcp://.
-    Workers that `cluster.scale` or `cluster.adapt` add later get the same settings (`nanny.TunedNanny`),
-    and as workers join and leave every worker's BLAS threads follow cores // workers
-    (`nanny.SharedCores`), so the workers use the cores once at any size.
+    machine's cores once (numpy's BLAS would otherwise start a thread per core in every worker),
+    and workers added later by ``cluster.scale`` or ``cluster.adapt`` get the same settings; as
+    workers join and leave, every worker's BLAS threads follow cores // workers.
+
+    Parameters
+    ----------
+    n_workers : int, optional
+        Worker processes; default one per core, at most 4.
+    threads_per_worker : int, default 1
+    processes : bool, default True
+        Workers as processes (False: threads).
+    security : distributed.security.Security, bool or None, default None
+        TLS credentials: the cluster then listens on tls:// and the client connects with them.
+        True makes throwaway self-signed ones (``Security.temporary()``, for a cluster on this
+        machine; needs the cryptography package); None or False: plain tcp://.
+    tune_malloc : bool, default True
+        Start the workers with glibc's mmap and trim thresholds at 32 and 64 MiB. Dask's nanny
+        sets a trim threshold of 64 KiB, which turns off glibc's dynamic mmap threshold, so every
+        large temporary of a training step would be mapped and faulted in afresh.
+    **cluster_kwargs
+        Passed on to ``distributed.LocalCluster``.
+
+    Yields
+    ------
+    distributed.Client
+        The client of the cluster; ``client.cluster`` is the cluster.
+
+    Examples
+    --------
+    >>> with local_client(n_workers=2) as client:                 # doctest: +SKIP
+    ...     DistributedCNN(max_epochs=1, time_budget=None).fit(X, y)
     """
     from distributed import Client, LocalCluster
     from distributed.security import Security

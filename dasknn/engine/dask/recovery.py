@@ -41,7 +41,8 @@ class ClusterError(RuntimeError):
 
 
 class WorkerLostError(ClusterError):
-    """A worker the run depends on left the cluster (or stopped answering), and the run cannot go on."""
+    """Raised when a worker a fit depends on left the cluster (or stopped answering) and the fit
+    cannot go on: no worker left, or the recoveries ran out."""
 
 
 class SchedulerError(ClusterError):
