@@ -23,7 +23,6 @@ table per net and g, in ms per iteration (medians of the runs' means):
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import time
 from collections import Counter, defaultdict
@@ -138,9 +137,10 @@ def table(case, g: int, runs: list[dict]) -> str:
     per_group = period * g  # one group's iteration takes g periods of the whole run
     lines = [
         f"### {case.name} b{case.batch_size}, g = {g} (k = {2 // g}): {period:.1f} ms per iteration "
-        f"(one group's iteration {per_group:.1f} ms; {machine_line()}, load {os.getloadavg()[0]:.1f})",
+        f"(one group's iteration {per_group:.1f} ms; {machine_line()})",
         "",
-        "| piece | wall on the lead (ms) | compute inside (ms) | messages, serialisation, waits (ms) |",
+        "| piece | wall on the lead (ms) | compute inside (ms) "
+        "| rest: messages, serialisation, copies, waits (ms) |",
         "|---|---|---|---|",
     ]
     for label, wall_key, inside in ROWS:
