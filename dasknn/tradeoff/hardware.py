@@ -174,7 +174,8 @@ class HEModel:
     def round_trips(k: int, local: bool = False) -> int:
         """Round trips between processes on the critical path of one group's iteration: the FC step
         and the push (whose reply is the next pull) unless the group is `local` to the servers,
-        and with k > 1 the remote shards' forward and backward (the k − 1 run side by side)."""
+        and with k > 1 the remote shards' forward and backward (the k − 1 run side by side; at
+        k > 2 the reduction tree among the shard servers adds its levels, not counted here)."""
         return (0 if local else 2) + (2 if int(k) > 1 else 0)
 
     def t_group(self, k: int, local: bool = False) -> float:
