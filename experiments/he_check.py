@@ -25,6 +25,10 @@ For each of LeNet (b = 64, digits 28×28) and CIFAR-10 quick (b = 128, synthetic
   FC step, timed with the engine's server classes and shard functions, medians over batches;
   T_nc = median round trip of the conv weights to the other worker and back over dask's TCP comms;
   `HEModel.from_measurements(t_conv(1), t_fc, 2, conv model bytes, 2 · bytes / T_nc)`;
+- t_call = the median round trip of an actor call from a task on one worker to an actor on the
+  other (`call_seconds`, a small payload): what each round trip of a group's iteration adds to it
+  beyond its bytes (`HEModel.round_trips`: the remote shard's forward and backward at k = 2, the
+  FC step and the push for the group whose lead is not the servers' worker, `local_groups=1`);
 - measured: `time_per_iteration(trace, warmup=2)` of DaskEngine runs, g = 1 and g = 2 interleaved,
   median over repetitions.
 
@@ -171,6 +175,36 @@ def network_seconds(client, worker: str, weights: dict[str, np.ndarray], reps: i
     return float(np.median(times[1:]))
 
 
+class Echo:
+    """An actor that answers a call with its argument: one round trip, nothing computed."""
+
+    def echo(self, value):
+        return value
+
+
+def _round_trip_seconds(actor, reps: int) -> float:
+    """Median round trip of `reps` calls to `actor` from this process (the first one not counted)."""
+    payload = np.zeros(16, dtype=np.float32)
+    times = []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        actor.echo(payload).result(timeout=60)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times[1:]))
+
+
+def call_seconds(client, reps: int = 30) -> float:
+    """t_call: the median round trip of an actor call from a task on one worker to an actor on the
+    other, as a group's lead calls a server or a shard server (its bytes aside: a small payload)."""
+    lead, other = sorted(cluster_workers(client))[:2]
+    actor = client.submit(Echo, workers=[other], actor=True, pure=False).result(timeout=60)
+    task = client.submit(_round_trip_seconds, actor, reps, workers=[lead], pure=False)
+    seconds = task.result(timeout=600)
+    client.cancel([task])
+    del actor
+    return seconds
+
+
 def calibrate(client, case: Case, X: np.ndarray, y: np.ndarray) -> dict[str, float]:
     """The HE model's parameters on a worker of the cluster, and t_conv(1), t_fc in this process."""
     workers = sorted(cluster_workers(client))
@@ -184,6 +218,7 @@ def calibrate(client, case: Case, X: np.ndarray, y: np.ndarray) -> dict[str, flo
     return {
         **measured,
         "T_nc": network_seconds(client, workers[0], conv.get_params()),
+        "t_call": call_seconds(client),
         "conv_model_bytes": phase_costs(case.make_net(), case.batch_size)["conv_model_bytes"],
         "t_conv_1_in_process": here["t_conv_1"],
         "t_fc_in_process": here["t_fc"],
@@ -191,7 +226,8 @@ def calibrate(client, case: Case, X: np.ndarray, y: np.ndarray) -> dict[str, flo
 
 
 def model_of(cal: dict[str, float], in_process: bool = False) -> HEModel:
-    """`HEModel.from_measurements` with the bandwidth that makes T_nc the measured round trip."""
+    """`HEModel.from_measurements` with the bandwidth that makes T_nc the measured round trip, the
+    measured `t_call`, and group 0's lead on the servers' worker (`plan` puts them there)."""
     suffix = "_in_process" if in_process else ""
     return HEModel.from_measurements(
         t_conv_1=cal["t_conv_1" + suffix],
@@ -199,6 +235,8 @@ def model_of(cal: dict[str, float], in_process: bool = False) -> HEModel:
         n_workers=N_WORKERS,
         conv_model_bytes=cal["conv_model_bytes"],
         bandwidth_bytes_per_s=2.0 * cal["conv_model_bytes"] / cal["T_nc"],
+        t_call=cal["t_call"],
+        local_groups=1,
     )
 
 
@@ -247,7 +285,8 @@ def run(quick: bool, reps: int, gpu: bool = False) -> xr.Dataset:
             cal_rows.append(calibrate(client, case, Xn, yn))
             print(
                 f"{case.name}: t_conv(1) = {cal_rows[-1]['t_conv_1'] * 1e3:.1f} ms, "
-                f"t_fc = {cal_rows[-1]['t_fc'] * 1e3:.2f} ms, T_nc = {cal_rows[-1]['T_nc'] * 1e3:.2f} ms "
+                f"t_fc = {cal_rows[-1]['t_fc'] * 1e3:.2f} ms, T_nc = {cal_rows[-1]['T_nc'] * 1e3:.2f} ms, "
+                f"t_call = {cal_rows[-1]['t_call'] * 1e3:.2f} ms "
                 f"(worker); in this process t_conv(1) = {cal_rows[-1]['t_conv_1_in_process'] * 1e3:.1f} ms",
                 flush=True,
             )
@@ -272,7 +311,8 @@ def run(quick: bool, reps: int, gpu: bool = False) -> xr.Dataset:
                 predicted,
                 {
                     "units": "s",
-                    "description": "HE(g) = max{t_fc, (t_conv(k) + t_fc) / g}, worker calibration",
+                    "description": "HE(g) = max{t_fc, 1 / sum_i 1/t_i}, t_i = t_conv(k) + t_fc + "
+                    "round trips * t_call, worker calibration",
                 },
             ),
             "time_per_iter_predicted_in_process": (
@@ -321,6 +361,7 @@ def run(quick: bool, reps: int, gpu: bool = False) -> xr.Dataset:
             "t_conv_1": (nets, per_net("t_conv_1"), {"units": "s", "description": "T_cc, on a worker"}),
             "t_fc": (nets, per_net("t_fc"), {"units": "s", "description": "FC step, on a worker"}),
             "T_nc": (nets, per_net("T_nc"), {"units": "s", "description": "conv weights out and back"}),
+            "t_call": (nets, per_net("t_call"), {"units": "s", "description": "an actor call's round trip"}),
             "t_conv_1_in_process": (nets, per_net("t_conv_1_in_process"), {"units": "s"}),
             "t_fc_in_process": (nets, per_net("t_fc_in_process"), {"units": "s"}),
             "conv_model_bytes": (nets, per_net("conv_model_bytes"), {"units": "bytes"}),
@@ -380,9 +421,9 @@ def table(ds: xr.Dataset) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| net | b | t_conv(1) worker (ms) | t_fc worker (ms) | T_nc (ms) | conv model (KiB) | "
+        "| net | b | t_conv(1) worker (ms) | t_fc worker (ms) | T_nc (ms) | t_call (ms) | conv model (KiB) | "
         "t_conv(1) in-process (ms) | t_fc in-process (ms) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for net in ds["net"].values:
         s = ds.sel(net=net)
@@ -392,6 +433,7 @@ def table(ds: xr.Dataset) -> str:
             ms(s["t_conv_1"]),
             ms(s["t_fc"]),
             f"{float(s['T_nc']) * 1e3:.2f}",
+            f"{float(s['t_call']) * 1e3:.2f}",
         ]
         cells += [f"{float(s['conv_model_bytes']) / 1024:.0f}", ms(s["t_conv_1_in_process"])]
         cells += [ms(s["t_fc_in_process"])]

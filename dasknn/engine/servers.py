@@ -141,7 +141,7 @@ class ConvModelServer:
         self.stopped = False
         self.log: list[dict[str, Any]] = []
         self.claimed: set[int] = set()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # push_pull holds it across push and pull
         self.updates = UpdateCorrelation(self.params)
 
     def stop(self) -> None:
@@ -222,6 +222,22 @@ class ConvModelServer:
                 out = {**row, **out, "t_end": time.time()}
                 self.log.append(out)
         return out
+
+    def push_pull(
+        self,
+        grads: dict[str, Any],
+        version_read: int,
+        lr: float | Schedule,
+        momentum: float | Schedule,
+        row: dict[str, Any] | None = None,
+    ) -> tuple[dict[str, Any] | None, tuple[int, dict[str, np.ndarray]] | None]:
+        """`push`, then `pull` at once, in one call: (what `push` returns, (version, weights)), or
+        (None, None) after `stop()`. A group's next iteration starts from the model its own update
+        made (no other group's update falls between the two), and a remote group saves a round
+        trip per iteration."""
+        with self._lock:
+            out = self.push(grads, version_read, lr, momentum, row)
+            return (None, None) if out is None else (out, self.pull())
 
     def get_state(self) -> dict[str, Any]:
         """Weights, momentum buffers and version (a snapshot for checkpoints and probes)."""

@@ -6,8 +6,11 @@ k = N/g devices sharing one merged FC server that serves one batch at a time, so
     t_conv(k) = max(T_cc / k, T_nc · k)          (compute shrinks with k, network grows with k)
     HE(g)     = max{t_fc, (t_conv(k) + t_fc) / g}  (predicted time per iteration)
 
-and the FC server is saturated when t_conv(k) + t_fc < g · t_fc. FireCaffe §6 (Iandola et al.)
-gives the gradient-communication time of a parameter server and of a reduction tree.
+and the FC server is saturated when t_conv(k) + t_fc < g · t_fc. An engine also pays a fixed cost
+per round trip between two processes (messages, serialisation, thread hops), which neither T_nc's
+bytes nor the compute times hold: `t_call`, times the round trips of one group's iteration
+(`HEModel.round_trips`), added to each group's iteration. FireCaffe §6 (Iandola et al.) gives the
+gradient-communication time of a parameter server and of a reduction tree.
 """
 
 from __future__ import annotations
@@ -61,16 +64,28 @@ class HEModel:
     T_cc: conv-phase forward + backward time of one batch on one device (s);
     T_nc: network time of one copy of the conv model out and its gradient back (s);
     t_fc: FC-phase time for one batch, activations in and their gradients out included (s);
-    n_workers: N, the conv devices; g groups get k = N // g each (any remainder sits idle).
+    n_workers: N, the conv devices; g groups get k = N // g each (any remainder sits idle);
+    t_call: the fixed cost of one round trip between two processes, its bytes aside (s; 0: the
+    paper's model);
+    local_groups: how many groups' leads share the servers' process, so that their pull, FC step
+    and push are calls in that process (the Dask engine places the servers on group 0's lead: 1).
+
+    With t_call = 0 every group's iteration takes t_conv(k) + t_fc and HE(g) is Omnivore's. Else
+    group i's takes t_i = t_conv(k) + t_fc + round_trips(k, local) · t_call, the g groups together
+    complete 1 / Σ 1/t_i iterations per second, and HE(g) = max{t_fc, 1 / Σ_i 1/t_i}.
     """
 
     T_cc: float
     T_nc: float
     t_fc: float
     n_workers: int
+    t_call: float = 0.0
+    local_groups: int = 0
 
     def __post_init__(self) -> None:
-        for key in ("T_cc", "T_nc", "t_fc"):
+        if int(self.local_groups) < 0:
+            raise ValueError(f"local_groups must be >= 0, got {self.local_groups}")
+        for key in ("T_cc", "T_nc", "t_fc", "t_call"):
             value = getattr(self, key)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{key} must be a finite number >= 0, got {value}")
@@ -86,8 +101,11 @@ class HEModel:
         n_workers: int,
         conv_model_bytes: float,
         bandwidth_bytes_per_s: float,
+        t_call: float = 0.0,
+        local_groups: int = 0,
     ) -> HEModel:
-        """The model from calibration: measured t_conv(1) and t_fc, conv model bytes, network speed.
+        """The model from calibration: measured t_conv(1) and t_fc, conv model bytes, network speed,
+        and the measured cost of one round trip `t_call` (see the class).
 
         Omnivore appendix D-D: T_cc = t_conv(1) (one device is compute-bound), and
         T_nc = 2 · conv_model_bytes / bandwidth: the conv model server sends the model to each
@@ -100,6 +118,8 @@ class HEModel:
             T_nc=2.0 * float(conv_model_bytes) / float(bandwidth_bytes_per_s),
             t_fc=float(t_fc),
             n_workers=int(n_workers),
+            t_call=float(t_call),
+            local_groups=int(local_groups),
         )
 
     @classmethod
@@ -150,13 +170,37 @@ class HEModel:
             raise ValueError(f"group size k must be >= 1, got {k}")
         return max(self.T_cc / k, self.T_nc * k)
 
+    @staticmethod
+    def round_trips(k: int, local: bool = False) -> int:
+        """Round trips between processes on the critical path of one group's iteration: the FC step
+        and the push (whose reply is the next pull) unless the group is `local` to the servers,
+        and with k > 1 the remote shards' forward and backward (the k − 1 run side by side; at
+        k > 2 the reduction tree among the shard servers adds its levels, not counted here)."""
+        return (0 if local else 2) + (2 if int(k) > 1 else 0)
+
+    def t_group(self, k: int, local: bool = False) -> float:
+        """One group's time per iteration: t_conv(k) + t_fc + round_trips(k, local) · t_call."""
+        return self.t_conv(k) + self.t_fc + self.round_trips(k, local) * self.t_call
+
+    def _conv_bound(self, g: int) -> float:
+        """1 / Σ 1/t_i over the g groups: (t_conv(k) + t_fc) / g when t_call = 0."""
+        g, k = int(g), self.group_size(g)
+        if self.t_call == 0:
+            return (self.t_conv(k) + self.t_fc) / g
+        local = min(int(self.local_groups), g)
+        return 1.0 / (local / self.t_group(k, True) + (g - local) / self.t_group(k, False))
+
     def he(self, g: int) -> float:
-        """Predicted time per iteration HE(g) = max{t_fc, (t_conv(N/g) + t_fc) / g} (§IV-B)."""
-        return max(self.t_fc, (self.t_conv(self.group_size(g)) + self.t_fc) / int(g))
+        """Predicted time per iteration HE(g) = max{t_fc, (t_conv(N/g) + t_fc) / g} (§IV-B), each
+        group's iteration with its round trips' `t_call` (see the class)."""
+        return max(self.t_fc, self._conv_bound(g))
 
     def saturates(self, g: int) -> bool:
-        """True when g groups saturate the FC server: t_conv(k) + t_fc < g · t_fc (Omnivore appendix D-D)."""
-        return self.t_conv(self.group_size(g)) + self.t_fc < int(g) * self.t_fc
+        """True when g groups saturate the FC server: t_conv(k) + t_fc < g · t_fc (Omnivore appendix D-D),
+        each group's iteration with its round trips' `t_call`."""
+        if self.t_call == 0:
+            return self.t_conv(self.group_size(g)) + self.t_fc < int(g) * self.t_fc
+        return self._conv_bound(g) < self.t_fc
 
     def smallest_saturating_g(self, gs: Iterable[int] | None = None) -> int | None:
         """The fewest groups that saturate the FC server, or None (where Omnivore's optimizer starts, §V).

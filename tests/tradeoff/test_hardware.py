@@ -61,6 +61,30 @@ def test_from_measurements_derives_T_nc_from_model_bytes_there_and_back():
     assert (m.T_cc, m.T_nc, m.t_fc, m.n_workers) == (3.0, 0.02, 0.2, 16)
 
 
+def test_each_round_trip_adds_t_call_to_its_groups_iteration():
+    # the MODEL with t_call = 0.25 s, group 0 local to the servers: a group of k > 1 sends its
+    # shards' forward and backward (2 round trips), a group away from the servers its FC step and
+    # push (2 more). g = 1 (k = 8, local): 5.5 + 2·0.25 = 6.0; g = 2 (k = 4): group 0 2 + 1.5 + 0.5
+    # = 4.0, group 1 4.0 + 0.5 = 4.5, together 1 / (1/4 + 1/4.5) = 36/17; g = 8 (k = 1): group 0
+    # 9.5, the others 9.5 + 0.5 = 10: 1 / (1/9.5 + 7/10) = 1.2422..., still above t_fc: saturated no more
+    m = HEModel(T_cc=8.0, T_nc=0.5, t_fc=1.5, n_workers=8, t_call=0.25, local_groups=1)
+    assert [HEModel.round_trips(k, local) for k, local in ((1, True), (1, False), (4, True), (4, False))] == [
+        0,
+        2,
+        2,
+        4,
+    ]
+    assert m.he(1) == pytest.approx(6.0)
+    assert m.he(2) == pytest.approx(36 / 17)
+    assert m.he(8) == 1.5 and m.saturates(8)
+    assert not HEModel(T_cc=8.0, T_nc=0.5, t_fc=1.5, n_workers=8, t_call=1.0).saturates(4)  # 4 + 1.5 + 4 > 6
+    assert MODEL.saturates(4) and MODEL.he(4) == 1.5  # t_call = 0: Omnivore's model as it was
+    f = HEModel.from_measurements(3.0, 0.2, 16, 1e6, 1e8, t_call=0.001, local_groups=1)
+    assert (f.t_call, f.local_groups) == (0.001, 1)
+    with pytest.raises(ValueError, match="t_call"):
+        HEModel(T_cc=1.0, T_nc=0.1, t_fc=0.1, n_workers=2, t_call=-1.0)
+
+
 def test_lenet_phase_costs_by_hand():
     c = phase_costs(zoo.lenet(), batch_size=64)
     conv_fwd = 2 * 20 * 25 * 24 * 24 + 20 * 12 * 12 * 4 + 2 * 50 * 20 * 25 * 8 * 8 + 50 * 4 * 4 * 4

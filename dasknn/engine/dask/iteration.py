@@ -52,21 +52,27 @@ __all__ = [
 
 
 class ConvModel:
-    """The merged map's model: the conv model server (the FC model lives on the FC server)."""
+    """The merged map's model: the conv model server (the FC model lives on the FC server).
+
+    A push brings the model back with it (`ConvModelServer.push_pull`): the next iteration's pull
+    is that reply, so a group's iteration calls the conv model server once, not twice."""
 
     def __init__(self, spec: GroupSpec, conv_server) -> None:
         self.spec, self.conv_server = spec, conv_server
+        self._pulled: tuple | None = None
 
     def pull(self):
-        """(version read, weights)."""
-        return _call(self.conv_server, "pull", timeout=self.spec.timeout)
+        """(version read, weights): the last push's reply, or a pull when there was none."""
+        pulled, self._pulled = self._pulled, None
+        return pulled if pulled is not None else _call(self.conv_server, "pull", timeout=self.spec.timeout)
 
     def push(self, grads, version, row: dict[str, Any]) -> dict[str, Any] | None:
         """The Trace row the conv model server logged with the update, or None once it stopped."""
         spec = self.spec
-        return _call(
-            self.conv_server, "push", grads, version, spec.lr, spec.momentum, row, timeout=spec.timeout
+        pushed, self._pulled = _call(
+            self.conv_server, "push_pull", grads, version, spec.lr, spec.momentum, row, timeout=spec.timeout
         )
+        return pushed
 
 
 class ConvAndFCModels:

@@ -56,5 +56,6 @@ def test_only_the_iteration_pulls_pushes_and_steps_the_fc_server():
         for method, functions in _server_calls(path).items():
             where.setdefault(method, set()).update(f"{path.name}:{f}" for f in functions)
     assert where["pull"] == {"iteration.py:ConvModel.pull", "iteration.py:ConvAndFCModels.pull"}
-    assert where["push"] == {"iteration.py:ConvModel.push", "iteration.py:ConvAndFCModels.push"}
+    assert where["push"] == {"iteration.py:ConvAndFCModels.push"}
+    assert where["push_pull"] == {"iteration.py:ConvModel.push"}  # the merged map's push and next pull
     assert where["step"] == {"iteration.py:run_iteration"}
