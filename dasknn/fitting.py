@@ -94,6 +94,11 @@ class Evaluator:
             sets["tuner_"] = (np.asarray(tuner[0]), np.asarray(tuner[1]))
         self.scorer = Scorer(net, sets, scoring_batch_size(net)) if sets else None
 
+    @property
+    def n_samples(self) -> int:
+        """The samples one evaluation scores (both sets)."""
+        return sum(len(y) for _, y in self.scorer.sets.values()) if self.scorer is not None else 0
+
     def __call__(self, state: TrainState) -> dict[str, float]:
         scores: dict[str, float] = {}
         if self.scorer is None:
@@ -165,6 +170,36 @@ class TrainingFigures:
         if self.measured is None or self.measured[0] != state.iterations_done:
             return None
         return self.measured[1]
+
+
+class EvaluationCadence:
+    """When a kept run is evaluated, and what the evaluations cost (`seconds`, one per kept run's
+    evaluation): always, unless the run bounds the evaluations' share of the fit's clock
+    (`NextRun.eval_share`) and one more, at the last one's cost, would pass it."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def due(self, share: float | None, elapsed: float) -> bool:
+        if share is None or not self.seconds:
+            return True
+        return sum(self.seconds) + self.seconds[-1] <= share * elapsed
+
+    def scores(self, loop: Loop, state: TrainState, seg: pd.DataFrame) -> dict[str, float]:
+        """The training figures since the last row and the evaluator's scores of `state`; the cost
+        goes to `seconds`: the evaluation's wall time, or on a simulated clock the modelled forward
+        passes over the samples it scored (`_scoring_seconds`), beside the groups (the training's
+        clock does not advance)."""
+        t0 = time.perf_counter()
+        since = loop.figures.unrecorded  # kept runs left unevaluated before this one
+        interval = pd.concat([*since, seg], ignore_index=True) if since else seg
+        with np.errstate(over="ignore", invalid="ignore"):
+            scores = {**training_scores(interval), **loop.evaluator(state)}
+        simulated = clock_unit(loop.engine) == "simulated s"
+        n = getattr(loop.evaluator, "n_samples", None)
+        timed = next((t for t in (interval, *reversed(loop.log.traces)) if len(t)), interval)
+        self.seconds.append(_scoring_seconds(time.perf_counter() - t0, timed, simulated, n))
+        return scores
 
 
 @dataclass
@@ -288,6 +323,7 @@ class Loop:
         self.history: list[dict[str, Any]] = []
         self.snapshots: dict[str, TrainState] = {}
         self.figures = TrainingFigures()
+        self.cadence = EvaluationCadence()
         self.rollbacks_in_row = 0
         self.stop_at_start = False
         self.stopped_by = ""
@@ -547,7 +583,7 @@ class Loop:
     def execute(self, step: NextRun) -> Outcome:
         """One engine run of `step`: charged, judged, rolled back or kept, evaluated."""
         start = self.snapshot(step.start)
-        trace, state, diverged, seconds = self._engine_run(step.config, step.budget, start, step.keep)
+        trace, state, diverged, seconds = engine_run(self.engine, self.net, self.X, self.y, step, start)
         seg, run = self.log.add_run(trace, seconds, step.phase)
         changes = self.cluster_changes(trace, seg, run, step.config)
         score = None
@@ -555,10 +591,11 @@ class Loop:
             score = self._score(state, seg)
         if step.diverges is not None and not diverged:
             diverged = bool(step.diverges(seg, math.inf if score is None else score))
+        due = self.evaluator is None or self.cadence.due(step.eval_share, self.log.elapsed)
         scores = None
         if step.keep and not diverged and self.evaluator is not None:
-            with np.errstate(over="ignore", invalid="ignore"):
-                scores = {**training_scores(seg), **self.evaluator(state)}
+            if due:
+                scores = self.cadence.scores(self, state, seg)
             diverged = step.loss_limit and blew_up(seg, self.loss_limit)
         out = Outcome(run, step, seg, state, f"run{run}", start, diverged, seconds, score)
         if state is not None:
@@ -573,7 +610,7 @@ class Loop:
         held = (START, step.hold)
         self.snapshots = {n: s for n, s in self.snapshots.items() if s is start or n in held}
         self.snapshots.update({CURRENT: state, out.snapshot: state})
-        if self.evaluates:
+        if self.evaluates and due:
             fields = dict(step.note or {})
             event = "; ".join(filter(None, [self.recoveries(seg, step.config), changes]))
             if "event" in fields:
@@ -597,25 +634,6 @@ class Loop:
         trace = self.log.trace()
         return float(trace["t_end"].max()) if len(trace) else self.log.elapsed
 
-    def _engine_run(self, config: RunConfig, budget: Budget, start: TrainState, keep: bool):
-        """The engine's run: (trace, end state or None, diverged, seconds charged: `_run_seconds`)."""
-        t0 = time.perf_counter()
-        try:
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # divergence is an outcome
-                result = self.engine.run(
-                    self.net, self.X, self.y, config, budget, start=start.copy() if keep else start
-                )
-        except FloatingPointError:
-            result = None
-        wall = time.perf_counter() - t0
-        trace = make_trace([], "unknown") if result is None else result.trace
-        state = None if result is None else result.state
-        losses = trace["loss"].to_numpy(dtype=float)
-        diverged = state is None or bool(trace.attrs.get("diverged")) or not np.isfinite(losses).all()
-        diverged = diverged or not checkpoint.healthy(state)  # exploding weights
-        seconds = _run_seconds(self.engine, trace, wall, config, budget, raised=result is None)
-        return trace, state, diverged, seconds
-
     def _score(self, state: TrainState, seg: pd.DataFrame) -> float:
         """The selection loss of `state` (its time charged to the clock), else the run's smoothed
         training loss (NaN without a run); the callbacks hear of the progress."""
@@ -636,6 +654,28 @@ class Loop:
             "on_progress", {"time": t, "epoch": state.batches_done / self.n_batches, "phase": "search"}
         )
         return value if math.isfinite(value) else math.inf
+
+
+def engine_run(engine, net, X, y, step: NextRun, start: TrainState):
+    """The engine's run of `step` (polling its `control`, if any): (trace, end state or None,
+    diverged, seconds charged: `_run_seconds`)."""
+    config, budget = step.config, step.budget
+    more = {} if step.control is None else {"control": step.control}
+    more["start"] = start.copy() if step.keep else start
+    t0 = time.perf_counter()
+    try:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # divergence is an outcome
+            result = engine.run(net, X, y, config, budget, **more)
+    except FloatingPointError:
+        result = None
+    wall = time.perf_counter() - t0
+    trace = make_trace([], "unknown") if result is None else result.trace
+    state = None if result is None else result.state
+    losses = trace["loss"].to_numpy(dtype=float)
+    diverged = state is None or bool(trace.attrs.get("diverged")) or not np.isfinite(losses).all()
+    diverged = diverged or not checkpoint.healthy(state)  # exploding weights
+    seconds = _run_seconds(engine, trace, wall, config, budget, raised=result is None)
+    return trace, state, diverged, seconds
 
 
 def run_policy(policy: Policy, engine, net, X, y, *, start: TrainState | None = None, **options) -> FitResult:
