@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -179,6 +181,46 @@ class EvaluationCadence:
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
+        self.lock = threading.Lock()  # held while the evaluator scores
+        self.pool: ThreadPoolExecutor | None = None
+        self.pending: tuple | None = None  # (state, clock, training figures, fields, future)
+
+    def beside(self, loop: Loop, step: NextRun) -> bool:
+        """Whether `step`'s evaluations score beside the next run: a bounded share on a real clock."""
+        return step.eval_share is not None and clock_unit(loop.engine) != "simulated s"
+
+    def submit(self, loop: Loop, state: TrainState, fields: dict[str, Any]) -> None:
+        """Score `state` (the snapshot the kept run left) in a thread while the next run trains; its
+        row is written at the next `collect`, stamped with the fit's clock now."""
+        since = loop.figures.unrecorded
+        figures = training_scores(pd.concat(since, ignore_index=True) if len(since) > 1 else since[0])
+        loop.figures.unrecorded = []
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="dasknn-evaluation")
+
+        def score() -> tuple[dict[str, float], float]:
+            with self.lock, np.errstate(over="ignore", invalid="ignore"):
+                t0 = time.perf_counter()
+                return loop.evaluator(state), time.perf_counter() - t0
+
+        self.pending = (state, loop._trace_end(), figures, fields, self.pool.submit(score))
+
+    def collect(self, loop: Loop, last: bool = False) -> bool:
+        """Write the row of the score pending (waiting for it); True when it stops the fit, which
+        then returns the state that was scored (the current one goes). `last`: the fit ends."""
+        if self.pending is None:
+            return False
+        state, t, figures, fields, future = self.pending
+        self.pending = None
+        scores, cost = future.result()
+        self.seconds.append(cost)
+        stop = loop.record(state, t, {**figures, **scores}, **fields)
+        if stop and not last:
+            loop.snapshots[CURRENT] = state
+        if last and self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+        return stop
 
     def due(self, share: float | None, elapsed: float) -> bool:
         if share is None or not self.seconds:
@@ -376,7 +418,11 @@ class Loop:
         (the best model restored, an earlier state returned)."""
         if scores is None:
             with np.errstate(over="ignore", invalid="ignore"):
-                scores = {**self.figures.of(state, self.snapshots, self.log.traces), **self.evaluator(state)}
+                with self.cadence.lock:  # never beside a background score: they share the scorer's nets
+                    scores = {
+                        **self.figures.of(state, self.snapshots, self.log.traces),
+                        **self.evaluator(state),
+                    }
         scores = self.figures.recorded(state, scores, current=state is self.snapshots.get(CURRENT))
         row = {
             "time": float(t),
@@ -564,6 +610,7 @@ class Loop:
         state = self.snapshot(step.state)
         if step.reason.startswith("converged") and not self.stopped_by:  # the tuner's plateau rule
             self.stopped_by = f"{step.reason} (at iteration {state.iterations_done})"
+        self.cadence.collect(self, last=True)
         last = self.history[-1]["iteration"] if self.history else -1
         if self.evaluator is not None and last != state.iterations_done:
             # the model returned, even mid-search: an evaluation when it is a new step, only noted
@@ -592,9 +639,9 @@ class Loop:
         if step.diverges is not None and not diverged:
             diverged = bool(step.diverges(seg, math.inf if score is None else score))
         due = self.evaluator is None or self.cadence.due(step.eval_share, self.log.elapsed)
-        scores = None
+        scores, beside = None, self.cadence.beside(self, step)
         if step.keep and not diverged and self.evaluator is not None:
-            if due:
+            if due and not beside:
                 scores = self.cadence.scores(self, state, seg)
             diverged = step.loss_limit and blew_up(seg, self.loss_limit)
         out = Outcome(run, step, seg, state, f"run{run}", start, diverged, seconds, score)
@@ -610,12 +657,16 @@ class Loop:
         held = (START, step.hold)
         self.snapshots = {n: s for n, s in self.snapshots.items() if s is start or n in held}
         self.snapshots.update({CURRENT: state, out.snapshot: state})
-        if self.evaluates and due:
+        out.stop = beside and self.cadence.collect(self)  # the last snapshot's score, if one is pending
+        if self.evaluates and due and not out.stop:
             fields = dict(step.note or {})
             event = "; ".join(filter(None, [self.recoveries(seg, step.config), changes]))
             if "event" in fields:
                 fields["event"] = event
-            out.stop = self.record(state, self._trace_end(), scores, **fields)
+            if beside:
+                self.cadence.submit(self, state, fields)
+            else:
+                out.stop = self.record(state, self._trace_end(), scores, **fields)
         return out
 
     def _rolled_back(self, out: Outcome) -> Outcome:

@@ -74,3 +74,35 @@ def test_the_rows_cover_every_iteration_and_the_model_returned_is_the_one_scored
         interval = kept[(kept["iteration"] > done) & (kept["iteration"] <= h["iteration"])]
         assert h["loss"] == pytest.approx(interval["loss"].mean(), rel=1e-12)
         done = h["iteration"]
+
+
+@pytest.mark.slow
+def test_on_dask_a_score_beside_the_next_run_is_stamped_at_its_snapshot_and_its_model_returned():
+    """A LocalCluster of one worker (≈ 30 s): each evaluation scores the state a kept run left in a
+    thread while the next run trains; its row carries the fit's clock at that state, and when it
+    reaches the target the fit returns that state, not the one trained since."""
+    from dasknn.engine.dask import DaskEngine, local_client
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((420, 1, 6, 6)).astype(np.float32)
+    y = (X[:, 0, 2, 2] > 0).astype(np.int64) + (X[:, 0, 3, 3] > 0)
+    net = tiny_net()
+    with local_client(n_workers=1) as client:
+        engine = DaskEngine(client)
+        loop = Loop(engine, net, X[:300], y[:300], batch_size=8, max_iterations=120, target_accuracy=0.5,
+                    evaluate=Evaluator(net, X[300:], y[300:]), n_classes=3)  # fmt: skip
+        policy = Bounded(RunConfig(n_groups=1, lr=0.05, momentum=0.9, batch_size=8), None, 120)
+        policy.run_seconds = 0.3
+        result = loop.run(policy, TrainState.from_net(net))
+        engine.close()
+    trace, rows = result.trace, [h for h in result.history if h["phase"] == "train"]
+    assert rows and result.stopped_by.startswith("target_accuracy")
+    ends = trace.groupby("run")["t_end"].max()
+    its = trace.groupby("run")["iteration"].max()
+    for h in rows:  # each row is stamped with the end of the run whose state it scored
+        if h["iteration"] == 0:  # a first run shorter than the start-up: no iteration, no end
+            continue
+        run = its[its == h["iteration"]].index[0]
+        assert h["time"] == pytest.approx(ends[run])
+    assert result.state.iterations_done == rows[-1]["iteration"] < trace["iteration"].max()
+    np.testing.assert_array_equal(net.params["conv1.weight"], result.state.params["conv1.weight"])
