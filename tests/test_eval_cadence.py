@@ -27,16 +27,16 @@ class Bounded(FixedKnobs):
 
 
 def fit(policy_class):
-    """Runs of 0.5 simulated s (≈ 20 iterations) for 12 s; each evaluation scores 120 samples:
+    """Runs of 0.5 simulated s (≈ 20 iterations) for 6 s; each evaluation scores 120 samples:
     ≈ 5 iterations' forward passes, a planted slow evaluation (a quarter of a run)."""
     rng = np.random.default_rng(0)
     X = rng.standard_normal((420, 1, 6, 6)).astype(np.float32)
     y = (X[:, 0, 2, 2] > 0).astype(np.int64) + (X[:, 0, 3, 3] > 0)
     net = tiny_net()
     engine = SimulatedEngine(t_conv=0.02, t_fc=0.005, verbose=0)
-    loop = Loop(engine, net, X[:300], y[:300], batch_size=8, time_budget=12.0,
+    loop = Loop(engine, net, X[:300], y[:300], batch_size=8, time_budget=6.0,
                 evaluate=Evaluator(net, X[300:], y[300:]), n_classes=3)  # fmt: skip
-    policy = policy_class(RunConfig(n_groups=1, lr=0.05, momentum=0.9, batch_size=8), 12.0, None)
+    policy = policy_class(RunConfig(n_groups=1, lr=0.05, momentum=0.9, batch_size=8), 6.0, None)
     policy.run_seconds = 0.5
     result = loop.run(policy, TrainState.from_net(net))
     return loop, result
