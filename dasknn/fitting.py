@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,11 @@ class Evaluator:
         if tuner is not None:
             sets["tuner_"] = (np.asarray(tuner[0]), np.asarray(tuner[1]))
         self.scorer = Scorer(net, sets, scoring_batch_size(net)) if sets else None
+
+    @property
+    def n_samples(self) -> int:
+        """The samples one evaluation scores (both sets)."""
+        return sum(len(y) for _, y in self.scorer.sets.values()) if self.scorer is not None else 0
 
     def __call__(self, state: TrainState) -> dict[str, float]:
         scores: dict[str, float] = {}
@@ -149,6 +156,76 @@ class TrainingFigures:
         if self.measured is None or self.measured[0] != state.iterations_done:
             return None
         return self.measured[1]
+
+
+class EvaluationCadence:
+    """When a kept run is evaluated, and what the evaluations cost (`seconds`, one per kept run's
+    evaluation): always, unless the run bounds the evaluations' share of the fit's clock
+    (`NextRun.eval_share`) and one more, at the last one's cost, would pass it."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.lock = threading.Lock()  # held while the evaluator scores
+        self.pool: ThreadPoolExecutor | None = None
+        self.pending: tuple | None = None  # (state, clock, training figures, fields, future)
+
+    def beside(self, loop: Loop, step: NextRun) -> bool:
+        """Whether `step`'s evaluations score beside the next run: a bounded share on a real clock."""
+        return step.eval_share is not None and clock_unit(loop.engine) != "simulated s"
+
+    def submit(self, loop: Loop, state: TrainState, fields: dict[str, Any]) -> None:
+        """Score `state` (the snapshot the kept run left) in a thread while the next run trains; its
+        row is written at the next `collect`, stamped with the fit's clock now."""
+        since = loop.figures.unrecorded
+        figures = training_scores(pd.concat(since, ignore_index=True) if len(since) > 1 else since[0])
+        loop.figures.unrecorded = []
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="dasknn-evaluation")
+
+        def score() -> tuple[dict[str, float], float]:
+            with self.lock, np.errstate(over="ignore", invalid="ignore"):
+                t0 = time.perf_counter()
+                return loop.evaluator(state), time.perf_counter() - t0
+
+        self.pending = (state, loop._trace_end(), figures, fields, self.pool.submit(score))
+
+    def collect(self, loop: Loop, last: bool = False) -> bool:
+        """Write the row of the score pending (waiting for it); True when it stops the fit, which
+        then returns the state that was scored (the current one goes). `last`: the fit ends."""
+        if self.pending is None:
+            return False
+        state, t, figures, fields, future = self.pending
+        self.pending = None
+        scores, cost = future.result()
+        self.seconds.append(cost)
+        stop = loop.record(state, t, {**figures, **scores}, **fields)
+        if stop and not last:
+            loop.snapshots[CURRENT] = state
+        if last and self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+        return stop
+
+    def due(self, share: float | None, elapsed: float) -> bool:
+        if share is None or not self.seconds:
+            return True
+        return sum(self.seconds) + self.seconds[-1] <= share * elapsed
+
+    def scores(self, loop: Loop, state: TrainState, seg: pd.DataFrame) -> dict[str, float]:
+        """The training figures since the last row and the evaluator's scores of `state`; the cost
+        goes to `seconds`: the evaluation's wall time, or on a simulated clock the modelled forward
+        passes over the samples it scored (`_scoring_seconds`), beside the groups (the training's
+        clock does not advance)."""
+        t0 = time.perf_counter()
+        since = loop.figures.unrecorded  # kept runs left unevaluated before this one
+        interval = pd.concat([*since, seg], ignore_index=True) if since else seg
+        with np.errstate(over="ignore", invalid="ignore"):
+            scores = {**training_scores(interval), **loop.evaluator(state)}
+        simulated = clock_unit(loop.engine) == "simulated s"
+        n = getattr(loop.evaluator, "n_samples", None)
+        timed = next((t for t in (interval, *reversed(loop.log.traces)) if len(t)), interval)
+        self.seconds.append(_scoring_seconds(time.perf_counter() - t0, timed, simulated, n))
+        return scores
 
 
 @dataclass
@@ -272,6 +349,7 @@ class Loop:
         self.history: list[dict[str, Any]] = []
         self.snapshots: dict[str, TrainState] = {}
         self.figures = TrainingFigures()
+        self.cadence = EvaluationCadence()
         self.rollbacks_in_row = 0
         self.stop_at_start = False
         self.stopped_by = ""
@@ -324,7 +402,11 @@ class Loop:
         (the best model restored, an earlier state returned)."""
         if scores is None:
             with np.errstate(over="ignore", invalid="ignore"):
-                scores = {**self.figures.of(state, self.snapshots, self.log.traces), **self.evaluator(state)}
+                with self.cadence.lock:  # never beside a background score: they share the scorer's nets
+                    scores = {
+                        **self.figures.of(state, self.snapshots, self.log.traces),
+                        **self.evaluator(state),
+                    }
         scores = self.figures.recorded(state, scores, current=state is self.snapshots.get(CURRENT))
         row = {
             "time": float(t),
@@ -512,6 +594,7 @@ class Loop:
         state = self.snapshot(step.state)
         if step.reason.startswith("converged") and not self.stopped_by:  # the tuner's plateau rule
             self.stopped_by = f"{step.reason} (at iteration {state.iterations_done})"
+        self.cadence.collect(self, last=True)
         last = self.history[-1]["iteration"] if self.history else -1
         if self.evaluator is not None and last != state.iterations_done:
             # the model returned, even mid-search: an evaluation when it is a new step, only noted
@@ -531,7 +614,7 @@ class Loop:
     def execute(self, step: NextRun) -> Outcome:
         """One engine run of `step`: charged, judged, rolled back or kept, evaluated."""
         start = self.snapshot(step.start)
-        trace, state, diverged, seconds = self._engine_run(step.config, step.budget, start, step.keep)
+        trace, state, diverged, seconds = engine_run(self.engine, self.net, self.X, self.y, step, start)
         seg, run = self.log.add_run(trace, seconds, step.phase)
         changes = self.cluster_changes(trace, seg, run, step.config)
         score = None
@@ -539,10 +622,11 @@ class Loop:
             score = self._score(state, seg)
         if step.diverges is not None and not diverged:
             diverged = bool(step.diverges(seg, math.inf if score is None else score))
-        scores = None
+        due = self.evaluator is None or self.cadence.due(step.eval_share, self.log.elapsed)
+        scores, beside = None, self.cadence.beside(self, step)
         if step.keep and not diverged and self.evaluator is not None:
-            with np.errstate(over="ignore", invalid="ignore"):
-                scores = {**training_scores(seg), **self.evaluator(state)}
+            if due and not beside:
+                scores = self.cadence.scores(self, state, seg)
             diverged = step.loss_limit and blew_up(seg, self.loss_limit)
         out = Outcome(run, step, seg, state, f"run{run}", start, diverged, seconds, score)
         if state is not None:
@@ -557,12 +641,16 @@ class Loop:
         held = (START, step.hold)
         self.snapshots = {n: s for n, s in self.snapshots.items() if s is start or n in held}
         self.snapshots.update({CURRENT: state, out.snapshot: state})
-        if self.evaluates:
+        out.stop = beside and self.cadence.collect(self)  # the last snapshot's score, if one is pending
+        if self.evaluates and due and not out.stop:
             fields = dict(step.note or {})
             event = "; ".join(filter(None, [self.recoveries(seg, step.config), changes]))
             if "event" in fields:
                 fields["event"] = event
-            out.stop = self.record(state, self._trace_end(), scores, **fields)
+            if beside:
+                self.cadence.submit(self, state, fields)
+            else:
+                out.stop = self.record(state, self._trace_end(), scores, **fields)
         return out
 
     def _rolled_back(self, out: Outcome) -> Outcome:
@@ -580,25 +668,6 @@ class Loop:
     def _trace_end(self) -> float:
         trace = self.log.trace()
         return float(trace["t_end"].max()) if len(trace) else self.log.elapsed
-
-    def _engine_run(self, config: RunConfig, budget: Budget, start: TrainState, keep: bool):
-        """The engine's run: (trace, end state or None, diverged, seconds charged: `_run_seconds`)."""
-        t0 = time.perf_counter()
-        try:
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # divergence is an outcome
-                result = self.engine.run(
-                    self.net, self.X, self.y, config, budget, start=start.copy() if keep else start
-                )
-        except FloatingPointError:
-            result = None
-        wall = time.perf_counter() - t0
-        trace = make_trace([], "unknown") if result is None else result.trace
-        state = None if result is None else result.state
-        losses = trace["loss"].to_numpy(dtype=float)
-        diverged = state is None or bool(trace.attrs.get("diverged")) or not np.isfinite(losses).all()
-        diverged = diverged or not checkpoint.healthy(state)  # exploding weights
-        seconds = _run_seconds(self.engine, trace, wall, config, budget, raised=result is None)
-        return trace, state, diverged, seconds
 
     def _score(self, state: TrainState, seg: pd.DataFrame) -> float:
         """The selection loss of `state` (its time charged to the clock), else the run's smoothed
@@ -620,6 +689,28 @@ class Loop:
             "on_progress", {"time": t, "epoch": state.batches_done / self.n_batches, "phase": "search"}
         )
         return value if math.isfinite(value) else math.inf
+
+
+def engine_run(engine, net, X, y, step: NextRun, start: TrainState):
+    """The engine's run of `step` (polling its `control`, if any): (trace, end state or None,
+    diverged, seconds charged: `_run_seconds`)."""
+    config, budget = step.config, step.budget
+    more = {} if step.control is None else {"control": step.control}
+    more["start"] = start.copy() if step.keep else start
+    t0 = time.perf_counter()
+    try:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # divergence is an outcome
+            result = engine.run(net, X, y, config, budget, **more)
+    except FloatingPointError:
+        result = None
+    wall = time.perf_counter() - t0
+    trace = make_trace([], "unknown") if result is None else result.trace
+    state = None if result is None else result.state
+    losses = trace["loss"].to_numpy(dtype=float)
+    diverged = state is None or bool(trace.attrs.get("diverged")) or not np.isfinite(losses).all()
+    diverged = diverged or not checkpoint.healthy(state)  # exploding weights
+    seconds = _run_seconds(engine, trace, wall, config, budget, raised=result is None)
+    return trace, state, diverged, seconds
 
 
 def run_policy(policy: Policy, engine, net, X, y, *, start: TrainState | None = None, **options) -> FitResult:

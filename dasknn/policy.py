@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from dasknn.engine.control import RunControl
 from dasknn.engine.trace import Budget, RunConfig, TrainState, make_trace
 from dasknn.logs import TRACE
 
@@ -63,7 +64,14 @@ class NextRun:
     `dasknn.fitting.DIVERGED_LOSS` × ln(n_classes) (fixed knobs and "auto" ask for it; grid and
     online judge their runs by their own scores). `hold`: the name of an earlier snapshot the loop
     keeps past this run even when the run is kept (the policy may still restore it: "auto"'s
-    ramp, which may undo a kept window after the next one).
+    ramp, which may undo a kept window after the next one). `control`: a
+    `dasknn.engine.control.RunControl` the engine polls while this run trains, to change its η and
+    µ, keep and restore snapshots on the servers, or end it, without a new run (docs/architecture.md
+    "Controlling a run"); what it did is in the run's trace, `attrs["control"]`. `eval_share`: None
+    evaluates every kept run; a number (`EVAL_SHARE`, 5%) lets the loop evaluate this kept run only
+    when the evaluations' measured cost so far, with one more, stays within that share of the fit's
+    clock (docs/architecture.md "Evaluations at a bounded cost"); a run left unevaluated has no
+    history row, its iterations count in the next row's training figures.
     """
 
     config: RunConfig
@@ -77,6 +85,13 @@ class NextRun:
     note: dict[str, Any] | None = None
     loss_limit: bool = False
     hold: str | None = None
+    control: RunControl | None = None
+    eval_share: float | None = None
+
+
+EVAL_SHARE = 0.05
+"""The share of a fit's clock its held-out evaluations may cost, for runs that ask the loop to bound
+it (`NextRun.eval_share`)."""
 
 
 @dataclass(frozen=True)

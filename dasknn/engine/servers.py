@@ -104,6 +104,31 @@ class UpdateCorrelation:
         self.seen = int(state.get("seen", 0))
 
 
+class Knobs:
+    """The changes of η and µ a run control made (`engine.control.Reschedule`), over the knobs each
+    update is called with: from its index `at` on, a change's η (µ) replaces the call's; a later
+    change with the same or a lower `at` wins from its own `at` on."""
+
+    def __init__(self) -> None:
+        self.changes: list[tuple[int, Any, Any]] = []
+
+    def add(self, lr, momentum, at: int | None, now: int) -> int:
+        """Record a change from index `at` (at least `now`, the next update's); returns that index."""
+        at = now if at is None else max(int(at), now)
+        self.changes.append((at, lr, momentum))
+        self.changes.sort(key=lambda c: c[0])  # stable: of two at one index, the later wins
+        return at
+
+    def values(self, lr, momentum, i: int) -> tuple[float, float]:
+        """η and µ for the update with index `i`."""
+        for at, new_lr, new_momentum in self.changes:
+            if at > i:
+                break
+            lr = lr if new_lr is None else new_lr
+            momentum = momentum if new_momentum is None else new_momentum
+        return value_at(lr, i), value_at(momentum, i)
+
+
 class ConvModelServer:
     """Conv-phase weights, their momentum buffers and a version counter.
 
@@ -143,6 +168,9 @@ class ConvModelServer:
         self.claimed: set[int] = set()
         self._lock = threading.RLock()  # push_pull holds it across push and pull
         self.updates = UpdateCorrelation(self.params)
+        self.knobs = Knobs()
+        self.kept: dict[str, dict[str, Any]] = {}  # the run control's snapshots, by name
+        self.pending: dict[str, int] = {}  # snapshots to take at an iteration still ahead
 
     def stop(self) -> None:
         """Tell every compute group to stop: later pushes are refused, so the weights stay as they are."""
@@ -157,6 +185,50 @@ class ConvModelServer:
         with self._lock:
             self.stopped, self.claimed, self.log = False, set(), []
             self.version = int(version)
+            self.forget_control()
+
+    # -- a run control's commands (`engine.control`) -----------------------------------------------
+    def reschedule(self, lr, momentum, at: int | None) -> int:
+        """η and/or µ from index `at` on (`Knobs.add`); returns the index it holds from."""
+        with self._lock:
+            return self.knobs.add(lr, momentum, at, self.solver.iter)
+
+    def keep_snapshot(self, name: str, at: int | None = None) -> int:
+        """Keep the weights, momentum and solver iteration under `name`: now, or, when `at` is
+        ahead, right after the update that brings the solver's iteration to `at` (the FC server's,
+        whose step of an iteration comes before its push: the two then hold the same count of
+        updates); returns that iteration."""
+        with self._lock:
+            if at is not None and int(at) > self.solver.iter:
+                self.kept.pop(name, None)
+                self.pending[name] = int(at)
+                return int(at)
+            self.pending.pop(name, None)
+            self.kept[name] = self._state()
+            return self.solver.iter
+
+    def restore_snapshot(self, name: str) -> tuple[int, int]:
+        """Go back to the weights, momentum and solver iteration kept under `name` (the version,
+        which counts this run's updates for their staleness, goes on); returns (that iteration,
+        the version now)."""
+        with self._lock:
+            if name not in self.kept:
+                why = f"its update {self.pending[name]} never came" if name in self.pending else "none taken"
+                raise KeyError(f"the conv model server keeps no snapshot {name!r} ({why})")
+            state = self.kept[name]
+            self.params = {k: v.copy() for k, v in state["params"].items()}
+            self.solver.load_state_dict(state["solver"])
+            self.updates = UpdateCorrelation(self.params)  # no update spans a restore
+            return self.solver.iter, self.version
+
+    def _take_pending(self) -> None:
+        for name in [n for n, at in self.pending.items() if at == self.solver.iter]:
+            del self.pending[name]
+            self.kept[name] = self._state()
+
+    def forget_control(self) -> None:
+        """Drop the run control's changes of η and µ and its snapshots (a new run's own knobs rule)."""
+        self.knobs, self.kept, self.pending = Knobs(), {}, {}
 
     def claim(self, group: int) -> bool:
         """Register compute group `group`'s loop; False if one already ran for it or the server stopped."""
@@ -206,9 +278,11 @@ class ConvModelServer:
             if self.stopped:
                 return None
             host = {k: np.asarray(g) for k, g in grads.items()}  # the shards send host arrays
-            lr, momentum = value_at(lr, self.solver.iter), value_at(momentum, self.solver.iter)
+            lr, momentum = self.knobs.values(lr, momentum, self.solver.iter)
             self.solver.step(self.params, host, lr=lr, momentum=momentum)
             self.version += 1
+            if self.pending:
+                self._take_pending()
             written = self.version
             out = {
                 "version_read": version_read,
@@ -315,6 +389,8 @@ class FCServer:
         self.version = 0
         self.stopped = False
         self._lock = threading.Lock()
+        self.knobs = Knobs()
+        self.kept: dict[str, dict[str, Any]] = {}  # the run control's snapshots, by name
 
     def stop(self) -> None:
         """Refuse later steps (the driver's signal before it reads the state to recover from)."""
@@ -336,8 +412,8 @@ class FCServer:
             norms = (float("nan"), float("nan"))
             if self.solver.iter % NOISE_EVERY == 0:
                 norms = grad_norms(self.net, dheads, caches, grads)
-            i = self.solver.iter
-            self.solver.step(self.net.params, grads, lr=value_at(lr, i), momentum=value_at(momentum, i))
+            lr, momentum = self.knobs.values(lr, momentum, self.solver.iter)
+            self.solver.step(self.net.params, grads, lr=lr, momentum=momentum)
             self.version += 1
             return {
                 "dacts": to_numpy(dacts),
@@ -364,6 +440,31 @@ class FCServer:
                 "version": self.version,
                 "rng": self.rng.bit_generator.state,
             }
+
+    # -- a run control's commands (`engine.control`), as the conv model server's --------------------
+    def reschedule(self, lr, momentum, at: int | None) -> int:
+        with self._lock:
+            return self.knobs.add(lr, momentum, at, self.solver.iter)
+
+    def keep_snapshot(self, name: str) -> int:
+        """Keep the weights, momentum, solver iteration and dropout rng under `name` (on the host)."""
+        state = self.get_state()
+        with self._lock:
+            self.kept[name] = state
+            return int(state["solver"]["iter"])
+
+    def restore_snapshot(self, name: str) -> int:
+        """Go back to the state kept under `name`, but the version (the steps this server took)."""
+        if name not in self.kept:
+            raise KeyError(f"the FC server keeps no snapshot {name!r}")
+        self.set_state({**self.kept[name], "version": self.version})
+        return int(self.kept[name]["solver"]["iter"])
+
+    def forget_control(self) -> None:
+        """Drop the run control's changes and snapshots, and take steps again (a kept server after
+        the control ended its run: `stop` was its End)."""
+        with self._lock:
+            self.knobs, self.kept, self.stopped = Knobs(), {}, False
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore a `get_state()`; weights and momentum move to the server's device."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -26,7 +26,9 @@ import numpy as np
 from dasknn.data.augment import Augment
 from dasknn.data.batching import check_window
 from dasknn.engine.autotune import run_auto_learners
+from dasknn.engine.control import RunControl
 from dasknn.engine.dask import elastic, tasks
+from dasknn.engine.dask.control import DaskControl
 from dasknn.engine.dask.kept import Kept, knobs_of, release_kept, take_kept
 from dasknn.engine.dask.nanny import QuietClose, TunedNanny, share_cores, unshare_cores
 from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
@@ -292,9 +294,19 @@ class DaskEngine:
         return len(plan(cluster_workers(engine_client(self)), 1).conv_workers)
 
     def run(
-        self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None = None
+        self,
+        net: Net,
+        X,
+        y,
+        config: RunConfig,
+        budget: Budget,
+        start: TrainState | None = None,
+        control: RunControl | None = None,
     ) -> RunResult:
         """Train `net` for `budget` with `config.n_groups` groups; sets the final weights on `net`.
+
+        `control` (`engine.control.RunControl`) is polled at every `poll` of the driver and its
+        commands applied to the running servers (Omnivore's groups on the merged map).
 
         Survives lost workers as the class docstring says; `trace.attrs["recoveries"]` lists each
         recovery (recovery.Recovery) and the `recovered` column marks rows trained after one.
@@ -302,13 +314,18 @@ class DaskEngine:
         workers found", a placement over an empty cluster), the run raises WorkerLostError.
         """
         self.strategy.check_knobs(config.lr, config.momentum)
+        if control is not None and (self.strategy.synchronous or self.strategy.physical_map == "unmerged"):
+            raise ValueError(
+                f"a run control needs Omnivore's compute groups on the merged map, not strategy "
+                f"{self.strategy.name!r} on the {self.strategy.physical_map} map"
+            )
         done, client = (0 if start is None else start.iterations_done), engine_client(self)
         if not cluster_workers(client):
             waited = elastic.await_workers(client, self._worker_wait(client), self.poll, installed=False)
             if not waited and self.placement_ is not None:
                 raise lost_error({}, 0, 0, self.max_recoveries, {}, self.placement_, done)
         try:
-            return self._run(net, X, y, config, budget, start)
+            return self._run(net, X, y, config, budget, start, control)
         except ClusterError:
             raise
         except Exception as err:
@@ -358,14 +375,16 @@ class DaskEngine:
         release_kept(self._kept)
         self._kept = None
 
-    def _run(self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None) -> RunResult:
+    def _run(
+        self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None, control=None
+    ) -> RunResult:
         if self.strategy.synchronous:  # SMA (Crossbow §3.2) or model averaging (SparkNet)
             # Crossbow §3.4 with learners='auto': tune the learners, then train
             runner = run_auto_learners if self.strategy.learners == "auto" else run_replicas
             return run_restarting(self, runner, net, X, y, config, budget, start, keep_groups=True)
         if self.strategy.physical_map == "unmerged":  # Omnivore appendix C
             return run_restarting(self, run_unmerged, net, X, y, config, budget, start, keep_groups=False)
-        run = _GroupsRun(self, net, X, y, config, budget, start)
+        run = _GroupsRun(self, net, X, y, config, budget, start, control)
         return run.result(net, run.train())
 
     def _worker_wait(self, client) -> float:
@@ -415,7 +434,15 @@ class _GroupsRun:
     """
 
     def __init__(
-        self, engine: DaskEngine, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None
+        self,
+        engine: DaskEngine,
+        net: Net,
+        X,
+        y,
+        config: RunConfig,
+        budget: Budget,
+        start: TrainState | None,
+        control: RunControl | None = None,
     ) -> None:
         client = engine_client(engine)
         self.elastic_on = elastic.install(client)
@@ -442,6 +469,7 @@ class _GroupsRun:
             self.run_id = begun.run_id
             self.template = ship(client, self.conv_net.copy(), broadcast=True, installed=self.elastic_on)
         self.t0 = time.time()
+        self.control = None if control is None else DaskControl(control, config, self.t0)
         self.deadline = None if budget.seconds is None else self.t0 + budget.seconds
         self.bar = engine._progress(budget)
         self.rows: list[dict[str, Any]] = []
@@ -498,6 +526,8 @@ class _GroupsRun:
                 self.seg_state.batches_done, self.deadline, self.run_id, self.template.key,
             )  # fmt: skip
             seg.start(self.conv_net, self.fc_net, config, specs, self.template, self.data.shipped)
+            if self.control is not None:
+                self.control.start(seg)
             if self.elastic_on:
                 elastic.use(client, self.run_id, self.placement.roles())
             if self.recoveries:
@@ -510,7 +540,7 @@ class _GroupsRun:
                 seg.watch(
                     self.deadline,
                     None if bar is None else lambda v: bar.update(max(0, v - bar.n)),
-                    self._cluster_change if self.elastic_on else None,
+                    self._check(seg),
                 )
             except elastic.ClusterChange as change:  # a worker joined or is being retired
                 self._hand_off(seg, change)
@@ -518,6 +548,8 @@ class _GroupsRun:
             end_state = seg.finish()
             self.rows.extend(dict(r, recovered=bool(self.recoveries)) for r in seg.rows)
             if engine.keep_servers:  # for the next run (`kept`)
+                if self.control is not None:
+                    self.control.finish(seg)
                 parts = (self.run_id, self.conv_net, self.fc_net, self.template)
                 servers, self.kept = seg.keep(end_state.copy()), True
                 engine._kept = Kept(servers, self.net, client, knobs_of(config), *parts)
@@ -525,6 +557,20 @@ class _GroupsRun:
         except SegmentFailed as failure:
             self._recover(seg, failure)
             return None
+
+    def _check(self, seg: Segment) -> Callable[[], None] | None:
+        """What the watch calls at every poll: the cluster's changes, then the run control."""
+        checks = [self._cluster_change] if self.elastic_on else []
+        if self.control is not None:
+            checks.append(lambda: self.control.poll(seg))
+        if not checks:
+            return None
+
+        def check() -> None:
+            for each in checks:
+                each()
+
+        return check
 
     def _hand_off(self, seg: Segment, change: elastic.ClusterChange) -> None:
         """End `seg` where it is and move its servers' states to the placement `change` plans."""
@@ -619,6 +665,7 @@ class _GroupsRun:
             worker_events=[e.as_dict() for e in self.events],
             n_workers=elastic.conv_count(usable),
             started=self.t0,
+            **({} if self.control is None else {"control": [a.as_dict() for a in self.control.applied]}),
         )
         return RunResult(trace=trace, state=end_state)
 

@@ -136,6 +136,7 @@ class Segment:
         self.shard_actors: dict[str, Any] = {}  # worker → its ShardServer actor
         self.kept = servers
         self.reused = False  # whether the segment started on kept servers
+        self.rewound = 0  # iterations a run control's restores went back (`control.DaskControl`)
 
     # -- start -------------------------------------------------------------------------------------
     def start(
@@ -322,14 +323,14 @@ class Segment:
             return None
         fc = self._await(self.fc_server.get_state(), self.placement.fc_worker)
         self.last_states = (out["state"], fc)
-        return state_of(out["state"], fc, self.snapshot.state, self.iterations0)
+        return state_of(out["state"], fc, self.snapshot.state, self.iterations0 - self.rewound)
 
     def drain(self) -> None:
         """Move the logged rows to the driver; snapshot both servers every `snapshot_every` updates."""
         self._read(False)
         if self.version - self.snapshot.version >= self.engine.snapshot_every:
             state = self._read(True)
-            self.snapshot = Snapshot(state, state.iterations_done - self.iterations0)
+            self.snapshot = Snapshot(state, self.version)
 
     def live_state(self) -> TrainState:
         """Both servers' current state, and the rows logged until it."""
@@ -388,6 +389,19 @@ class Segment:
         it has passed the FC step in (its push is applied) or stops at the FC step; once the loops
         have returned (the shard servers are idle) the conv model server stops and both servers'
         exact states are read (`last_states`). Raises SegmentFailed if a worker is lost meanwhile."""
+        self.stop_groups()
+        try:
+            return self.live_state()
+        except SegmentFailed:
+            raise
+        except Exception as err:
+            self._failed(err)
+            raise  # _failed always raises
+
+    def stop_groups(self) -> None:
+        """Stop the groups with no update lost (`hand_off`, a run control's `End`): the FC server
+        first, then, once the loops have returned, the conv model server. Raises SegmentFailed if
+        a worker is lost meanwhile."""
         from distributed import wait
 
         p = self.placement
@@ -411,7 +425,6 @@ class Segment:
             if errored:
                 raise errored[0].exception(timeout=self.engine.timeout)
             self._await(self.conv_server.stop(), p.conv_server_worker)
-            return self.live_state()
         except SegmentFailed:
             raise
         except Exception as err:
@@ -466,7 +479,7 @@ class Segment:
         if servers_up and p.fc_worker not in failure.lost and p.conv_server_worker not in failure.lost:
             try:
                 state = self.live_state()
-                return state, state.iterations_done - self.iterations0, list(self.rows), None
+                return state, self.version, list(self.rows), None
             except Exception as err:
                 if not (isinstance(err, SegmentFailed) or is_worker_loss(err)):
                     raise

@@ -20,6 +20,7 @@ from dasknn.backend import blas_threads
 from dasknn.data.augment import Augment
 from dasknn.data.batching import check_window
 from dasknn.engine.autotune import run_auto_learners
+from dasknn.engine.control import RunControl
 from dasknn.engine.simulated.events import Simulation
 from dasknn.engine.simulated.strategies import ReplicaSimulation, UnmergedSimulation
 from dasknn.engine.strategy import Strategy, split_layer
@@ -149,10 +150,27 @@ class SimulatedEngine:
         return float(self.t_conv(k) if callable(self.t_conv) else self.t_conv)
 
     def run(
-        self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None = None
+        self,
+        net: Net,
+        X,
+        y,
+        config: RunConfig,
+        budget: Budget,
+        start: TrainState | None = None,
+        control: RunControl | None = None,
     ) -> RunResult:
-        """Train `net` from `start` (or its weights) for `budget` simulated seconds or iterations."""
+        """Train `net` from `start` (or its weights) for `budget` simulated seconds or iterations.
+
+        `control` (`engine.control.RunControl`) is polled after every update, on the simulated
+        clock, and its commands apply before the next event (Omnivore's groups on the merged map,
+        without a `worker_schedule`)."""
         self.strategy.check_knobs(config.lr, config.momentum)
+        if control is not None and (self.strategy != Strategy() or self.worker_schedule is not None):
+            raise ValueError(
+                "a run control needs Omnivore's compute groups on the merged map and a fixed cluster; "
+                f"this engine runs strategy {self.strategy.name!r}"
+                + (" with a worker_schedule" if self.worker_schedule is not None else "")
+            )
         if self.strategy.learners == "auto":  # Crossbow's auto-tuner picks n_groups first
             return run_auto_learners(self, net, X, y, config, budget, start)
         if self.worker_schedule is not None:
@@ -164,10 +182,13 @@ class SimulatedEngine:
         state = TrainState.from_net(net) if start is None else start
         with blas_threads(1):  # one process computes for all groups: one BLAS thread, never spinning
             sim = self._simulation(net, X, y, config, n_workers // g, state)
+            sim.control = control
             rows = sim.advance(budget)
         new_state = sim.train_state()
         net.set_params(new_state.params)
         attrs = self._trace_attrs(sim, config.batch_size, n_workers)
+        if control is not None:
+            attrs["control"] = [a.as_dict() for a in sim.applied]
         return RunResult(trace=make_trace(rows, "simulated", **attrs), state=new_state)
 
     def _trace_attrs(self, sim, batch_size: int, n_workers: int, **more) -> dict:

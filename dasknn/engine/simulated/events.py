@@ -23,6 +23,7 @@ from tqdm import tqdm
 from dasknn.data.augment import Augment
 from dasknn.data.batching import BatchOrder
 from dasknn.data.chunks import sample_chunks
+from dasknn.engine.control import Applied, Progress, Reschedule, TakeSnapshot, check_commands, ordered
 from dasknn.engine.servers import ConvModelServer, FCServer
 from dasknn.engine.streams import shard_rng
 from dasknn.engine.trace import Budget, RunConfig, TrainState
@@ -155,6 +156,10 @@ class Simulation:
         self.rng = np.random.default_rng([config.seed, 3, state.iterations_done])
         self.caches: dict[int, tuple] = {}
         self.diverged = False
+        self.control = None  # a RunControl the event loop polls after every update (`engine.control`)
+        self.applied: list[Applied] = []
+        self.polled = 0  # the rows the control has seen
+        self.rewound = 0  # iterations the restores went back: the state's count is iterations_done − rewound
         if resume:
             sim = copy.deepcopy(sim)
             self.seq, self.events, self.groups = sim["seq"], sim["events"], sim["groups"]
@@ -288,6 +293,8 @@ class Simulation:
                 if not math.isfinite(rows[-1]["loss"]):
                     self.diverged = True
                     break
+                if self.control is not None and self._polled(rows, t - t0):
+                    break
                 if budget.exhausted(t - t0, len(rows)) or self.engine.past_wall_deadline():
                     break
             else:
@@ -295,6 +302,29 @@ class Simulation:
                     bar.update(limit - self.clock if budget.iterations is None else 0)
                     self.clock = limit
         return rows
+
+    # -- a run control (`engine.control`) ---------------------------------------------------------
+    def _polled(self, rows: list[dict[str, Any]], seconds: float) -> bool:
+        """Poll the control after the update `rows[-1]` and apply its commands, all before the next
+        event; True when one of them ends the run."""
+        new, self.polled = rows[self.polled :], len(rows)
+        position = self.iterations_done - self.rewound
+        commands = check_commands(self.control.poll(Progress(position, len(rows), seconds, new)), self.config)
+        end, commands = ordered(commands)
+        for cmd in commands:
+            if isinstance(cmd, Reschedule):
+                at = self.conv_server.reschedule(cmd.lr, cmd.momentum, cmd.at)
+                self.fc_server.reschedule(cmd.lr, cmd.momentum, cmd.at)
+            elif isinstance(cmd, TakeSnapshot):
+                at = self.conv_server.keep_snapshot(cmd.name, self.fc_server.keep_snapshot(cmd.name))
+            else:
+                at, _ = self.conv_server.restore_snapshot(cmd.name)
+                self.fc_server.restore_snapshot(cmd.name)
+                self.rewound += self.iterations_done - self.rewound - at
+            self.applied.append(Applied(cmd, at, seconds))
+        if end is not None:
+            self.applied.append(Applied(end, self.iterations_done - self.rewound, seconds))
+        return end is not None
 
     # -- state -----------------------------------------------------------------------------------
     def train_state(self) -> TrainState:
@@ -320,6 +350,6 @@ class Simulation:
             params={key: np.array(v, copy=True) for key, v in params.items()},
             momentum={key: np.array(v, copy=True) for key, v in momentum.items()},
             batches_done=self.cursor,
-            iterations_done=self.iterations_done,
+            iterations_done=self.iterations_done - self.rewound,
             extra={**self.extra, "fc_rng": copy.deepcopy(sim["fc_rng"]), "simulator": copy.deepcopy(sim)},
         )

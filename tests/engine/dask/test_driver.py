@@ -323,3 +323,71 @@ def test_continuing_mid_schedule_equals_one_longer_run(client1, digits):
     assert second.trace["lr"].tolist() == [0.01, 0.03, 0.03] == whole.trace["lr"].tolist()[2:]
     for key in a.params:
         np.testing.assert_array_equal(a.params[key], b.params[key], err_msg=key)
+
+
+# -- a run control: η changed, a snapshot restored, the run ended, while the groups run ----------------
+
+
+class Steered:
+    """At its first poll: `first(progress)`; from then, at the first poll `ahead` iterations on:
+    `then(progress)`, which ends the run. Polls come when the driver's watch polls (every 0.1 s
+    here), whatever the machine's speed: only the iterations they fall at vary."""
+
+    def __init__(self, first, then, ahead: int = 3):
+        self.first, self.then, self.ahead, self.mark = first, then, ahead, None
+
+    def poll(self, progress):
+        if self.mark is None:
+            self.mark = progress.iteration
+            return self.first(progress)
+        if progress.iteration >= self.mark + self.ahead + 2:
+            return self.then(progress)
+        return []
+
+
+def test_a_control_changes_eta_mid_run_at_the_iteration_it_says(client1, digits):
+    """Bit for bit the in-process training with the knobs switched by hand at that update (≈ 3 s)."""
+    from dasknn.engine.control import End, Reschedule
+
+    X, y = digits
+    net = zoo.lenet(seed=0)
+    steer = Steered(lambda p: [Reschedule(lr=0.03, momentum=0.5, at=p.iteration + 3)], lambda p: [End()])
+    run = DaskEngine(client1, poll=0.1).run(net, X, y, CFG, Budget(seconds=300), control=steer)
+    at = run.trace.attrs["control"][0]["iteration"]
+    assert [c["command"] for c in run.trace.attrs["control"]] == ["Reschedule", "End"]
+    assert at == steer.mark + 3
+    n = len(run.trace)
+    assert run.trace["lr"].tolist() == [0.01] * at + [0.03] * (n - at)
+    assert run.trace["momentum"].tolist() == [0.9] * at + [0.5] * (n - at)
+    ref = zoo.lenet(seed=0)
+    solver = SGD.for_net(ref, weight_decay=CFG.weight_decay)
+    batches = iterate_batches(X, y, CFG.batch_size, epoch=0, seed=CFG.seed)
+    for i in range(n):
+        knobs = {"lr": 0.01, "momentum": 0.9} if i < at else {"lr": 0.03, "momentum": 0.5}
+        train_step(ref, solver, *dask.compute(*next(batches)), **knobs)
+    for key, v in ref.params.items():
+        np.testing.assert_array_equal(net.params[key], v, err_msg=key)
+
+
+def test_a_snapshot_the_servers_keep_and_restore_mid_run_gives_the_state_it_took(client1, digits):
+    """No weights reach the driver until the run ends; ending right after the restore leaves
+    exactly the snapshot's state (≈ 3 s)."""
+    from dasknn.engine.control import End, Restore, TakeSnapshot
+
+    X, y = digits
+    net = zoo.lenet(seed=0)
+    steer = Steered(lambda p: [TakeSnapshot("a")], lambda p: [Restore("a"), End()])
+    engine = DaskEngine(client1, poll=0.1)
+    run = engine.run(net, X, y, CFG, Budget(seconds=300), control=steer)
+    taken = run.trace.attrs["control"][0]["iteration"]
+    assert [(c["command"], c["iteration"]) for c in run.trace.attrs["control"]] == [
+        ("TakeSnapshot", taken), ("Restore", taken), ("End", taken),
+    ]  # fmt: skip
+    assert run.state.iterations_done == taken < len(run.trace)
+    ref = in_process(X, y, CFG, taken)
+    for key, v in ref.params.items():
+        np.testing.assert_array_equal(net.params[key], v, err_msg=key)
+    # the kept servers forgot the control: the next run trains on, with the run's own knobs
+    after = engine.run(net, X, y, CFG, Budget(iterations=2), start=run.state)
+    engine.close()
+    assert after.trace["iteration"].tolist() == [taken + 1, taken + 2] and (after.trace["lr"] == 0.01).all()

@@ -1,0 +1,86 @@
+"""A run control (`engine.control`) on the Dask engine: polled at every poll of the driver's watch,
+its commands applied to the running servers by actor calls (docs/architecture.md "Controlling a
+run"). No weights move to the driver: a snapshot is a copy each server keeps beside its state.
+
+A run that goes on in a new segment (a lost worker, a cluster change) gives the new servers the
+run's changes of η and µ again; the snapshots the old servers kept are gone with them.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dasknn.engine.control import (
+    Applied,
+    Progress,
+    Reschedule,
+    RunControl,
+    TakeSnapshot,
+    check_commands,
+    ordered,
+)
+from dasknn.engine.trace import RunConfig
+
+__all__ = ["DaskControl"]
+
+
+class DaskControl:
+    """`control` applied to one Dask run of `config` that started at `t0` (`time.time()`)."""
+
+    def __init__(self, control: RunControl, config: RunConfig, t0: float) -> None:
+        self.control, self.config, self.t0 = control, config, t0
+        self.applied: list[Applied] = []
+        self.reschedules: list[Reschedule] = []
+        self.rewound = 0  # iterations the restores went back
+        self.seen = 0  # rows of the current segment the control has been given
+
+    def start(self, seg) -> None:
+        """A segment's servers are up: they count the run's restores and apply its changes of η, µ."""
+        seg.rewound, self.seen = self.rewound, 0
+        for cmd in self.reschedules:
+            self._both(seg, "reschedule", cmd.lr, cmd.momentum, cmd.at)
+
+    def poll(self, seg) -> None:
+        """Give the control the run's progress and the rows drained since the last poll; apply what
+        it answers (an `End` first: the groups stop, with no update lost, before the others)."""
+        rows, self.seen = seg.rows[self.seen :], len(seg.rows)
+        seconds = time.time() - self.t0
+        position = seg.iterations0 + seg.version - self.rewound
+        answer = self.control.poll(Progress(position, seg.version, seconds, rows))
+        end, commands = ordered(check_commands(answer, self.config))
+        if end is not None:
+            seg.stop_groups()
+        for cmd in commands:
+            if isinstance(cmd, Reschedule):
+                at = self._both(seg, "reschedule", cmd.lr, cmd.momentum, cmd.at)
+                self.reschedules.append(Reschedule(cmd.lr, cmd.momentum, at))
+            elif isinstance(cmd, TakeSnapshot):
+                at = self._snapshot(seg, cmd.name)
+            else:
+                at, version = self._both(seg, "restore_snapshot", cmd.name)
+                self.rewound += seg.iterations0 + version - self.rewound - at  # the server's count now
+                seg.rewound = self.rewound
+            self.applied.append(Applied(cmd, at, seconds))
+        if end is not None:  # the updates the groups finished are drained after this poll
+            at = seg._await(seg.conv_server.progress(), seg.placement.conv_server_worker)[0]
+            self.applied.append(Applied(end, seg.iterations0 + at - self.rewound, seconds))
+
+    def finish(self, seg) -> None:
+        """Before the servers are kept for the next run: they forget this run's changes and
+        snapshots (and the FC server takes steps again after an `End`)."""
+        if self.applied:
+            self._both(seg, "forget_control")
+
+    def _snapshot(self, seg, name: str) -> int:
+        """The FC server's state now, the conv model server's at the same count of updates (when
+        the pushes of the iterations past the FC step have landed: `ConvModelServer.keep_snapshot`)."""
+        p = seg.placement
+        at = seg._await(seg.fc_server.keep_snapshot(name), p.fc_worker)
+        return seg._await(seg.conv_server.keep_snapshot(name, at), p.conv_server_worker)
+
+    def _both(self, seg, method: str, *args):
+        """Call `method` on the conv model server, then on the FC server; the conv one's answer."""
+        p = seg.placement
+        out = seg._await(getattr(seg.conv_server, method)(*args), p.conv_server_worker)
+        seg._await(getattr(seg.fc_server, method)(*args), p.fc_worker)
+        return out
