@@ -122,6 +122,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         resume: bool = False,
         tuner_options: dict | None = None,
         tuner: str = "auto",
+        prior_cache: bool = False,
         simulated_gflops: Any = SIMULATED_GFLOPS,
         data: str = "auto",
         augment: Any = None,
@@ -160,6 +161,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         self.verbose = verbose
         self.warm_start, self.checkpoint_dir, self.resume = warm_start, checkpoint_dir, resume
         self.tuner_options, self.tuner = tuner_options, tuner
+        self.prior_cache = prior_cache
         self.simulated_gflops = simulated_gflops
         self.data = data
         self.augment = augment

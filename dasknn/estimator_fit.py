@@ -77,6 +77,7 @@ class FitSettings:
     augment: Augment | None
     tuner: str
     tuner_options: dict | None
+    prior_cache: bool
     max_wall_time: float | None
     simulated_gflops: float | None
 
@@ -216,7 +217,9 @@ def policy(s: FitSettings, p: Plan, engine, previous: RunConfig | None, nb: int,
     # the fixed knobs' runs are: the two report time to accuracy at the same granularity
     if s.tuner == "auto":
         options.setdefault("net_name", s.net if isinstance(s.net, str) else None)
-        if options.get("prior_cache", True) is not False and X is not None:
+        if s.prior_cache:
+            options.setdefault("prior_cache", True)
+        if options.get("prior_cache", False) is not False and X is not None:
             from dasknn.optimizer.prior import PriorCache, dataset_key
 
             key = PriorCache.key(net, dataset_key(X), s.batch_size, X.shape[1:], s.weight_decay)

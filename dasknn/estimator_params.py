@@ -312,11 +312,18 @@ PARAMS: tuple[Param, ...] = (
     Param("tuner", "auto", Choice(TUNERS),
           "How the knobs left \"auto\" (n_groups, learning_rate, momentum) are chosen while training "
           "(the SGD update itself is always Caffe's momentum SGD). \"auto\": from the first iteration at "
-          "a free prior (the HE model's g, the net's solver η and µ, or the last fit of the same job), "
+          "a free prior (the HE model's g, the net's solver η and µ, or with prior_cache the last fit "
+          "of the same job), "
           "η doubled while it pays, A-B-A trials within 5% of the elapsed time, η ÷ 3 on a plateau and a "
           "stop on convergence (`dasknn.optimizer.auto`). \"grid\": Omnivore's Algorithm 1, a cold "
           "start then grid searches from checkpoints. \"online\": the goodput optimizer (Pollux, "
           "YellowFin, AdaScale; `dasknn.optimizer.online`)."),
+    Param("prior_cache", False, Boolean(),
+          "tuner=\"auto\": start from the configuration the last successful fit of the same net, data, "
+          "batch size, input shape and weight decay ended with (a JSON file in the user's cache folder, "
+          "$XDG_CACHE_HOME/dasknn or ~/.cache/dasknn; `$DASKNN_PRIOR_CACHE` names another file, or \"off\"), "
+          "and record where this fit ends for the next. Off by default: a fit then depends only on its "
+          "arguments, and a fixed random_state gives the same decisions every time.", resume=False),
     Param("simulated_gflops", SIMULATED_GFLOPS,
           Custom("a number > 0 or 'calibrate'", accepts=lambda v: (isinstance(v, str) and v == "calibrate")
                  or Number(0, low_open=True).ok(v), parse_text=_simulated_gflops_word),

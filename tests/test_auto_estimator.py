@@ -99,14 +99,6 @@ def test_an_auto_fit_stopped_mid_span_of_the_plateau_rule_resumes_exactly(tmp_pa
     assert resumed.decisions_[cols].equals(whole.decisions_[cols])  # the drops too, with their reasons
 
 
-def test_the_same_random_state_gives_the_same_decisions(digits):
-    X, y = digits
-    a = DistributedCNN(**COMMON, max_epochs=3).fit(X, y)
-    b = DistributedCNN(**COMMON, max_epochs=3).fit(X, y)
-    cols = ["phase", "action", "n_groups", "lr", "momentum", "reason"]
-    assert a.decisions_[cols].equals(b.decisions_[cols])
-
-
 def test_a_checkpoint_of_the_old_default_resumes_with_its_tuner_or_gives_a_clear_error(tmp_path, digits):
     X, y = digits
     params = {**COMMON, "max_epochs": 2}

@@ -6,8 +6,8 @@ from the first iteration and only ever spends a bounded share of the run on anyt
 
 1. The prior (`optimizer.prior`): the smallest g within 10% of the HE model's best time per
    iteration; η and µ from the net's solver (a zoo net's published Caffe solver, else Caffe's
-   0.01 / 0.9), or the configuration the last successful fit of the same job reached (the cache in
-   the data home; then the ramp is skipped). The decisions log's "start" row names the source.
+   0.01 / 0.9), or, when the fit asks for the prior cache, the configuration the last successful
+   fit of the same job reached (then the ramp is skipped). The decisions log's "start" row names the source.
 2. The η ramp (`optimizer.ramp`): windows of w iterations, one at the prior's η, then η × 4 and
    doublings while a window beats what the previous η would have done at the same loss level; the
    first worse, rising or non-finite window is undone (the run before it is the start of the next)
@@ -88,13 +88,13 @@ def _optional_dict(value: Any) -> bool:
 
 
 def _cache_path(value: Any) -> bool:
-    return value is None or value is False or isinstance(value, (str, Path))
+    return isinstance(value, (bool, str, Path))
 
 
 OPTIONS = (
     Option("solver", None, Custom("None or a dict of settings", accepts=_optional_dict)),
     Option("net_name", None, Custom("None or a zoo name", accepts=_optional_str)),
-    Option("prior_cache", None, Custom("None, False or a path", accepts=_cache_path)),
+    Option("prior_cache", False, Custom("False, True or a path", accepts=_cache_path)),
     Option("cache_key", None, Custom("None or a key string", accepts=_optional_str)),
     Option("window", None, Number(2, integer=True, also=(None,))),
     Option("run_iterations", None, Number(2, integer=True, also=(None,))),
@@ -124,8 +124,9 @@ class AutoPolicy:
     """The default optimizer (see the module docstring).
 
     `solver`: Caffe solver settings (`nn.prototxt.read_solver`) whose base_lr and momentum are the
-    prior; `net_name`: a zoo name for its published solver; `prior_cache`: the cache file (None: the
-    data home's; False: no cache); `cache_key`: the job's key (`PriorCache.key`; None: no cache);
+    prior; `net_name`: a zoo name for its published solver; `prior_cache`: the cache of earlier fits' end
+    configurations (False, the default: none; True: the user's cache folder, `prior.cache_home`;
+    a path: that file); `cache_key`: the job's key (`PriorCache.key`; None: no cache);
     `window`: w, iterations per ramp window (default half an epoch in [32, 64]: shorter windows
     judged a doubling on its first transient, simulated LeNet: w = 16 ended the ramp at η = 0.01
     and missed 96% in 30 s, w = 32 reached it in 6.1 s);
@@ -151,7 +152,7 @@ class AutoPolicy:
         *,
         solver: dict[str, Any] | None = None,
         net_name: str | None = None,
-        prior_cache: str | Path | bool | None = None,
+        prior_cache: str | Path | bool = False,
         cache_key: str | None = None,
         window: int | None = None,
         run_iterations: int | None = None,
@@ -625,7 +626,7 @@ def prior_cache(policy: AutoPolicy) -> PriorCache | None:
     """The policy's prior cache, None when it is off or the job has no key."""
     if policy.prior_cache is False or policy.cache_key is None:
         return None
-    path = default_cache_path() if policy.prior_cache in (None, True) else policy.prior_cache
+    path = default_cache_path() if policy.prior_cache is True else policy.prior_cache
     return None if path is None else PriorCache(path)
 
 
@@ -657,7 +658,7 @@ def remember(policy: AutoPolicy, config: RunConfig) -> None:
         return
     try:
         cache.put(policy.cache_key, config.n_groups, policy.s["peak_lr"], config.momentum)
-    except OSError as err:  # a read-only data home costs the next fit its prior, not this fit
+    except OSError as err:  # a read-only cache folder costs the next fit its prior, not this fit
         policy.fit.log.record("auto", "cache", config, f"prior cache not written: {err}")
 
 
