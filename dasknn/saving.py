@@ -19,10 +19,10 @@ The trust rule: a model folder is data, never instructions. Any changed byte of 
 arrays.npz is refused as damaged or edited (the manifest); since a hash stops damage but not a
 forger, model.json is also checked against its schema (`dasknn.saving_schema`) before anything is
 built, whatever the manifest says. Paths, addresses, live objects and data (`checkpoint_dir`,
-`scheduler`, `security`, `callbacks`, `validation_data`, `resume`, a `.prototxt` path, a tuner's
-`prior_cache` file) are never written and never restored: they load as their defaults, for the
-user to set. Version 1 (no manifest) loads through the same schema; a lowered version skips no
-check. Every unreadable model is a `SavedModelError` (a ValueError) naming the file.
+`scheduler`, `security`, `callbacks`, `validation_data`, `resume`, a `.prototxt` path, a tuner
+object's options that are not plain data) are never written and never restored: they load as
+their defaults, for the user to set. Version 1 (no manifest) loads through the same schema; a
+lowered version skips no check. Every unreadable model is a `SavedModelError` (a ValueError) naming the file.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import pandas as pd
 from dasknn.engine import manifest
 from dasknn.engine.checkpoint import encode, encode_table
 from dasknn.estimator_params import BY_NAME
-from dasknn.saving_schema import FITTED_NAMES, restore, without_paths
+from dasknn.saving_schema import FITTED_NAMES, restore, tuner_data
 from dasknn.written import written
 
 __all__ = ["FILES", "FORMAT", "VERSION", "SavedModelError", "load", "read", "save"]
@@ -123,8 +123,8 @@ def _param(name: str, value: Any, fitted_net, arrays: dict[str, np.ndarray]) -> 
         if isinstance(value, str) and value.lower().replace("-", "_") in NETS:
             return value
         return {"__net__": net_spec(fitted_net)}
-    if name == "tuner_options":
-        value = without_paths(value)
+    if name == "tuner" and not isinstance(value, str):
+        return tuner_data(value)[0]
     return _tagged(value, arrays, f"parameter {name}")
 
 
@@ -152,8 +152,8 @@ def _fitted_values(est) -> dict[str, Any]:
 def _left_out(params: dict[str, Any]) -> list[str]:
     """The parameters set that `save` leaves out, named for its warning."""
     out = [name for name in LEFT_OUT if params[name] not in (None, [], ())]
-    if params["tuner_options"] != without_paths(params["tuner_options"]):
-        out.append("tuner_options['prior_cache']")
+    if not isinstance(params["tuner"], str):
+        out += tuner_data(params["tuner"])[1]
     return out
 
 

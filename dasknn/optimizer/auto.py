@@ -52,13 +52,12 @@ from dasknn.optimizer.options import (
     PINNED_LR,
     PINNED_MOMENTUM,
     SOME_COUNT,
-    TARGET_ACCURACY,
     VERBOSE,
 )
 from dasknn.optimizer.plateau import Plateau
 from dasknn.optimizer.prior import Prior, PriorCache, default_cache_path, groups_prior, solver_prior
 from dasknn.optimizer.ramp import LrRamp, progress_and_error, window_level
-from dasknn.optimizer.search import check, group_candidates
+from dasknn.optimizer.search import group_candidates
 from dasknn.optimizer.trials import (
     MAX_TRIAL_GAIN,
     TRIAL_FRACTION,
@@ -68,8 +67,9 @@ from dasknn.optimizer.trials import (
     trial_noise,
     trial_seconds,
 )
+from dasknn.optimizer.tuner import Tuner
 from dasknn.policy import CURRENT, START, NextRun, Outcome, Stop
-from dasknn.rules import Custom, Number, Option, checked_options
+from dasknn.rules import Custom, Number, Option
 from dasknn.tradeoff.hardware import HEModel
 
 __all__ = ["MEASURED_SAMPLES", "AutoPolicy"]
@@ -93,9 +93,6 @@ def _cache_path(value: Any) -> bool:
 
 OPTIONS = (
     Option("solver", None, Custom("None or a dict of settings", accepts=_optional_dict)),
-    Option("net_name", None, Custom("None or a zoo name", accepts=_optional_str)),
-    Option("prior_cache", False, Custom("False, True or a path", accepts=_cache_path)),
-    Option("cache_key", None, Custom("None or a key string", accepts=_optional_str)),
     Option("window", None, Number(2, integer=True, also=(None,))),
     Option("run_iterations", None, Number(2, integer=True, also=(None,))),
     Option("calibration_windows", 1, Number(1, 2, integer=True)),
@@ -111,22 +108,27 @@ OPTIONS = (
     Option("n_workers", None, SOME_COUNT),
     Option("max_groups", None, SOME_COUNT),
     Option("he_model", None, HE_MODEL),
+)
+"""AutoPolicy's options (`__init__`'s keywords, in order): name, default, rule."""
+SETTINGS = (
+    Option("net_name", None, Custom("None or a zoo name", accepts=_optional_str)),
+    Option("prior_cache", False, Custom("False, True or a path", accepts=_cache_path)),
+    Option("cache_key", None, Custom("None or a key string", accepts=_optional_str)),
     Option("n_groups", None, PINNED_GROUPS),
     Option("learning_rate", None, PINNED_LR),
     Option("momentum", None, PINNED_MOMENTUM),
-    Option("target_accuracy", None, TARGET_ACCURACY),
     Option("verbose", 0, VERBOSE),
 )
-"""AutoPolicy's options (`__init__`'s keywords, in order): name, default, rule."""
+"""What a fit sets on a bound AutoPolicy (`Tuner.for_fit`): the net's zoo name (its published
+solver), the prior cache and the job's key in it (`prior_cache=True` of DistributedCNN), the knobs
+the user pinned, verbosity."""
 
 
-class AutoPolicy:
+class AutoPolicy(Tuner):
     """The default optimizer (see the module docstring).
 
     `solver`: Caffe solver settings (`nn.prototxt.read_solver`) whose base_lr and momentum are the
-    prior; `net_name`: a zoo name for its published solver; `prior_cache`: the cache of earlier fits' end
-    configurations (False, the default: none; True: the user's cache folder, `prior.cache_home`;
-    a path: that file); `cache_key`: the job's key (`PriorCache.key`; None: no cache);
+    prior;
     `window`: w, iterations per ramp window (default half an epoch in [32, 64]: shorter windows
     judged a doubling on its first transient, simulated LeNet: w = 16 ended the ramp at η = 0.01
     and missed 96% in 30 s, w = 32 reached it in 6.1 s);
@@ -143,17 +145,28 @@ class AutoPolicy:
     row below the expectation before a drop, 2): the plateau rule;
     `momentum_gain`, `momentum_tolerance`: the momentum feedback;
     `n_workers`, `max_groups`, `he_model`: the groups' candidates and HE model (as the other
-    optimizers); `n_groups`, `learning_rate`, `momentum` pin a knob. Unknown options raise ValueError.
+    optimizers). A fit's settings (`for_fit`): `net_name`, a zoo name for its published solver;
+    `prior_cache`, the cache of earlier fits' end configurations (False, the default: none; True:
+    the user's cache folder, `prior.cache_home`; a path: that file) and `cache_key`, the job's key
+    there (`PriorCache.key`; None: no cache); `n_groups`, `learning_rate`, `momentum` pin a knob;
+    `verbose`.
+
+    Examples
+    --------
+    >>> from dasknn.estimator import DistributedCNN
+    >>> est = DistributedCNN(tuner=AutoPolicy(window=32))
+    >>> est.set_params(tuner__window=16).tuner
+    AutoPolicy(window=16)
     """
+
+    name = "auto"
+    OPTIONS = OPTIONS
+    SETTINGS = SETTINGS
 
     def __init__(
         self,
-        engine=None,
         *,
         solver: dict[str, Any] | None = None,
-        net_name: str | None = None,
-        prior_cache: str | Path | bool = False,
-        cache_key: str | None = None,
         window: int | None = None,
         run_iterations: int | None = None,
         calibration_windows: int = 1,
@@ -169,17 +182,14 @@ class AutoPolicy:
         n_workers: int | None = None,
         max_groups: int | None = None,
         he_model: HEModel | None = None,
-        n_groups: int | None = None,
-        learning_rate: float | None = None,
-        momentum: float | None = None,
-        target_accuracy: float | None = None,
-        verbose: int = 0,
-        **unknown: Any,
     ) -> None:
-        check(not unknown, f"unknown option(s) {sorted(unknown)} for the auto optimizer")
-        self.engine = engine
-        for name, value in checked_options(OPTIONS, locals()).items():
-            setattr(self, name, value)
+        self.solver, self.window, self.run_iterations = solver, window, run_iterations
+        self.calibration_windows, self.first_step = calibration_windows, first_step
+        self.first_look, self.trial_fraction = first_look, trial_fraction
+        self.plateau_fraction, self.max_drops = plateau_fraction, max_drops
+        self.plateau_span, self.plateau_patience = plateau_span, plateau_patience
+        self.momentum_gain, self.momentum_tolerance = momentum_gain, momentum_tolerance
+        self.n_workers, self.max_groups, self.he_model = n_workers, max_groups, he_model
 
     # -- the policy (dasknn.policy.Policy) -------------------------------------------------------
     def begin(self, fit, resume: dict[str, Any] | None) -> None:

@@ -52,7 +52,7 @@ def digits8():
 def _elastic_fit(digits8, **options):
     X, y = digits8
     engine = SimulatedEngine(TIMING, verbose=0, worker_schedule=((0, 8), (10, 32)))
-    policy = AutoPolicy(prior_cache=False, window=16, **options)
+    policy = AutoPolicy(window=16, **options)
     return run_policy(policy, engine, small_net(), X, y, batch_size=32, time_budget=14.0)
 
 
