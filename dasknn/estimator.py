@@ -71,7 +71,6 @@ from dasknn.estimator_resume import (
 )
 from dasknn.estimator_saved import SavedModel
 from dasknn.logs import verbose_logging
-from dasknn.optimizer.tuner import Tuner
 from dasknn.reports import fit_report
 from dasknn.stopping import wall_bound
 
@@ -182,7 +181,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
     def _settings(self) -> FitSettings:
         """This fit's settings (`dasknn.estimator_fit`): the parameters, and the values it resolved."""
         gflops = self.simulated_gflops_ if self.engine == "simulated" else None
-        tuner = self.tuner if isinstance(self.tuner, Tuner) else optimizer_class(self.tuner_)()
+        tuner = optimizer_class(self.tuner_)() if isinstance(self.tuner, str) else self.tuner
         resolved = {"tuner": tuner, "augment": self.augment_}
         resolved["batch_size"] = self.batch_size_
         return FitSettings.resolve(

@@ -27,7 +27,6 @@ engine run pays a start-up cost (actors), so prefer fewer, longer probes there.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
 from typing import Any
 
 from dasknn.engine.trace import RunConfig, TrainState
@@ -46,8 +45,8 @@ from dasknn.optimizer.options import (
 )
 from dasknn.optimizer.search import Judge, check, check_optimize_args
 from dasknn.optimizer.session import OptimizerResult, StopCallback, _Session
-from dasknn.optimizer.tuner import Tuner
-from dasknn.policy import CURRENT, NextRun, Outcome, Stop
+from dasknn.optimizer.tuner import StepTuner
+from dasknn.policy import CURRENT
 from dasknn.rules import LEARNING_RATE, MOMENTUM, Boolean, Custom, Grid, Number, Option
 from dasknn.tradeoff.hardware import HEModel
 
@@ -86,7 +85,7 @@ SETTINGS = (
 """What a fit sets on a bound GridPolicy (`Tuner.for_fit`): the knobs the user pinned, verbosity."""
 
 
-class GridPolicy(Tuner):
+class GridPolicy(StepTuner):
     """Omnivore Algorithm 1 with its cold start, over any engine (see the module docstring).
 
     Every number is a parameter with the paper's value as its default: the grids (appendix E),
@@ -199,26 +198,20 @@ class GridPolicy(Tuner):
         state = fit.snapshot(CURRENT)
         if resume is not None:
             self._session.session = dict(resume)
-            self._steps = self._session.resume(state, resume)
+            self.start_steps(self._session.resume(state, resume))
         else:
-            self._steps = self._session.run(state)
-        self._started = False
+            self.start_steps(self._session.run(state))
 
-    def next_run(self, last: Outcome | None) -> NextRun | Stop:
-        """The next probe or train run of Algorithm 1, or Stop; a train epoch's session rides on the
-        next run as its checkpoint."""
+    def pending_checkpoint(self) -> dict[str, Any] | None:
+        """A train epoch's session, which rides on the next run as its checkpoint."""
         session = self._session
-        try:
-            step = self._steps.send(last) if self._started else next(self._steps)
-        except StopIteration as done:
-            stop = done.value
-            final = {**(session.session or {"kind": "auto"}), "finished": True, "config": asdict(stop.config)}
-            return replace(stop, session=final)
-        self._started = True
-        if session.pending:
-            session.pending = False
-            step = replace(step, checkpoint=session.session)
-        return step
+        if not session.pending:
+            return None
+        session.pending = False
+        return session.session
+
+    def checkpointed(self) -> dict[str, Any] | None:
+        return self._session.session
 
     def optimize(
         self,

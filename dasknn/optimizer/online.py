@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pandas as pd
@@ -64,8 +64,8 @@ from dasknn.optimizer.search import (
     initial_groups,
 )
 from dasknn.optimizer.session import OptimizerResult, StopCallback
-from dasknn.optimizer.tuner import Tuner
-from dasknn.policy import CURRENT, NextRun, Outcome, Stop
+from dasknn.optimizer.tuner import StepTuner
+from dasknn.policy import CURRENT, NextRun, Stop
 from dasknn.rules import LEARNING_RATE, MOMENTUM, Number, Option
 from dasknn.tradeoff.hardware import HEModel
 from dasknn.tradeoff.statistical import final_loss
@@ -118,7 +118,7 @@ class _Run:
         return measure.progress_rate(self.score_start, self.score_end, self.seconds)
 
 
-class OnlinePolicy(Tuner):
+class OnlinePolicy(StepTuner):
     """Goodput-driven online tuning of (g, η, µ) over any engine (see the module docstring).
 
     `initial_lr` (default 0.01, Caffe's LeNet rate): the first rate; `target_momentum`: the total
@@ -177,26 +177,15 @@ class OnlinePolicy(Tuner):
         """Start a fit on the loop's `fit` (or go on from a checkpoint's `resume` session)."""
         self._run = _OnlineRun(self, fit)
         base = RunConfig(1, self.initial_lr, 0.0, fit.weight_decay, fit.batch_size, fit.seed)
-        self._steps = self._run.run(fit.snapshot(CURRENT), base, resume)
-        self._started = False
+        self.start_steps(self._run.run(fit.snapshot(CURRENT), base, resume))
 
-    def next_run(self, last: Outcome | None) -> NextRun | Stop:
-        """The next run or trial, or Stop; the session after a run rides on the next run."""
-        run = self._run
-        try:
-            step = self._steps.send(last) if self._started else next(self._steps)
-        except StopIteration as done:
-            stop = done.value
-            final = {
-                **(run.last_session or {"kind": "auto"}),
-                "finished": True,
-                "config": asdict(stop.config),
-            }
-            return replace(stop, session=final)
-        self._started = True
-        if run.pending is not None:
-            step, run.pending = replace(step, checkpoint=run.pending), None
-        return step
+    def pending_checkpoint(self) -> dict[str, Any] | None:
+        """The session after a run, which rides on the next run as its checkpoint."""
+        pending, self._run.pending = self._run.pending, None
+        return pending
+
+    def checkpointed(self) -> dict[str, Any] | None:
+        return self._run.last_session
 
     def optimize(
         self,

@@ -13,13 +13,16 @@ its policies").
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from dataclasses import asdict, replace
 from typing import Any, ClassVar
 
 from sklearn.base import BaseEstimator, clone
 
+from dasknn.policy import NextRun, Outcome, Stop
 from dasknn.rules import Option, checked_options
 
-__all__ = ["Tuner"]
+__all__ = ["StepTuner", "Tuner"]
 
 
 class Tuner(BaseEstimator):
@@ -65,3 +68,36 @@ class Tuner(BaseEstimator):
 
     def bound(self) -> None:
         """What the class derives from its checked options and settings once bound (a subclass's)."""
+
+
+class StepTuner(Tuner):
+    """A tuner whose fit is written as one generator of runs (Omnivore's Algorithm 1, the online
+    optimizer): it yields each `NextRun`, receives its `Outcome`, and returns the `Stop`. This
+    class answers the loop for it (`dasknn.policy.Policy.next_run`), the same way for each: the
+    generator's next run, with the checkpoint session the tuner has pending, or its Stop with the
+    final session."""
+
+    def start_steps(self, steps: Generator[NextRun, Outcome, Stop]) -> None:
+        """The fit's generator (`begin` calls it)."""
+        self._steps, self._started = steps, False
+
+    def pending_checkpoint(self) -> dict[str, Any] | None:
+        """The session to checkpoint before the next run, taken (None: no checkpoint)."""
+        raise NotImplementedError
+
+    def checkpointed(self) -> dict[str, Any] | None:
+        """The session of the latest checkpoint (the final session starts from it)."""
+        raise NotImplementedError
+
+    def next_run(self, last: Outcome | None) -> NextRun | Stop:
+        """The generator's next run, or its Stop with the final session."""
+        try:
+            step = self._steps.send(last) if self._started else next(self._steps)
+        except StopIteration as done:
+            stop = done.value
+            latest = self.checkpointed() or {"kind": "auto"}
+            final = {**latest, "finished": True, "config": asdict(stop.config)}
+            return replace(stop, session=final)
+        self._started = True
+        pending = self.pending_checkpoint()
+        return step if pending is None else replace(step, checkpoint=pending)
