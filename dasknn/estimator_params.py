@@ -554,6 +554,8 @@ CLI_HELP = {
     "early_stopping": "Stop when the held-out loss has not improved by more than --tol for "
     "--n-iter-no-change evaluations, ending with the best evaluation's weights",
     "resume": "Continue the fit whose latest checkpoint is in --checkpoint-dir to that fit's own end",
+    "tuner": "How the knobs left 'auto' (--n-groups, --learning-rate, --momentum) are chosen while training: "
+    "'auto', 'grid' (Omnivore's Algorithm 1; --lr-grid sets its rates) or 'online'",
 }
 """`dasknn train --help`'s wording where the docstring's does not fit a command line (Python objects,
 what leaving an option out means); the other options' help is the docstring's first sentence."""
