@@ -55,7 +55,13 @@ from dasknn.estimator_input import (
     clipped_batch,
     smallest_rate,
 )
-from dasknn.estimator_params import SIMULATED_GFLOPS, check_params, parameters_doc
+from dasknn.estimator_params import (
+    SIMULATED_GFLOPS,
+    check_params,
+    optimizer_class,
+    parameters_doc,
+    tuner_name,
+)
 from dasknn.estimator_resume import (
     adopt,
     checkpoint_to_continue,
@@ -121,8 +127,8 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         warm_start: bool = False,
         checkpoint_dir: Any = None,
         resume: bool = False,
-        tuner_options: dict | None = None,
-        tuner: str = "auto",
+        tuner: Any = "auto",
+        prior_cache: bool = False,
         simulated_gflops: Any = SIMULATED_GFLOPS,
         data: str = "auto",
         augment: Any = None,
@@ -160,7 +166,8 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         self.random_state = random_state
         self.verbose = verbose
         self.warm_start, self.checkpoint_dir, self.resume = warm_start, checkpoint_dir, resume
-        self.tuner_options, self.tuner = tuner_options, tuner
+        self.tuner = tuner
+        self.prior_cache = prior_cache
         self.simulated_gflops = simulated_gflops
         self.data = data
         self.augment = augment
@@ -175,7 +182,8 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
     def _settings(self) -> FitSettings:
         """This fit's settings (`dasknn.estimator_fit`): the parameters, and the values it resolved."""
         gflops = self.simulated_gflops_ if self.engine == "simulated" else None
-        resolved = {"tuner": self.tuner_, "tuner_options": self.tuner_options_, "augment": self.augment_}
+        tuner = optimizer_class(self.tuner_)() if isinstance(self.tuner, str) else self.tuner
+        resolved = {"tuner": tuner, "augment": self.augment_}
         resolved["batch_size"] = self.batch_size_
         return FitSettings.resolve(
             self.get_params(deep=False),
@@ -254,9 +262,9 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
             return self._fit(X, y, stored, None, partial_epochs=epochs)
 
     def _resolve_tuner(self) -> None:
-        """`tuner_` and `tuner_options_`: the tuner and its options this fit starts with (a resumed
-        fit may adopt its checkpoint's tuner)."""
-        self.tuner_, self.tuner_options_ = self.tuner, self.tuner_options
+        """`tuner_`: the name of the tuner this fit starts with (a resumed fit may adopt its
+        checkpoint's); the fit runs a clone of the `tuner` object (`Tuner.for_fit`), never it."""
+        self.tuner_ = tuner_name(self.tuner)
 
     def _check_labels(self, labels, context: str) -> None:
         unseen = np.setdiff1d(labels, self.classes_)

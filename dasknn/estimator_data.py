@@ -20,6 +20,7 @@ import numpy as np
 from dasknn.data.augment import Augment, as_augment
 from dasknn.data.chunks import is_dask_array, own_keys
 from dasknn.data.split import Carved, Parts, carve
+from dasknn.estimator_params import tuner_name
 
 if TYPE_CHECKING:
     import dask.array as da
@@ -103,7 +104,7 @@ def tuner_samples(params: dict[str, Any]) -> int:
     """The training samples to carve for the "auto" tuner's measure (`optimizer.auto.MEASURED_SAMPLES`)
     when the fit's tuner is "auto" and a knob is "auto", else 0."""
     knobs = (params["n_groups"], params["learning_rate"], params["momentum"])
-    if params.get("tuner", "auto") != "auto" or "auto" not in knobs:
+    if tuner_name(params.get("tuner", "auto")) != "auto" or "auto" not in knobs:
         return 0
     from dasknn.optimizer.auto import MEASURED_SAMPLES
 

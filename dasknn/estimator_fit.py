@@ -25,6 +25,7 @@ from dasknn.stopping import end_reason
 
 if TYPE_CHECKING:
     from dasknn.nn.net import Net
+    from dasknn.optimizer.tuner import Tuner
 
 __all__ = [
     "End",
@@ -44,8 +45,8 @@ __all__ = [
 class FitSettings:
     """What a fit's engine, loop, policy and records take from the estimator's parameters, with the
     ones a fit resolves: `batch_size` (`batch_size_`: clipped to the samples trained on),
-    `augment` (`augment_`), `tuner` and `tuner_options` (`tuner_`,
-    `tuner_options_`), `max_wall_time` (`max_wall_time_`) and `simulated_gflops`
+    `augment` (`augment_`), `tuner` (the tuner object: the one given, or the one `tuner_` names at
+    its defaults), `max_wall_time` (`max_wall_time_`) and `simulated_gflops`
     (`simulated_gflops_`; None on the Dask engine)."""
 
     net: Any
@@ -75,8 +76,8 @@ class FitSettings:
     split: str | None
     shuffle_window: int
     augment: Augment | None
-    tuner: str
-    tuner_options: dict | None
+    tuner: Tuner
+    prior_cache: bool
     max_wall_time: float | None
     simulated_gflops: float | None
 
@@ -190,7 +191,7 @@ def build_loop(
         seed=s.random_state,
         time_budget=s.time_budget if p.auto else None,
         max_iterations=p.max_iterations if p.auto else None,
-        evaluate=Evaluator(net, X_val, y_val, data.tuner if p.auto and s.tuner == "auto" else None),
+        evaluate=Evaluator(net, X_val, y_val, data.tuner if p.auto and s.tuner.name == "auto" else None),
         selection=SelectionLoss(net, *data.selection) if p.auto and data.selection else None,
         notify=notify,
         target_accuracy=s.target_accuracy,
@@ -204,32 +205,35 @@ def build_loop(
 
 
 def policy(s: FitSettings, p: Plan, engine, previous: RunConfig | None, nb: int, X=None, net=None):
-    """The loop's policy: the tuner ("auto", Algorithm 1, online) for "auto" knobs, else fixed
-    knobs (a partial_fit's: `previous`, the last fit's config_, when there is one)."""
-    from dasknn.estimator_params import optimizer_class
+    """The loop's policy: a clone of the tuner bound to this fit (`Tuner.for_fit`: the user's
+    object is never changed) for "auto" knobs, else fixed knobs (a partial_fit's: `previous`, the
+    last fit's config_, when there is one)."""
     from dasknn.optimizer.fixed import FixedKnobs
 
     if not p.auto:
         return FixedKnobs(_fixed_config(s, previous if p.partial else None), s.time_budget, p.max_iterations)
-    options: dict[str, Any] = {**(s.tuner_options or {}), "verbose": max(0, s.verbose - 1)}
-    # training is evaluated (and stops at the target) at least once per pass over the data, as
-    # the fixed knobs' runs are: the two report time to accuracy at the same granularity
-    if s.tuner == "auto":
-        options.setdefault("net_name", s.net if isinstance(s.net, str) else None)
-        if options.get("prior_cache", True) is not False and X is not None:
+    settings: dict[str, Any] = {"verbose": max(0, s.verbose - 1)}
+    name = s.tuner.name
+    if name == "auto":
+        settings["net_name"] = s.net if isinstance(s.net, str) else None
+        if s.prior_cache and X is not None:
             from dasknn.optimizer.prior import PriorCache, dataset_key
 
             key = PriorCache.key(net, dataset_key(X), s.batch_size, X.shape[1:], s.weight_decay)
-            options.setdefault("cache_key", key)
-    elif s.tuner == "online":
-        options.setdefault("run_iterations", min(nb, 200))
-        options.setdefault("target_accuracy", s.target_accuracy)
-    else:
-        options.setdefault("stop_check_iterations", nb)
+            settings.update(prior_cache=True, cache_key=key)
+    elif name == "online":
+        settings["target_accuracy"] = s.target_accuracy
     for knob in ("n_groups", "learning_rate", "momentum"):
         if getattr(s, knob) != "auto":
-            options[knob] = getattr(s, knob)
-    return optimizer_class(s.tuner)(engine, **options)
+            settings[knob] = getattr(s, knob)
+    tuner = s.tuner.for_fit(engine, **settings)
+    # training is evaluated (and stops at the target) at least once per pass over the data, as
+    # the fixed knobs' runs are: the two report time to accuracy at the same granularity
+    if name == "online" and tuner.run_iterations is None:
+        tuner.run_iterations = min(nb, 200)
+    if name == "grid" and tuner.stop_check_iterations is None:
+        tuner.stop_check_iterations = nb
+    return tuner
 
 
 def _fixed_config(s: FitSettings, previous: RunConfig | None) -> RunConfig:
@@ -316,7 +320,7 @@ def tradeoff(s: FitSettings, result, net: Net):
     ds = record_from_traces(
         usable, net=net.name, dataset="user data", batch_size=s.batch_size, device=device_info()
     )
-    return with_decisions(ds, decisions) if s.tuner in ("online", "auto") else ds
+    return with_decisions(ds, decisions) if s.tuner.name in ("online", "auto") else ds
 
 
 def _by_lr(trace: pd.DataFrame, config: RunConfig) -> dict[RunConfig, pd.DataFrame]:

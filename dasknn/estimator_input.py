@@ -224,15 +224,12 @@ def smallest_rate(params: dict[str, Any]) -> float:
     may start at."""
     if params["learning_rate"] != "auto":
         return float(params["learning_rate"])
-    import inspect
-
-    from dasknn.optimizer import GridPolicy
+    from dasknn.estimator_params import tuner_object
     from dasknn.optimizer.prior import solver_prior
 
-    tuner, options = params["tuner"], params["tuner_options"]
-    if tuner == "auto":
-        return solver_prior(params["net"])[0]
-    grid = (options or {}).get("lr_grid")
-    if grid is None:
-        grid = inspect.signature(GridPolicy).parameters["lr_grid"].default
-    return float(min(grid))
+    tuner = tuner_object(params["tuner"])
+    if tuner.name == "grid":
+        return float(min(tuner.lr_grid))
+    if tuner.name == "online":
+        return float(tuner.initial_lr)
+    return solver_prior(params["net"])[0]

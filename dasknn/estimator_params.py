@@ -41,7 +41,6 @@ STRATEGY_NAMES = ("omnivore", "sma", "model_averaging")
 PHYSICAL_MAPS = ("merged", "unmerged")
 AGGREGATIONS = ("tree", "ps")
 HOOKS = ("on_fit_begin", "on_evaluation", "on_progress", "on_fit_end")
-OWN_OPTIONS = ("n_groups", "learning_rate", "momentum", "verbose")
 SIMULATED_GFLOPS = 50.0
 """Default SGEMM speed of a simulated device (GFLOP/s, about one core of a current server CPU)."""
 SIMULATED_WORKERS = 8
@@ -172,6 +171,21 @@ def _wall_time_word(text: str):
     return None if text == "none" else Number(0, low_open=True, also=("auto",)).parse(text)
 
 
+def _is_tuner(value) -> bool:
+    from dasknn.optimizer.tuner import Tuner
+
+    return (isinstance(value, str) and value in TUNERS) or isinstance(value, Tuner)
+
+
+def _check_tuner(value) -> None:
+    """A tuner object's options, each by its rule (`Tuner.checked`)."""
+    if not isinstance(value, str):
+        try:
+            value.checked()
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"tuner {value!r}: {err}") from None
+
+
 def _optional_str(value) -> bool:
     return value is None or isinstance(value, str)
 
@@ -298,24 +312,27 @@ PARAMS: tuple[Param, ...] = (
           "Continue the fit whose latest checkpoint is in `checkpoint_dir` to that fit's own end (same "
           "budgets; on engine=\"simulated\" the result equals the uninterrupted fit). Without a checkpoint "
           "there, a fresh fit.", resume=False, saved=False),
-    Param("tuner_options", None,
-          Custom("None or a dict", accepts=lambda v: v is None or isinstance(v, dict)),
-          "Extra options of the tuner: with tuner=\"auto\" of `dasknn.optimizer.AutoPolicy`, e.g. "
-          "`prior_cache` (False: no cache), `window`, `trial_fraction`, `max_drops`; with \"grid\" of "
-          "`dasknn.optimizer.GridPolicy`, e.g. `{\"lr_grid\": (0.1, 0.03, 0.01, 0.003)}` for the "
-          "cold start's rates, `probe_iterations`, `epoch_factor`; with \"online\" of "
-          "`dasknn.optimizer.OnlinePolicy`, e.g. `initial_lr`, `exploration_fraction`. Checked before "
-          "any work starts. The knobs themselves (n_groups, learning_rate, momentum) and verbose come from "
-          "this estimator's parameters.",
-          flag=False, resume=False),
-    Param("tuner", "auto", Choice(TUNERS),
+    Param("tuner", "auto",
+          Custom("one of 'auto', 'grid', 'online' or a tuner (AutoPolicy, GridPolicy, OnlinePolicy)",
+                 accepts=_is_tuner, check_value=_check_tuner),
           "How the knobs left \"auto\" (n_groups, learning_rate, momentum) are chosen while training "
           "(the SGD update itself is always Caffe's momentum SGD). \"auto\": from the first iteration at "
-          "a free prior (the HE model's g, the net's solver η and µ, or the last fit of the same job), "
+          "a free prior (the HE model's g, the net's solver η and µ, or with prior_cache the last fit "
+          "of the same job), "
           "η doubled while it pays, A-B-A trials within 5% of the elapsed time, η ÷ 3 on a plateau and a "
-          "stop on convergence (`dasknn.optimizer.AutoPolicy`). \"grid\": Omnivore's Algorithm 1, a cold "
+          "stop on convergence (`dasknn.optimizer.auto`). \"grid\": Omnivore's Algorithm 1, a cold "
           "start then grid searches from checkpoints. \"online\": the goodput tuner (Pollux, "
-          "YellowFin, AdaScale; `dasknn.optimizer.OnlinePolicy`)."),
+          "YellowFin, AdaScale; `dasknn.optimizer.online`). A name stands for its tuner at its defaults; a "
+          "tuner object (`dasknn.optimizer.AutoPolicy(window=32)`, `GridPolicy(lr_grid=(0.1, 0.03, 0.01))`, "
+          "`OnlinePolicy(...)`) sets its options, which `set_params(tuner__window=16)` and GridSearchCV "
+          "reach; a fit works on a clone of it and never changes it. The knobs themselves, the target and "
+          "verbose come from this estimator's parameters."),
+    Param("prior_cache", False, Boolean(),
+          "tuner=\"auto\": start from the configuration the last successful fit of the same net, data, "
+          "batch size, input shape and weight decay ended with (a JSON file in the user's cache folder, "
+          "$XDG_CACHE_HOME/dasknn or ~/.cache/dasknn; `$DASKNN_PRIOR_CACHE` names another file, or \"off\"), "
+          "and record where this fit ends for the next. Off by default: a fit then depends only on its "
+          "arguments, and a fixed random_state gives the same decisions every time.", resume=False),
     Param("simulated_gflops", SIMULATED_GFLOPS,
           Custom("a number > 0 or 'calibrate'", accepts=lambda v: (isinstance(v, str) and v == "calibrate")
                  or Number(0, low_open=True).ok(v), parse_text=_simulated_gflops_word),
@@ -381,17 +398,21 @@ def parameters_doc() -> str:
 
 
 def optimizer_class(name: str):
-    """The policy class of DistributedCNN's `tuner` parameter."""
+    """The tuner class of a name of DistributedCNN's `tuner` parameter."""
     from dasknn.optimizer import AutoPolicy, GridPolicy, OnlinePolicy
 
     return {"auto": AutoPolicy, "online": OnlinePolicy, "grid": GridPolicy}[name]
 
 
-class _NoEngine:
-    """Stands in for the engine while tuner options are checked: nothing may run."""
+def tuner_name(tuner) -> str:
+    """The name of DistributedCNN's `tuner` parameter: the name given, or the tuner object's."""
+    return tuner if isinstance(tuner, str) else tuner.name
 
-    def run(self, *args, **kwargs):  # pragma: no cover - never called
-        raise RuntimeError("tuner options are only being checked")
+
+def tuner_object(tuner):
+    """The tuner of DistributedCNN's `tuner` parameter: the object given, or the named one at its
+    defaults."""
+    return optimizer_class(tuner)() if isinstance(tuner, str) else tuner
 
 
 def check_params(params: dict[str, Any], partial: bool = False) -> None:
@@ -418,7 +439,6 @@ def _check_combinations(params: dict[str, Any], partial: bool) -> None:
         aggregation=params["aggregation"],
         split=params["split"],
     )
-    _check_optimizer_options(params["tuner_options"], params["tuner"])
     _check_tls(params["scheduler"], params["security"])
     _check_data(params)
     n_groups, n_workers = params["n_groups"], params["n_workers"] or SIMULATED_WORKERS
@@ -450,19 +470,6 @@ def check_batch_split(n_workers: int, n_groups, batch_size: int) -> None:
             f"(n_workers={n_workers}, n_groups={n_groups!r}): give batch_size >= {per_group}, "
             f"n_groups >= {math.ceil(int(n_workers) / batch_size)} or n_workers <= {groups * batch_size}"
         )
-
-
-def _check_optimizer_options(options, tuner: str = "auto") -> None:
-    """The tuner's options, each known and valid, none of the estimator's own."""
-    if options is None:
-        return
-    own = sorted(set(options) & set(OWN_OPTIONS))
-    if own:
-        raise ValueError(f"tuner_options may not set {own}: use the estimator's parameters of those names")
-    try:
-        optimizer_class(tuner)(_NoEngine(), **options)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"tuner_options: {err}") from None
 
 
 def _check_data(params: dict[str, Any]) -> None:
@@ -547,6 +554,8 @@ CLI_HELP = {
     "early_stopping": "Stop when the held-out loss has not improved by more than --tol for "
     "--n-iter-no-change evaluations, ending with the best evaluation's weights",
     "resume": "Continue the fit whose latest checkpoint is in --checkpoint-dir to that fit's own end",
+    "tuner": "How the knobs left 'auto' (--n-groups, --learning-rate, --momentum) are chosen while training: "
+    "'auto', 'grid' (Omnivore's Algorithm 1; --lr-grid sets its rates) or 'online'",
 }
 """`dasknn train --help`'s wording where the docstring's does not fit a command line (Python objects,
 what leaving an option out means); the other options' help is the docstring's first sentence."""

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from dasknn.estimator_input import row_shape
+from dasknn.estimator_params import tuner_name
 from dasknn.estimator_resume import checkpoint_meta, save_fit
 
 __all__ = ["SavedModel"]
@@ -126,5 +127,5 @@ class SavedModel:
 
     def _checkpoint_meta(self) -> dict[str, Any]:
         gflops = self.simulated_gflops_ if self.engine == "simulated" else None
-        tuner = getattr(self, "tuner_", self.tuner)
+        tuner = getattr(self, "tuner_", None) or tuner_name(self.tuner)
         return checkpoint_meta(self.get_params(deep=False), tuner, self.classes_, self.n_features_in_, gflops)

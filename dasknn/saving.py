@@ -24,7 +24,7 @@ import pandas as pd
 from dasknn.engine import manifest
 from dasknn.engine.checkpoint import encode, encode_table
 from dasknn.estimator_params import BY_NAME
-from dasknn.saving_schema import FITTED_NAMES, restore, without_paths
+from dasknn.saving_schema import FITTED_NAMES, restore, tuner_data
 from dasknn.written import written
 
 __all__ = ["FILES", "FORMAT", "VERSION", "SavedModelError", "load", "read", "save"]
@@ -107,8 +107,8 @@ def _param(name: str, value: Any, fitted_net, arrays: dict[str, np.ndarray]) -> 
         if isinstance(value, str) and value.lower().replace("-", "_") in NETS:
             return value
         return {"__net__": net_spec(fitted_net)}
-    if name == "tuner_options":
-        value = without_paths(value)
+    if name == "tuner" and not isinstance(value, str):
+        return tuner_data(value)[0]
     return _tagged(value, arrays, f"parameter {name}")
 
 
@@ -136,8 +136,8 @@ def _fitted_values(est) -> dict[str, Any]:
 def _left_out(params: dict[str, Any]) -> list[str]:
     """The parameters set that `save` leaves out, named for its warning."""
     out = [name for name in LEFT_OUT if params[name] not in (None, [], ())]
-    if params["tuner_options"] != without_paths(params["tuner_options"]):
-        out.append("tuner_options['prior_cache']")
+    if not isinstance(params["tuner"], str):
+        out += tuner_data(params["tuner"])[1]
     return out
 
 

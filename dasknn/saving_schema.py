@@ -5,9 +5,10 @@ net's spec of float32 or float64 and its weights exactly of that dtype, of the s
 finite; `state_` holding the net's own weights; `classes_` one label per output of the net;
 `n_features_in_`, `n_iter_` and the records consistent with the net and the state; a zoo net's
 spec the zoo's (a max pool edited to an average one is refused); the parameters checked by their
-rules (`dasknn.estimator_params.PARAMS`). Parameters that are paths, addresses, live objects or
-data (`Param.saved` False) and tuner options that name a file are never restored: they load as
-their defaults. Each check raises a ValueError naming the field; `dasknn.saving` adds the file.
+rules (`dasknn.estimator_params.PARAMS`); a tuner object as its name and the options it sets,
+each a known option of that tuner, checked by its rule. Parameters that are paths, addresses, live
+objects or data (`Param.saved` False) are never restored: they load as their defaults. Each check
+raises a ValueError naming the field; `dasknn.saving` adds the file.
 """
 
 from __future__ import annotations
@@ -26,13 +27,11 @@ from dasknn.engine.trace import TrainState
 from dasknn.estimator_params import BY_NAME, PARAMS, TUNERS, check_params, defaults
 from dasknn.nn.net import Net
 
-__all__ = ["NOT_SAVED", "PATH_OPTIONS", "TOP_FIELDS", "net_from", "restore", "untagged", "without_paths"]
+__all__ = ["NOT_SAVED", "TOP_FIELDS", "net_from", "restore", "tuner_data", "untagged"]
 
 TOP_FIELDS = ("format", "version", "dasknn", "params", "fitted")
 NOT_SAVED = tuple(p.name for p in PARAMS if not p.saved)
 """Parameters a model folder never sets (paths, addresses, live objects, data): they load as defaults."""
-PATH_OPTIONS = ("prior_cache",)
-"""Tuner options that name a file: never saved, never restored."""
 SPEC_FIELDS = {"version", "name", "input_blob", "input_shape", "transform", "seed", "dtype", "loss_weights",
                "layers"}  # fmt: skip
 LAYER_FIELDS = {"type", "name", "config", "bottom", "top"}
@@ -62,14 +61,6 @@ def _keys(obj: Any, allowed: set[str], where: str, required: set[str] | None = N
     if unknown or missing:
         _fail(f"{where} has unknown fields {unknown}" if unknown else f"{where} lacks the fields {missing}")
     return obj
-
-
-def without_paths(options: Any) -> Any:
-    """Tuner options without the ones that name a file (`PATH_OPTIONS`; False, "no cache", stays)."""
-    if not isinstance(options, dict):
-        return options
-    kept = {k: v for k, v in options.items() if k not in PATH_OPTIONS or v is False}
-    return kept or None
 
 
 # -- tagged values -------------------------------------------------------------------------------
@@ -295,7 +286,6 @@ def _check_field(name: str, value: Any, fitted: dict[str, Any]) -> str:
         "simulated_gflops_": lambda: positive,
         "stopped_by_": lambda: "" if isinstance(value, str) else "is not a string",
         "tuner_": lambda: "" if value in TUNERS else f"is not one of {TUNERS}",
-        "tuner_options_": lambda: "" if value is None or isinstance(value, dict) else "is not a mapping",
         "_loop_": lambda: "" if isinstance(value, dict) else "is not a mapping",
     }
     return rules[name]() if name in rules else ""
@@ -304,12 +294,14 @@ def _check_field(name: str, value: Any, fitted: dict[str, Any]) -> str:
 FITTED_NAMES = ("_loop_", "augment_", "batch_size_", "best_iteration_", "checkpoint_", "classes_", "config_",
                 "data_", "decisions_", "history_", "max_wall_time_", "n_features_in_", "n_iter_",
                 "n_train_samples_", "net_", "parts_", "report_", "simulated_gflops_", "state_", "stopped_by_",
-                "trace_", "tradeoff_", "tuner_", "tuner_options_")  # fmt: skip
+                "trace_", "tradeoff_", "tuner_")  # fmt: skip
 """The learned attributes a saved model may hold (`checkpoint_`, a path, is never restored)."""
 REQUIRED = {"classes_", "n_features_in_", "net_", "state_"}
 
 
 def _fitted(doc: Any, arrays) -> dict[str, Any]:
+    if isinstance(doc, dict):  # earlier versions kept the tuner's options apart: now in params.tuner
+        doc = {k: v for k, v in doc.items() if k != "tuner_options_"}
     _keys(doc, set(FITTED_NAMES), "fitted", required=REQUIRED)
     fitted: dict[str, Any] = {"net_": net_from(doc["net_"], arrays, "fitted.net_")}
     fitted["state_"] = _state(doc["state_"], arrays, fitted)
@@ -325,8 +317,6 @@ def _fitted(doc: Any, arrays) -> dict[str, Any]:
         problem = _check_field(name, fitted[name], fitted)
         if problem:
             _fail(f"fitted.{name} {problem}")
-    if "tuner_options_" in fitted:
-        fitted["tuner_options_"] = without_paths(fitted["tuner_options_"])
     problem = check_state(TrainState(params={}), fitted.get("_loop_"))
     if problem:
         _fail(f"fitted: {problem}")
@@ -353,7 +343,10 @@ def _net_param(value: Any, arrays, fitted: dict[str, Any]) -> Any:
 FORMER_NAMES = {"optimizer": "tuner", "optimizer_options": "tuner_options"}
 """Parameters that models saved by earlier versions hold under a former name, and their names now."""
 FORMER_OPTIONS = {"segment_iterations": "run_iterations"}
-"""Likewise for the tuners' options (`tuner_options`)."""
+"""Likewise for the tuners' options."""
+NOW_SETTINGS = ("prior_cache", "net_name", "cache_key")
+"""Options that earlier versions' `tuner_options` could hold and that a fit now sets on its bound
+tuner (`Tuner.for_fit`; `prior_cache` is the estimator's parameter): never restored from there."""
 
 
 def _present_names(doc: Any) -> Any:
@@ -366,8 +359,9 @@ def _present_names(doc: Any) -> Any:
         value = doc.get(former)
         if value is None:
             continue
-        present = out.get(name, BY_NAME[name].default)
-        if present != BY_NAME[name].default and present != value:
+        default = BY_NAME[name].default if name in BY_NAME else None
+        present = out.get(name, default)
+        if present != default and present != value:
             _fail(f"params.{former} {value!r} (the former name of {name}) differs from {name} {present!r}")
         out[name] = value
     return out
@@ -385,10 +379,82 @@ def _present_options(options: Any) -> Any:
     }
 
 
+def _with_options_in_tuner(doc: Any) -> Any:
+    """The parameters of a model saved with `tuner_options` (earlier versions): its options moved
+    into `tuner`, as the saved form of a tuner object (`tuner_data`), less the ones a fit now sets
+    (`NOW_SETTINGS`, never restored)."""
+    if not isinstance(doc, dict) or "tuner_options" not in doc:
+        return doc
+    out = {k: v for k, v in doc.items() if k != "tuner_options"}
+    options = _present_options(doc["tuner_options"])
+    if options is None:
+        return out
+    if not isinstance(options, dict):
+        _fail(f"params.tuner_options is a {type(options).__name__}, not a mapping")
+    options = {k: v for k, v in options.items() if k not in NOW_SETTINGS}
+    name = out.get("tuner", "auto")
+    if not isinstance(name, str):
+        _fail("params holds both tuner_options and a tuner object")
+    out["tuner"] = {"__tuner__": {"name": name, "params": options}} if options else name
+    return out
+
+
+def tuner_data(tuner: Any) -> tuple[dict[str, Any], list[str]]:
+    """(the saved form of a tuner object: its name and the options it sets that are plain data;
+    the names of the options it sets that are not, which are left out)."""
+    params, left_out = {}, []
+    defaults = {o.name: o.default for o in tuner.OPTIONS}
+    for name, value in tuner.get_params(deep=False).items():
+        if _plain(value) and value == defaults[name]:
+            continue
+        if _plain(value):
+            params[name] = list(value) if isinstance(value, tuple) else value
+        else:
+            left_out.append(f"tuner.{name}")
+    return {"__tuner__": {"name": tuner.name, "params": params}}, left_out
+
+
+def _plain(value: Any) -> bool:
+    """JSON data: None, a bool, number or string, or a list or mapping of them."""
+    if value is None or isinstance(value, (bool, str)) or _number(value, -math.inf):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, dict) and all(isinstance(k, str) and _plain(v) for k, v in value.items())
+
+
+def _tuner_param(value: Any) -> Any:
+    """The `tuner` parameter: a name as it is, or a saved tuner object (`tuner_data`) rebuilt from
+    its name and options, each a known option of that tuner, plain data, checked by its rule."""
+    if not (isinstance(value, dict) and set(value) == {"__tuner__"}):
+        return value
+    from dasknn.estimator_params import optimizer_class
+
+    saved = _keys(value["__tuner__"], {"name", "params"}, "params.tuner")
+    name, params = saved["name"], saved["params"]
+    if not isinstance(params, dict):
+        _fail(f"params.tuner.params is a {type(params).__name__}, not a mapping")
+    if name not in TUNERS:
+        _fail(f"params.tuner names {name!r}, not one of {TUNERS}")
+    cls = optimizer_class(name)
+    known = {o.name for o in cls.OPTIONS}
+    for key, option in params.items():
+        if key not in known:
+            _fail(f"params.tuner: {key!r} is no option of the {name!r} tuner ({cls.__name__})")
+        if not _plain(option):
+            _fail(f"params.tuner.{key} is not plain data")
+    tuner = cls(**params)
+    try:
+        tuner.checked()
+    except (TypeError, ValueError) as err:
+        _fail(f"params.tuner: {err}")
+    return tuner
+
+
 def _params(doc: Any, arrays, fitted: dict[str, Any]) -> dict[str, Any]:
     """The parameters, each by its rule; one that is missing takes its default (a model saved
     before that parameter existed), one under a former name is read as its present one."""
-    doc = _present_names(doc)
+    doc = _with_options_in_tuner(_present_names(doc))
     _keys(doc, set(BY_NAME), "params", required=set())
     params = {}
     for name, value in doc.items():
@@ -397,9 +463,7 @@ def _params(doc: Any, arrays, fitted: dict[str, Any]) -> dict[str, Any]:
         if name == "net":
             params[name] = _net_param(value, arrays, fitted)
             continue
-        value = untagged(value, arrays, f"params.{name}")
-        if name == "tuner_options":
-            value = _present_options(without_paths(value))
+        value = _tuner_param(value) if name == "tuner" else untagged(value, arrays, f"params.{name}")
         try:
             BY_NAME[name].rule.check(name, value)
         except (ValueError, FileNotFoundError) as err:

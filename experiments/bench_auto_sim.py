@@ -81,8 +81,8 @@ def main(argv=None) -> None:
     parts = (X[order[1000:]], y[order[1000:]], X[order[:1000]], y[order[:1000]])
     model = HEModel.estimate(zoo.lenet(), 64, 2, device_gflops=SIMULATED_GFLOPS, bandwidth_bytes_per_s=1.25e9)
     contenders = {
-        "auto": lambda: AutoPolicy(
-            prior_cache=False, net_name="lenet", window=args.window, run_iterations=args.run_iterations
+        "auto": lambda: AutoPolicy(window=args.window, run_iterations=args.run_iterations).for_fit(
+            net_name="lenet"
         )
     }
     for g, lr in FIXED:

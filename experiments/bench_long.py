@@ -14,10 +14,10 @@ runs `dasknn train`): `DistributedCNN(engine="dask")` on a LocalCluster of 2 wor
 starts, oneDNN kernels where installed (the default), no time budget (a fixed configuration then
 runs and is evaluated every 3 s, finer than the ramp's windows), stopped at the target, or by a
 callback at the first evaluation past `--budget` seconds of the fit's clock (a miss, counted as the
-budget), or by `max_wall_time`. "auto" runs with the prior cache off (DASKNN_PRIOR_CACHE=off and
-`prior_cache=False`): every round starts cold. Measured per fit: the time to the target on the fit's
-clock (the engine's runs, evaluations excluded), the iterations, `fit` wall time (LocalCluster start
-and evaluations included) and the process wall time.
+budget), or by `max_wall_time`. "auto" runs with the prior cache off (DASKNN_PRIOR_CACHE=off, and
+`prior_cache=False`, the default): every round starts cold. Measured per fit: the time to the target
+on the fit's clock (the engine's runs, evaluations excluded), the iterations, `fit` wall time
+(LocalCluster start and evaluations included) and the process wall time.
 
 Two phases, each of interleaved rounds (every round runs every contender once, in turn; the order
 rotates by one each round):
@@ -95,7 +95,7 @@ def workload(n_samples: int = N_SAMPLES, noise: float = NOISE):
 def knobs_of(name: str) -> dict:
     """DistributedCNN's knobs of a contender: "auto" (the default tuner, its prior cache off) or "g,η,µ"."""
     if name == "auto":
-        return {"tuner": "auto", "tuner_options": {"prior_cache": False}}
+        return {"tuner": "auto"}
     parts = name.split(",")
     try:
         g, lr, mu = int(parts[0]), float(parts[1]), float(parts[2])

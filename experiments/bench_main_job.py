@@ -246,7 +246,6 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             runs.append(dasknn_fit(
                 engine, Xc, yc, args.budget, "tuner=auto", "auto", rnd, args.eval_size,
                 decisions_csv=args.out / f"decisions_auto_{rnd}.csv", tuner="auto",
-                options={"prior_cache": False},
             ))  # fmt: skip
             if args.warm:
                 runs.append(dasknn_fit(

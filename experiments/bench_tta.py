@@ -144,7 +144,14 @@ def fit_run(
 ):  # fmt: skip
     """One DistributedCNN fit to `target` (None: until a callback or the budget stops it): its record
     (status, charged seconds) and history; the optimizer's decisions are written to `decisions_csv`
-    when given."""
+    when given. `options`: the tuner's options (its object is built from them), and `prior_cache`:
+    False (the default), or a file for "auto"'s prior cache (`$DASKNN_PRIOR_CACHE` during the fit)."""
+    from dasknn.estimator_params import optimizer_class
+
+    options = dict(options or {})
+    cache = options.pop("prior_cache", False)
+    if cache:
+        os.environ["DASKNN_PRIOR_CACHE"] = str(cache)
     est = BenchCNN(
         net=net,
         batch_size=batch_size,
@@ -157,8 +164,8 @@ def fit_run(
         target_accuracy=target,
         eval_size=eval_size,
         random_state=SEED,
-        tuner_options=options,
-        tuner=tuner,
+        tuner=optimizer_class(tuner)(**options) if options else tuner,
+        prior_cache=bool(cache),
         validation_fraction=validation_fraction,
         callbacks=callbacks,
     )
@@ -175,6 +182,9 @@ def fit_run(
     else:
         hist, decisions = pd.DataFrame(est.history_), est.decisions_
         status = "ended" if target is None else "reached" if hist[metric].max() >= target else "budget"
+    finally:
+        if cache:
+            os.environ.pop("DASKNN_PRIOR_CACHE", None)
     seconds = float(hist["time"].max()) if len(hist) else float("nan")
     record = {
         "run": name,
@@ -311,7 +321,7 @@ def dask_part(args, X, y) -> tuple[pd.DataFrame, dict]:
         Xc, yc = client.persist([X, y])
         for rnd in range(args.runs):
             print(f"round {rnd + 1} of {args.runs} (load average {os.getloadavg()[0]:.1f})", flush=True)
-            contenders = [("tuner=auto", "auto", {"tuner": "auto", "options": {"prior_cache": False}})]
+            contenders = [("tuner=auto", "auto", {"tuner": "auto"})]
             contenders += [("optimizer=online", "online", {"tuner": "online"})]
             contenders += [("optimizer=grid", "grid", {"tuner": "grid"})]
             contenders += [

@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 from sklearn.datasets import load_digits
 
+from dasknn.optimizer import OnlinePolicy
+
 os.environ["DASKNN_PRIOR_CACHE"] = "off"  # a pin must not depend on the "auto" tuner's cache of earlier fits
 
 COMMON = {
@@ -57,7 +59,7 @@ CASES: dict[str, dict] = {
     "grid_budget_mid_search": {"tuner": "grid", "time_budget": 0.05},
     "auto": {"max_epochs": 8},
     "online": {"tuner": "online", "max_epochs": 6},
-    "online_diverges": {"tuner": "online", "max_epochs": 6, "tuner_options": {"initial_lr": 1000.0}},
+    "online_diverges": {"tuner": OnlinePolicy(initial_lr=1000.0), "max_epochs": 6},
     "online_diverges_always": {"tuner": "online", "max_epochs": 6, "poison_row": 700},
 }
 RESUMED = ("fixed", "grid", "online")

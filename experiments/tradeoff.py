@@ -150,7 +150,7 @@ def optimizer_pick(net: str, X, y, batch_size: int, max_iterations: int, probe: 
     """The g that GridPolicy chooses on the 32-worker simulated CPU-L, and its decisions."""
     model = cpu_l_model()
     engine = SimulatedEngine(model, variability="gamma", cv=0.06, verbose=0)
-    opt = GridPolicy(engine, he_model=model, lr_grid=(0.1, 0.01, 0.001), probe_iterations=probe)
+    opt = GridPolicy(he_model=model, lr_grid=(0.1, 0.01, 0.001), probe_iterations=probe).for_fit(engine)
     with threadpool_limits(limits=BLAS_THREADS):
         result = opt.optimize(
             make_net(net),

@@ -1,8 +1,9 @@
-"""The "auto" tuner as DistributedCNN's default: its prior, tuner= and tuner_options=, a fit
+"""The "auto" tuner as DistributedCNN's default: its prior, tuner= as a name or an object, a fit
 resumed mid-ramp, checkpoints of the old default, and the stop on convergence."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 
@@ -13,6 +14,7 @@ from sklearn.datasets import load_digits
 from dasknn.callbacks import Callback
 from dasknn.engine import checkpoint
 from dasknn.estimator import DistributedCNN
+from dasknn.optimizer import AutoPolicy, GridPolicy
 
 COMMON = {"net": "mlp", "input_shape": "flat", "engine": "simulated", "n_workers": 2, "batch_size": 32,
           "time_budget": None, "eval_size": 200}  # fmt: skip
@@ -36,12 +38,17 @@ def test_auto_is_the_default_and_its_start_names_the_prior(digits):
     assert set(est.decisions_["phase"]) >= {"ramp"}
 
 
-def test_tuner_and_tuner_options_reach_the_fit(digits):
+def test_a_tuner_object_reaches_the_fit_which_never_changes_it(digits):
     X, y = digits
-    options = {"probe_iterations": 7}
-    est = DistributedCNN(**COMMON, max_epochs=1, tuner="grid", tuner_options=options).fit(X, y)
+    tuner = GridPolicy(probe_iterations=7, lr_grid=[0.1, 0.01])
+    before = copy.deepcopy(vars(tuner))
+    est = DistributedCNN(**COMMON, max_epochs=1, tuner=tuner).fit(X, y)
     probes = est.decisions_[est.decisions_["action"] == "probe"]
     assert est.tuner_ == "grid" and len(probes) and (probes["iterations"] == 7).all()
+    assert set(probes["lr"]) <= {0.1, 0.01}
+    assert est.tuner is tuner and vars(tuner) == before  # the fit ran a clone (its state lives there)
+    with pytest.raises(TypeError, match="tuner_options"):  # gone: a tuner object carries its options
+        DistributedCNN(**COMMON, tuner_options={"window": 16})
     with pytest.raises(TypeError, match="optimizer"):  # the former name is gone (0.x: no deprecation)
         DistributedCNN(**COMMON, optimizer="grid")
 
@@ -77,8 +84,7 @@ class KeepEveryCheckpoint(Callback):
 def test_an_auto_fit_stopped_mid_span_of_the_plateau_rule_resumes_exactly(tmp_path, digits):
     X, y = digits
     # patience 1: the first span below the expectation drops η, so a drop comes within 20 epochs
-    options = {"plateau_patience": 1}
-    params = {**COMMON, "max_epochs": 20, "validation_fraction": 0.2, "tuner_options": options}
+    params = {**COMMON, "max_epochs": 20, "validation_fraction": 0.2, "tuner": AutoPolicy(plateau_patience=1)}
     (tmp_path / "all").mkdir()
     keeper = KeepEveryCheckpoint(tmp_path / "a", tmp_path / "all")
     whole = DistributedCNN(**params, checkpoint_dir=tmp_path / "a", callbacks=[keeper]).fit(X, y)
@@ -97,14 +103,6 @@ def test_an_auto_fit_stopped_mid_span_of_the_plateau_rule_resumes_exactly(tmp_pa
     assert resumed.n_iter_ == whole.n_iter_ and resumed.config_ == whole.config_
     cols = ["phase", "action", "n_groups", "lr", "momentum", "reason"]
     assert resumed.decisions_[cols].equals(whole.decisions_[cols])  # the drops too, with their reasons
-
-
-def test_the_same_random_state_gives_the_same_decisions(digits):
-    X, y = digits
-    a = DistributedCNN(**COMMON, max_epochs=3).fit(X, y)
-    b = DistributedCNN(**COMMON, max_epochs=3).fit(X, y)
-    cols = ["phase", "action", "n_groups", "lr", "momentum", "reason"]
-    assert a.decisions_[cols].equals(b.decisions_[cols])
 
 
 def test_a_checkpoint_of_the_old_default_resumes_with_its_tuner_or_gives_a_clear_error(tmp_path, digits):

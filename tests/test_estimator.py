@@ -13,6 +13,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from dasknn.data import load
 from dasknn.estimator import DistributedCNN
+from dasknn.optimizer import AutoPolicy
 
 FIXED = {"n_groups": 1, "learning_rate": 0.01, "momentum": 0.9}
 
@@ -158,7 +159,7 @@ def test_worker_wait_is_a_parameter_that_reaches_the_dask_engine():
     assert est.set_params(worker_wait=0).worker_wait == 0
     params = est.set_params(worker_wait=45.0).get_params(deep=False)
     settings = FitSettings.resolve(
-        params, tuner="auto", tuner_options=None, augment=None, max_wall_time=None, simulated_gflops=None
+        params, tuner=AutoPolicy(), augment=None, max_wall_time=None, simulated_gflops=None
     )
     with local_client(n_workers=1, processes=False) as client, ExitStack() as stack:
         engine, used = engine_for(stack, settings, zoo.lenet(seed=0))

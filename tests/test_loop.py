@@ -16,6 +16,7 @@ from sklearn.datasets import load_digits
 
 import dasknn
 from dasknn.estimator import DistributedCNN
+from dasknn.optimizer import AutoPolicy, OnlinePolicy
 from experiments.pin_loop import COMMON  # the digits MLP fit the pins use
 
 PACKAGE = Path(dasknn.__file__).parent
@@ -86,10 +87,10 @@ def digits():
         pytest.param({"n_groups": 2, "learning_rate": 50.0, "momentum": 0.9, "max_epochs": 2}, id="fixed"),
         pytest.param({"tuner": "grid", "max_epochs": 8, "poison_row": 1500}, id="grid"),
         pytest.param(
-            {"max_epochs": 2, "tuner_options": {"solver": {"base_lr": 20.0, "momentum": 0.9}}}, id="auto"
+            {"max_epochs": 2, "tuner": AutoPolicy(solver={"base_lr": 20.0, "momentum": 0.9})}, id="auto"
         ),
         pytest.param(
-            {"tuner": "online", "max_epochs": 3, "tuner_options": {"initial_lr": 1000.0}}, id="online"
+            {"tuner": OnlinePolicy(initial_lr=1000.0), "max_epochs": 3}, id="online"
         ),
     ],
 )  # fmt: skip

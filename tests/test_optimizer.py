@@ -52,8 +52,8 @@ def run(digits8):
     net = small_net()
     start_hash = state_hash(TrainState.from_net(net))
     # Algorithm 1's loop from a synchronous cold start (the g ladder of appendix E-D has its own tests)
-    opt = GridPolicy(
-        SimulatedEngine(PLANTED, verbose=0), probe_iterations=20, epoch_factor=3, cold_start_groups=False
+    opt = GridPolicy(probe_iterations=20, epoch_factor=3, cold_start_groups=False).for_fit(
+        SimulatedEngine(PLANTED, verbose=0)
     )
     result = opt.optimize(
         net, X, y, batch_size=32, time_budget=20_000, should_stop=lambda state, trace: reached(trace)
@@ -134,12 +134,11 @@ def test_decisions_have_the_documented_columns_and_probes_share_their_start(run)
 def test_momentum_zero_at_four_groups_tries_small_momenta_then_halves_g(digits8):
     X, y = digits8
     opt = GridPolicy(
-        SimulatedEngine(PLANTED, verbose=0),
         probe_iterations=8,
         epoch_factor=0.5,
         probe_losses=implicit_momentum_losses(optimal_total=0.6, best_lr=0.1),
-        cold_start_groups=False,  # Algorithm 1's loop alone (the ladder has its own test)
-    )
+        cold_start_groups=False,
+    ).for_fit(SimulatedEngine(PLANTED, verbose=0))
     result = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=2)
     d = result.decisions
     search = d[d["phase"] == "search"]
@@ -159,7 +158,9 @@ def test_momentum_zero_at_four_groups_tries_small_momenta_then_halves_g(digits8)
 def test_a_raising_engine_counts_as_divergence_and_the_cold_start_moves_on(digits8):
     X, y = digits8
     engine = RaisingEngine(t_conv=1.0, t_fc=0.5, verbose=0, raises=lambda config, budget: config.lr >= 1.0)
-    opt = GridPolicy(engine, lr_grid=(1.0, 0.1, 0.01, 0.001, 1e-4), probe_iterations=20, epoch_factor=0.5)
+    opt = GridPolicy(lr_grid=(1.0, 0.1, 0.01, 0.001, 1e-4), probe_iterations=20, epoch_factor=0.5).for_fit(
+        engine
+    )
     result = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=1)
     cold = probes(result.decisions, "cold_start")[lambda r: r["n_groups"] == 1]
     assert cold.iloc[0]["lr"] == 1.0 and cold.iloc[0]["diverged"] and math.isinf(cold.iloc[0]["score"])
@@ -171,7 +172,7 @@ def test_a_raising_engine_counts_as_divergence_and_the_cold_start_moves_on(digit
 def test_when_every_probe_at_a_g_diverges_the_search_halves_g(digits8):
     X, y = digits8
     engine = RaisingEngine(PLANTED, verbose=0, raises=lambda config, budget: config.n_groups >= 4)
-    opt = GridPolicy(engine, probe_iterations=8, epoch_factor=0.5)
+    opt = GridPolicy(probe_iterations=8, epoch_factor=0.5).for_fit(engine)
     result = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=2)
     d = result.decisions
     at4 = probes(d, "search")[lambda r: r["n_groups"] == 4]
@@ -186,7 +187,7 @@ def test_a_diverging_train_epoch_goes_back_to_its_start_and_divides_lr_by_10(dig
     engine = RaisingEngine(
         PLANTED, verbose=0, raises=lambda config, budget: config.n_groups > 1 and budget.iterations is None
     )
-    opt = GridPolicy(engine, probe_iterations=8, epoch_factor=0.5, cold_start_groups=False)
+    opt = GridPolicy(probe_iterations=8, epoch_factor=0.5, cold_start_groups=False).for_fit(engine)
     result = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=3)
     d = result.decisions
     first, second = d[d["action"] == "choose"].iloc[0], d[d["action"] == "choose"].iloc[1]
@@ -203,7 +204,7 @@ def test_a_diverging_train_epoch_goes_back_to_its_start_and_divides_lr_by_10(dig
 def test_the_he_model_argument_sets_the_initial_groups(digits8):
     X, y = digits8
     he = HEModel(T_cc=1.0, T_nc=0.0, t_fc=1.0, n_workers=8)
-    opt = GridPolicy(SimulatedEngine(PLANTED, verbose=0), he_model=he, probe_iterations=10)
+    opt = GridPolicy(he_model=he, probe_iterations=10).for_fit(SimulatedEngine(PLANTED, verbose=0))
     result = opt.optimize(small_net(), X, y, batch_size=32, max_iterations=25)
     row = result.decisions[result.decisions["action"] == "initial_groups"].iloc[0]
     assert row["n_groups"] == he.smallest_saturating_g() == 2 and "he_model argument" in row["reason"]
@@ -268,13 +269,14 @@ def test_a_winner_is_clear_only_when_5_percent_below_every_other_over_the_window
         ({"clear_winner": 1.5}, "clear_winner must be a number in [0, 1), got 1.5"),
         ({"epoch_factor": -1}, "epoch_factor must be a finite number > 0, got -1"),
         ({"n_workers": 4, "he_model": PLANTED}, "disagrees with he_model.n_workers=8"),
-        ({"learning_rates": (0.1,)}, "unknown option(s) ['learning_rates']"),
     ],
 )
 def test_bad_optimizer_options_raise_value_errors_naming_them(options, message):
     with pytest.raises(ValueError) as err:
-        GridPolicy(SimulatedEngine(PLANTED, verbose=0), **options)
+        GridPolicy(**options).for_fit(SimulatedEngine(PLANTED, verbose=0))
     assert message in str(err.value)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'learning_rates'"):
+        GridPolicy(learning_rates=(0.1,))  # an unknown option, as scikit-learn's estimators refuse one
 
 
 @pytest.mark.parametrize(
@@ -290,19 +292,19 @@ def test_bad_optimizer_options_raise_value_errors_naming_them(options, message):
 )
 def test_bad_optimize_arguments_raise_value_errors_naming_them(digits8, options, message):
     X, y = digits8
-    opt = GridPolicy(SimulatedEngine(PLANTED, verbose=0))
+    opt = GridPolicy().for_fit(SimulatedEngine(PLANTED, verbose=0))
     with pytest.raises(ValueError) as err:
         opt.optimize(small_net(), X, y, batch_size=32, **options)
     assert message in str(err.value)
     with pytest.raises(ValueError, match="engine must have a run"):
-        GridPolicy(object())
+        GridPolicy().for_fit(object())
 
 
 @pytest.mark.slow
 def test_lenet_on_digits_reaches_99_percent_training_accuracy_within_its_budget():
     X, y = load("digits", size=28, batch_size=32)
     timing = HEModel(T_cc=1.0, T_nc=0.0, t_fc=0.5, n_workers=4)
-    opt = GridPolicy(SimulatedEngine(timing, verbose=0), probe_iterations=20, epoch_factor=3)
+    opt = GridPolicy(probe_iterations=20, epoch_factor=3).for_fit(SimulatedEngine(timing, verbose=0))
     result = opt.optimize(
         zoo.lenet(), X, y, batch_size=32, time_budget=3000, should_stop=lambda s, t: reached(t, 0.99, 50)
     )
@@ -331,9 +333,8 @@ def test_stop_check_iterations_makes_train_runs_of_at_most_that_many_iterations(
         return False
 
     opt = GridPolicy(
-        SimulatedEngine(PLANTED, verbose=0), probe_iterations=20, epoch_factor=3,
-        cold_start_groups=False, stop_check_iterations=15,
-    )  # fmt: skip
+        probe_iterations=20, epoch_factor=3, cold_start_groups=False, stop_check_iterations=15
+    ).for_fit(SimulatedEngine(PLANTED, verbose=0))
     capped = opt.optimize(small_net(), X, y, batch_size=32, max_epochs=2, should_stop=should_stop)
     per_run = capped.trace[capped.trace["phase"] == "train"].groupby("run").size()
     assert len(per_run) > 4 and per_run.max() <= 15

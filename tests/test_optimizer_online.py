@@ -126,7 +126,7 @@ def online_run(digits8):
     X, y = digits8
     net = small_net()
     start = state_hash(TrainState.from_net(net))
-    opt = OnlinePolicy(SimulatedEngine(PLANTED, verbose=0), target_accuracy=0.99)
+    opt = OnlinePolicy().for_fit(SimulatedEngine(PLANTED, verbose=0), target_accuracy=0.99)
     result = opt.optimize(net, X, y, batch_size=32, time_budget=20_000, should_stop=lambda s, t: reached(t))
     return result, start
 
@@ -176,7 +176,7 @@ def test_a_diverging_rate_is_abandoned_within_the_trial_and_rolled_back(digits8)
         hashes.append(state_hash(state))
         return False
 
-    opt = OnlinePolicy(engine, initial_lr=0.3, run_iterations=40, trial_iterations=16, n_groups=4)
+    opt = OnlinePolicy(initial_lr=0.3, run_iterations=40, trial_iterations=16).for_fit(engine, n_groups=4)
     result = opt.optimize(net, X, y, batch_size=32, time_budget=5_000, max_iterations=400, should_stop=watch)
     d = result.decisions
     abandoned = d[d["action"] == "abandon"]
@@ -199,9 +199,9 @@ def test_a_diverging_rate_is_abandoned_within_the_trial_and_rolled_back(digits8)
 def test_online_options_are_checked():
     engine = SimulatedEngine(PLANTED, verbose=0)
     with pytest.raises(ValueError, match="exploration_fraction"):
-        OnlinePolicy(engine, exploration_fraction=1.5)
-    with pytest.raises(ValueError, match=r"unknown option\(s\) \['lr_grid'\]"):
-        OnlinePolicy(engine, lr_grid=(0.1,))
+        OnlinePolicy(exploration_fraction=1.5).for_fit(engine)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'lr_grid'"):
+        OnlinePolicy(lr_grid=(0.1,))
     with pytest.raises(ValueError, match="tuner must be one of"):
         DistributedCNN(tuner="adam").fit(np.zeros((4, 1, 8, 8), np.float32), np.arange(4))
 

@@ -9,6 +9,7 @@ import pytest
 
 from dasknn import DistributedCNN
 from dasknn.data import load
+from dasknn.optimizer import GridPolicy
 
 HELD_OUT = 297
 TRAIN = 640
@@ -38,8 +39,7 @@ def test_resnet20_beats_cifar10_quick_on_the_same_data_and_budget():
             engine="dask",
             n_workers=2,
             random_state=0,
-            tuner="grid",
-            tuner_options={"probe_iterations": 5},
+            tuner=GridPolicy(probe_iterations=5),
         )
         est.fit(X, y)
         scores[net] = est.score(X_test, y_test)

@@ -20,6 +20,7 @@ import pytest
 from dasknn.data import load as load_data
 from dasknn.engine import manifest
 from dasknn.estimator import DistributedCNN
+from dasknn.optimizer import AutoPolicy, OnlinePolicy
 from dasknn.saving import FILES, SavedModelError
 from tests.test_bad_input import cli
 
@@ -273,17 +274,39 @@ def test_a_model_saved_under_the_former_tuner_names_loads_under_the_present_ones
     tamper(model, former)
     est = DistributedCNN.load(model)
     params = est.get_params()
-    assert (params["tuner"], params["tuner_options"]) == ("online", {"run_iterations": 40})
-    assert "optimizer" not in params and "optimizer_options" not in params
+    # the options of a model saved with tuner_options: the tuner object of that name with them
+    assert isinstance(params["tuner"], OnlinePolicy) and params["tuner__run_iterations"] == 40
+    assert "optimizer" not in params and "optimizer_options" not in params and "tuner_options" not in params
     np.testing.assert_array_equal(est.predict(digits[0]), saved[1].predict(digits[0]))
     tamper(model, lambda doc, a: doc["params"].update(tuner="online"))
     tamper(model, lambda doc, a: doc["params"].update(tuner="grid"))
     refused(model, "params.optimizer 'online'", "tuner 'grid'")
 
 
-def test_a_prior_cache_path_in_tuner_options_is_not_restored(model):
-    tamper(model, lambda doc, a: doc["params"].update(tuner_options={"prior_cache": "/somewhere/cache"}))
-    assert DistributedCNN.load(model).tuner_options is None
+def test_a_prior_cache_path_in_former_tuner_options_is_not_restored(model):
+    def former(doc, arrays):
+        doc["params"].update(tuner_options={"prior_cache": "/somewhere/cache", "window": 16})
+        doc["fitted"]["tuner_options_"] = {"prior_cache": "/somewhere/cache", "window": 16}
+
+    tamper(model, former)
+    loaded = DistributedCNN.load(model)
+    assert loaded.tuner.get_params() == AutoPolicy(window=16).get_params() and not loaded.prior_cache
+
+
+def test_a_saved_tuners_options_are_data_checked_by_its_table(model):
+    def with_tuner(options):
+        return lambda doc, a: doc["params"].update(tuner={"__tuner__": {"name": "auto", "params": options}})
+
+    tamper(model, with_tuner({"window": 16}))
+    assert DistributedCNN.load(model).tuner.window == 16
+    tamper(model, with_tuner({"lr_grid": [0.1]}))
+    refused(model, "params.tuner: 'lr_grid' is no option of the 'auto' tuner")
+    tamper(model, with_tuner({"window": -3}))
+    refused(model, "params.tuner: window must be None or an integer >= 2, got -3")
+    tamper(model, with_tuner([["window", 16]]))
+    refused(model, "params.tuner.params is a list, not a mapping")
+    tamper(model, lambda doc, a: doc["params"].update(tuner={"__tuner__": {"name": "adam", "params": {}}}))
+    refused(model, "params.tuner names 'adam'")
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX paths")

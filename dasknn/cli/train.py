@@ -44,8 +44,13 @@ def run(args) -> int:
         validation_data=validation_data,
         validation_fraction=fraction,
         verbose=args.verbose,
-        tuner_options=None if args.lr_grid is None else {"lr_grid": args.lr_grid},
     )
+    if args.lr_grid is not None:  # the grid tuner's option: its object carries it
+        from dasknn.optimizer import GridPolicy
+
+        if params["tuner"] != "grid":
+            raise ValueError(f"--lr-grid is an option of --tuner grid, not of --tuner {params['tuner']}")
+        params["tuner"] = GridPolicy(lr_grid=args.lr_grid)
     # every option checked before the data is read or a cluster started
     check_params({**defaults(), **params})
     import dask

@@ -1,5 +1,9 @@
 """The policies of the training loop: they say what to run next, and never call the engine.
 
+`tuner.py`: what every tuner is, a scikit-learn object (`Tuner`: its options as parameters, a fit
+running a bound clone, `Tuner.for_fit`) and, for a tuner written as one generator of runs, its
+answer to the loop (`StepTuner`); `auto_state.py`: the "auto" tuner's typed state.
+
 Each is a `dasknn.policy.Policy` that `dasknn.fitting.Loop` asks for its next run.
 `grid.py`: Omnivore's Algorithm 1 with its cold start (§IV-C, appendix E), the grid search over
 (g, µ, η); `session.py`: one fit of it; `cold_start.py`: the appendix E-D cold start; `search.py`:

@@ -6,8 +6,8 @@ from the first iteration and only ever spends a bounded share of the run on anyt
 
 1. The prior (`optimizer.prior`): the smallest g within 10% of the HE model's best time per
    iteration; η and µ from the net's solver (a zoo net's published Caffe solver, else Caffe's
-   0.01 / 0.9), or the configuration the last successful fit of the same job reached (the cache in
-   the data home; then the ramp is skipped). The decisions log's "start" row names the source.
+   0.01 / 0.9), or, when the fit asks for the prior cache, the configuration the last successful
+   fit of the same job reached (then the ramp is skipped). The decisions log's "start" row names the source.
 2. The η ramp (`optimizer.ramp`): windows of w iterations, one at the prior's η, then η × 4 and
    doublings while a window beats what the previous η would have done at the same loss level; the
    first worse, rising or non-finite window is undone (the run before it is the start of the next)
@@ -27,7 +27,8 @@ from the first iteration and only ever spends a bounded share of the run on anyt
    trace's clock stays within 5% of the elapsed time, and cut to what is left of it.
 
 It is a policy of the training loop (`dasknn.policy.Policy`): it never calls the engine; each answer
-is one run (a window, a trial) or a stop. Its state is JSON-able (`session`), carried by the
+is one run (a window, a trial) or a stop. Its state is one typed record (`auto_state.AutoState`),
+JSON-able (`AutoState.to_dict`), carried by the
 checkpoints, so a fit stopped mid-ramp or mid-trial resumes exactly.
 """
 
@@ -42,6 +43,7 @@ import pandas as pd
 
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.optimizer import decide, measure
+from dasknn.optimizer.auto_state import AutoState
 from dasknn.optimizer.momentum import trace_momentum
 from dasknn.optimizer.options import (
     COUNT,
@@ -52,13 +54,12 @@ from dasknn.optimizer.options import (
     PINNED_LR,
     PINNED_MOMENTUM,
     SOME_COUNT,
-    TARGET_ACCURACY,
     VERBOSE,
 )
 from dasknn.optimizer.plateau import Plateau
 from dasknn.optimizer.prior import Prior, PriorCache, default_cache_path, groups_prior, solver_prior
 from dasknn.optimizer.ramp import LrRamp, progress_and_error, window_level
-from dasknn.optimizer.search import check, group_candidates
+from dasknn.optimizer.search import group_candidates
 from dasknn.optimizer.trials import (
     MAX_TRIAL_GAIN,
     TRIAL_FRACTION,
@@ -68,8 +69,9 @@ from dasknn.optimizer.trials import (
     trial_noise,
     trial_seconds,
 )
+from dasknn.optimizer.tuner import Tuner
 from dasknn.policy import CURRENT, START, NextRun, Outcome, Stop
-from dasknn.rules import Custom, Number, Option, checked_options
+from dasknn.rules import Custom, Number, Option
 from dasknn.tradeoff.hardware import HEModel
 
 __all__ = ["MEASURED_SAMPLES", "AutoPolicy"]
@@ -88,14 +90,11 @@ def _optional_dict(value: Any) -> bool:
 
 
 def _cache_path(value: Any) -> bool:
-    return value is None or value is False or isinstance(value, (str, Path))
+    return isinstance(value, (bool, str, Path))
 
 
 OPTIONS = (
     Option("solver", None, Custom("None or a dict of settings", accepts=_optional_dict)),
-    Option("net_name", None, Custom("None or a zoo name", accepts=_optional_str)),
-    Option("prior_cache", None, Custom("None, False or a path", accepts=_cache_path)),
-    Option("cache_key", None, Custom("None or a key string", accepts=_optional_str)),
     Option("window", None, Number(2, integer=True, also=(None,))),
     Option("run_iterations", None, Number(2, integer=True, also=(None,))),
     Option("calibration_windows", 1, Number(1, 2, integer=True)),
@@ -111,21 +110,27 @@ OPTIONS = (
     Option("n_workers", None, SOME_COUNT),
     Option("max_groups", None, SOME_COUNT),
     Option("he_model", None, HE_MODEL),
+)
+"""AutoPolicy's options (`__init__`'s keywords, in order): name, default, rule."""
+SETTINGS = (
+    Option("net_name", None, Custom("None or a zoo name", accepts=_optional_str)),
+    Option("prior_cache", False, Custom("False, True or a path", accepts=_cache_path)),
+    Option("cache_key", None, Custom("None or a key string", accepts=_optional_str)),
     Option("n_groups", None, PINNED_GROUPS),
     Option("learning_rate", None, PINNED_LR),
     Option("momentum", None, PINNED_MOMENTUM),
-    Option("target_accuracy", None, TARGET_ACCURACY),
     Option("verbose", 0, VERBOSE),
 )
-"""AutoPolicy's options (`__init__`'s keywords, in order): name, default, rule."""
+"""What a fit sets on a bound AutoPolicy (`Tuner.for_fit`): the net's zoo name (its published
+solver), the prior cache and the job's key in it (`prior_cache=True` of DistributedCNN), the knobs
+the user pinned, verbosity."""
 
 
-class AutoPolicy:
+class AutoPolicy(Tuner):
     """The default optimizer (see the module docstring).
 
     `solver`: Caffe solver settings (`nn.prototxt.read_solver`) whose base_lr and momentum are the
-    prior; `net_name`: a zoo name for its published solver; `prior_cache`: the cache file (None: the
-    data home's; False: no cache); `cache_key`: the job's key (`PriorCache.key`; None: no cache);
+    prior;
     `window`: w, iterations per ramp window (default half an epoch in [32, 64]: shorter windows
     judged a doubling on its first transient, simulated LeNet: w = 16 ended the ramp at η = 0.01
     and missed 96% in 30 s, w = 32 reached it in 6.1 s);
@@ -142,17 +147,28 @@ class AutoPolicy:
     row below the expectation before a drop, 2): the plateau rule;
     `momentum_gain`, `momentum_tolerance`: the momentum feedback;
     `n_workers`, `max_groups`, `he_model`: the groups' candidates and HE model (as the other
-    optimizers); `n_groups`, `learning_rate`, `momentum` pin a knob. Unknown options raise ValueError.
+    optimizers). A fit's settings (`for_fit`): `net_name`, a zoo name for its published solver;
+    `prior_cache`, the cache of earlier fits' end configurations (False, the default: none; True:
+    the user's cache folder, `prior.cache_home`; a path: that file) and `cache_key`, the job's key
+    there (`PriorCache.key`; None: no cache); `n_groups`, `learning_rate`, `momentum` pin a knob;
+    `verbose`.
+
+    Examples
+    --------
+    >>> from dasknn.estimator import DistributedCNN
+    >>> est = DistributedCNN(tuner=AutoPolicy(window=32))
+    >>> est.set_params(tuner__window=16).tuner
+    AutoPolicy(window=16)
     """
+
+    name = "auto"
+    OPTIONS = OPTIONS
+    SETTINGS = SETTINGS
 
     def __init__(
         self,
-        engine=None,
         *,
         solver: dict[str, Any] | None = None,
-        net_name: str | None = None,
-        prior_cache: str | Path | bool | None = None,
-        cache_key: str | None = None,
         window: int | None = None,
         run_iterations: int | None = None,
         calibration_windows: int = 1,
@@ -168,17 +184,14 @@ class AutoPolicy:
         n_workers: int | None = None,
         max_groups: int | None = None,
         he_model: HEModel | None = None,
-        n_groups: int | None = None,
-        learning_rate: float | None = None,
-        momentum: float | None = None,
-        target_accuracy: float | None = None,
-        verbose: int = 0,
-        **unknown: Any,
     ) -> None:
-        check(not unknown, f"unknown option(s) {sorted(unknown)} for the auto optimizer")
-        self.engine = engine
-        for name, value in checked_options(OPTIONS, locals()).items():
-            setattr(self, name, value)
+        self.solver, self.window, self.run_iterations = solver, window, run_iterations
+        self.calibration_windows, self.first_step = calibration_windows, first_step
+        self.first_look, self.trial_fraction = first_look, trial_fraction
+        self.plateau_fraction, self.max_drops = plateau_fraction, max_drops
+        self.plateau_span, self.plateau_patience = plateau_span, plateau_patience
+        self.momentum_gain, self.momentum_tolerance = momentum_gain, momentum_tolerance
+        self.n_workers, self.max_groups, self.he_model = n_workers, max_groups, he_model
 
     # -- the policy (dasknn.policy.Policy) -------------------------------------------------------
     def begin(self, fit, resume: dict[str, Any] | None) -> None:
@@ -192,9 +205,9 @@ class AutoPolicy:
         self.candidates, self.model = groups_and_model(self)
         self.resuming = resume is not None
         if resume is not None:
-            self.s = dict(resume)
-            if self.s.get("n_workers"):
-                self.candidates, self.model = at_workers(self, int(self.s["n_workers"]))
+            self.s = AutoState.from_dict(resume)
+            if self.s.n_workers:
+                self.candidates, self.model = at_workers(self, int(self.s.n_workers))
             return
         prior = start_prior(self)
         config = RunConfig(
@@ -208,30 +221,17 @@ class AutoPolicy:
                 prior.lr, window=self.w, calibrations=self.calibration_windows, first_factor=self.first_step
             )
         )
-        self.s: dict[str, Any] = {
-            "kind": "auto",
-            "optimizer": "auto",
-            "phase": "ramp" if ramp is not None else "train",
-            "config": asdict(config),
-            "target_momentum": prior.momentum,
-            "ramp": None if ramp is None else ramp.to_dict(),
-            "plateau": None,
-            "peak_lr": prior.lr,
-            "explored": 0.0,
-            "turn": 0,
-            "trial": None,
-            "before": None,
-            "restore": None,
-            "next": None,
-            "checkpoint_epoch": math.floor(fit.snapshot(CURRENT).batches_done / nb),
-            "rejected": {},
-            "eval_loss": start_loss(self.fit),
-            "tpi": None,
-            "overhead": 0.0,
-            "lr_ceiling": None,
-            "stopped": "",
-            "n_workers": worker_count(self),
-        }
+        self.s = AutoState(
+            phase="ramp" if ramp is not None else "train",
+            config=config,
+            target_momentum=prior.momentum,
+            ramp=None if ramp is None else ramp.to_dict(),
+            plateau=None,
+            peak_lr=prior.lr,
+            checkpoint_epoch=math.floor(fit.snapshot(CURRENT).batches_done / nb),
+            eval_loss=start_loss(self.fit),
+            n_workers=worker_count(self),
+        )
         fit.log.record("auto", "start", config, f"prior: {prior.source}; w = {self.w}", chosen=True)
 
     def next_run(self, last: Outcome | None) -> NextRun | Stop:
@@ -240,9 +240,9 @@ class AutoPolicy:
         if last is not None:
             self._observe(last)
             if last.stop and not last.diverged:
-                s["stopped"] = "the target or a callback stopped the fit"
-        if s["stopped"]:
-            return self._stop(s["stopped"])
+                s.stopped = "the target or a callback stopped the fit"
+        if s.stopped:
+            return self._stop(s.stopped)
         if self.fit.log.exhausted():
             return self._stop("budget spent")
         return self._request()
@@ -251,44 +251,44 @@ class AutoPolicy:
     def _observe(self, last: Outcome) -> None:
         s, log = self.s, self.fit.log
         regroup_on_change(self, last)
-        config = RunConfig(**s["config"])
+        config = s.config
         trace = last.trace
         n = len(trace)
         p, se, level, loss_now = self._measure(last)
-        phase = s["phase"]
+        phase = s.phase
         if phase == "ramp":
             return self._observe_ramp(last, config, p, se, level, loss_now)
         if last.diverged:  # a training window or a trial the loop rolled back
             return self._observe_diverged(last, config, phase)
-        s["last_kept"] = last.snapshot
-        s["eval_loss"] = loss_now
+        s.last_kept = last.snapshot
+        s.eval_loss = loss_now
         rate = p * n / last.seconds if last.seconds > 0 and math.isfinite(p) else math.nan  # per second
         rate_se = se * n / last.seconds if last.seconds > 0 and math.isfinite(se) else 0.0
         tpi = measure.seconds_per_iteration(trace)
         if math.isfinite(tpi) and len(trace):  # what a run costs beyond its iterations (in flight, start-up)
-            s["tpi"], s["overhead"] = tpi, max(0.0, last.seconds - len(trace) * tpi)
+            s.tpi, s.overhead = tpi, max(0.0, last.seconds - len(trace) * tpi)
         if phase == "trial":
-            s["explored"] += last.seconds
-            s["trial"]["progress"], s["trial"]["progress_se"] = rate, rate_se
-            s["phase"] = "after"
+            s.explored += last.seconds
+            s.trial["progress"], s.trial["progress_se"] = rate, rate_se
+            s.phase = "after"
             log.record(
                 "explore",
                 "trial",
                 last.config,
-                f"{s['trial']['why']}; {rate:.4g}/s",
+                f"{s.trial['why']}; {rate:.4g}/s",
                 run=last.run,
                 seconds=last.seconds,
                 iterations=n,
                 progress=rate,
-                exploration=s["explored"],
+                exploration=s.explored,
             )
             return
         if phase == "after":
-            trial = s["trial"]
-            before = s["before"] if s["before"] is not None else math.nan
-            noise = trial_noise(trial.get("progress_se", 0.0), s.get("before_se", 0.0), rate_se, before)
+            trial = s.trial
+            before = s.before if s.before is not None else math.nan
+            noise = trial_noise(trial.get("progress_se", 0.0), s.before_se, rate_se, before)
             adopt, why = decide.judge_trial(trial["progress"], before, rate, noise=noise)
-            s["rejected"][trial["key"]] = 0 if adopt else s["rejected"].get(trial["key"], 0) + 1
+            s.rejected[trial["key"]] = 0 if adopt else s.rejected.get(trial["key"], 0) + 1
             trial_config = RunConfig(**trial["config"])
             log.record(
                 "explore",
@@ -300,40 +300,40 @@ class AutoPolicy:
             )
             if adopt:
                 config = trial_config.with_(momentum=config.momentum)
-                s["config"] = asdict(config)
-                if s["plateau"] is None or not Plateau.from_dict(s["plateau"]).drops:
-                    s["peak_lr"] = config.lr  # the cache remembers the rate before any plateau
-            s["phase"], s["trial"] = "train", None
-        s["before"], s["before_se"], s["before_n"] = rate, rate_se, n
+                s.config = config
+                if s.plateau is None or not Plateau.from_dict(s.plateau).drops:
+                    s.peak_lr = config.lr  # the cache remembers the rate before any plateau
+            s.phase, s.trial = "train", None
+        s.before, s.before_se, s.before_n = rate, rate_se, n
         observe_plateau(self, config, p, level, last)
-        if s["stopped"]:
+        if s.stopped:
             return
-        adjust_momentum(self, RunConfig(**s["config"]), trace)
+        adjust_momentum(self, s.config, trace)
 
     def _observe_ramp(self, last: Outcome, config: RunConfig, p, se, level, loss_now) -> None:
         """A ramp window judged (`ramp.LrRamp.judge`): η doubled, kept, or the window undone."""
         s, log, n = self.s, self.fit.log, len(last.trace)
-        ramp = LrRamp.from_dict(s["ramp"])
-        before_window, loss_before = s.get("last_kept") or START, s.get("eval_loss")
+        ramp = LrRamp.from_dict(s.ramp)
+        before_window, loss_before = s.last_kept or START, s.eval_loss
         step = ramp.judge(p if not last.diverged else -math.inf, se, level, n)
-        s["ramp"] = ramp.to_dict()
-        s["config"] = asdict(config.with_(lr=step.lr))
+        s.ramp = ramp.to_dict()
+        s.config = config.with_(lr=step.lr)
         if step.restore and not last.diverged:
             log.kept.discard(last.run)  # the window is undone: its run is not in the model
-            s["restore"] = before_window
+            s.restore = before_window
         elif not step.restore:
-            s["eval_loss"] = loss_now
+            s.eval_loss = loss_now
         if step.undo_look:  # the rate's first window (its loss rose) is undone with the second
-            first = s["look"]
+            first = s.look
             log.kept.discard(first["run"])
-            s["restore"] = s["last_kept"] = first["start"]
-            s["eval_loss"] = first["eval_loss"]
+            s.restore = s.last_kept = first["start"]
+            s.eval_loss = first["eval_loss"]
         look = ramp.second_look and not step.restore  # a first window kept for a second look
-        s["look"] = {"run": last.run, "start": before_window, "eval_loss": loss_before} if look else None
+        s.look = {"run": last.run, "start": before_window, "eval_loss": loss_before} if look else None
         log.record(
             "ramp",
             ("rollback" if last.diverged else "undo") if step.restore else "window",
-            RunConfig(**s["config"]),  # the decision's: the η the fit goes on with
+            s.config,  # the decision's: the η the fit goes on with
             step.reason,
             iterations=n,
             seconds=last.seconds,
@@ -342,19 +342,19 @@ class AutoPolicy:
             chosen=True,
         )
         if not step.restore:
-            s["last_kept"] = last.snapshot
+            s.last_kept = last.snapshot
         if step.done:
-            self._end_ramp(ramp, RunConfig(**s["config"]))
+            self._end_ramp(ramp, s.config)
 
     def _observe_diverged(self, last: Outcome, config: RunConfig, phase: str) -> None:
         """A training window or a trial the loop rolled back: a trial abandoned, else η ÷ 3."""
         s, log = self.s, self.fit.log
-        ceiling = s["lr_ceiling"]
-        s["lr_ceiling"] = last.config.lr if ceiling is None else min(ceiling, last.config.lr)
+        ceiling = s.lr_ceiling
+        s.lr_ceiling = last.config.lr if ceiling is None else min(ceiling, last.config.lr)
         if phase == "trial":
-            key = s["trial"]["key"]
-            s["rejected"][key] = s["rejected"].get(key, 0) + 1
-            s["phase"], s["trial"] = "train", None
+            key = s.trial["key"]
+            s.rejected[key] = s.rejected.get(key, 0) + 1
+            s.phase, s.trial = "train", None
             log.record(
                 "explore",
                 "abandon",
@@ -365,11 +365,11 @@ class AutoPolicy:
                 seconds=last.seconds,
             )
         else:
-            s["config"] = asdict(config.with_(lr=config.lr / 3))
+            s.config = config.with_(lr=config.lr / 3)
             log.record(
                 "train",
                 "rollback",
-                RunConfig(**s["config"]),
+                s.config,
                 "diverged: back to the window's start, η ÷ 3",
                 diverged=True,
                 run=last.run,
@@ -388,7 +388,7 @@ class AutoPolicy:
         weights read before the group's last updates, so a window that leaves the weights worse can
         still show falling batch losses; the scored samples see it."""
         trace, n = last.trace, len(last.trace)
-        before = self.s.get("eval_loss")
+        before = self.s.eval_loss
         state = last.state
         measured = measured_loss(self.fit, state)
         if measured is not None and not last.diverged and before is not None and n > 0:
@@ -406,9 +406,9 @@ class AutoPolicy:
 
     def _end_ramp(self, ramp: LrRamp, config: RunConfig) -> None:
         s = self.s
-        s["phase"], s["peak_lr"] = "train", config.lr
+        s.phase, s.peak_lr = "train", config.lr
         gamma = ramp.gamma if math.isfinite(ramp.gamma) else ramp.gamma_prior
-        s["plateau"] = new_plateau(self, gamma).to_dict()
+        s.plateau = new_plateau(self, gamma).to_dict()
         self.fit.log.record(
             "ramp", "end", config, f"η = {config.lr:g} after {ramp.steps} doublings", chosen=True
         )
@@ -418,17 +418,17 @@ class AutoPolicy:
         s = self.s
         if self.resuming:  # a checkpoint's session: the run that was about to start
             self.resuming = False
-            n = s["next"]
+            n = s.next
             return self._run(RunConfig(**n["config"]), n["iterations"], n["phase"], CURRENT, n["seconds"])
-        config = RunConfig(**s["config"])
-        start = s.pop("restore", None) or CURRENT
-        s["restore"] = None
-        if s["phase"] == "ramp":
-            ramp = s["ramp"]
+        config = s.config
+        start = s.restore or CURRENT
+        s.restore = None
+        if s.phase == "ramp":
+            ramp = s.ramp
             first_look = ramp["steps"] >= 1 and not ramp["second_look"]
-            held = (s.get("look") or {}).get("start")  # the ramp may still restore it
+            held = (s.look or {}).get("start")  # the ramp may still restore it
             return self._run(config, self.look if first_look else self.w, "ramp", start, hold=held)
-        if s["phase"] == "train":
+        if s.phase == "train":
             trial = self._trial(config)
             if trial is not None:
                 return trial
@@ -437,40 +437,40 @@ class AutoPolicy:
     def _trial(self, config: RunConfig) -> NextRun | None:
         """A trial when the cap allows one of at least half a window, cut to what is left of it."""
         s, fit = self.s, self.fit
-        if s["before"] is None:
+        if s.before is None:
             return None
         # the cap's seconds, less what a run costs beyond its iterations (measured on the last window)
-        allowed = trial_seconds(fit.log.elapsed, s["explored"], self.trial_fraction) - 1.5 * s["overhead"]
-        tpi = s["tpi"]
+        allowed = trial_seconds(fit.log.elapsed, s.explored, self.trial_fraction) - 1.5 * s.overhead
+        tpi = s.tpi
         if not (tpi is not None and allowed >= tpi * self.w / 2):
             return None
         n_trial = min(self.run_length, int(allowed / tpi))
-        noise = predicted_noise(s.get("before_se", 0.0), s.get("before_n", 0), n_trial, s["before"])
-        if not resolvable(noise, s["before"]):  # it could be adopted only on noise: train instead
-            if not s.get("unresolvable"):
+        noise = predicted_noise(s.before_se, s.before_n, n_trial, s.before)
+        if not resolvable(noise, s.before):  # it could be adopted only on noise: train instead
+            if not s.unresolvable:
                 why = (
                     f"no trial: {n_trial} iterations would measure ±{noise:.3g}/s against "
-                    f"{s['before']:.4g}/s, adoptable only beyond {MAX_TRIAL_GAIN:g}× it"
-                    if s["before"] > 0
-                    else f"no trial: no progress to compare one against ({s['before']:.4g}/s)"
+                    f"{s.before:.4g}/s, adoptable only beyond {MAX_TRIAL_GAIN:g}× it"
+                    if s.before > 0
+                    else f"no trial: no progress to compare one against ({s.before:.4g}/s)"
                 )
                 fit.log.record("explore", "skip", config, why)
-            s["unresolvable"] = True
+            s.unresolvable = True
             return None
-        s["unresolvable"] = False
-        for key, g, lr in neighbours(config.n_groups, config.lr, self.candidates, s["turn"], 2.0):
-            s["turn"] += 1
-            if s["rejected"].get(key, 0) >= 2:
+        s.unresolvable = False
+        for key, g, lr in neighbours(config.n_groups, config.lr, self.candidates, s.turn, 2.0):
+            s.turn += 1
+            if s.rejected.get(key, 0) >= 2:
                 continue
             if key.startswith("g") and self.n_groups is not None:
                 continue
             if key.startswith("lr") and self.learning_rate is not None:
                 continue
-            if s["lr_ceiling"] is not None and lr >= s["lr_ceiling"]:
+            if s.lr_ceiling is not None and lr >= s.lr_ceiling:
                 continue
             trial = config.with_(n_groups=g, lr=lr)
             why = f"trial {key}: g={g}, η={lr:g} for at most {allowed:.3g} s ({self.trial_fraction:.0%} cap)"
-            s["phase"], s["trial"] = "trial", {"key": key, "config": asdict(trial), "why": why}
+            s.phase, s.trial = "trial", {"key": key, "config": asdict(trial), "why": why}
             return self._run(trial, self.run_length, "explore", CURRENT, seconds=allowed)
         return None
 
@@ -487,14 +487,14 @@ class AutoPolicy:
         budget = fit.log.budget(iterations=iterations, seconds=seconds)
         if budget is None:
             budget = Budget(iterations=1)  # never reached: next_run stops on an exhausted log first
-        s["next"] = {"config": asdict(config), "iterations": iterations, "phase": phase, "seconds": seconds}
+        s.next = {"config": asdict(config), "iterations": iterations, "phase": phase, "seconds": seconds}
         checkpoint = None
         epoch = math.floor(fit.snapshot(start).batches_done / fit.n_batches)
         # no checkpoint while an older snapshot is held: a resumed loop would not have it
         may_save = getattr(fit, "checkpoints", False) and start == CURRENT and hold is None
-        if may_save and epoch > s["checkpoint_epoch"]:
-            s["checkpoint_epoch"] = epoch
-            checkpoint = dict(s)
+        if may_save and epoch > s.checkpoint_epoch:
+            s.checkpoint_epoch = epoch
+            checkpoint = s.to_dict()
         return NextRun(
             config,
             budget,
@@ -508,11 +508,11 @@ class AutoPolicy:
 
     def _stop(self, why: str) -> Stop:
         s = self.s
-        config = RunConfig(**s["config"])
-        self.fit.log.record("auto", "stop", config, f"{why}; exploration {s['explored']:.3g} s")
-        if not why.startswith("budget") or s["phase"] != "ramp":
+        config = s.config
+        self.fit.log.record("auto", "stop", config, f"{why}; exploration {s.explored:.3g} s")
+        if not why.startswith("budget") or s.phase != "ramp":
             remember(self, config)
-        return Stop(why, config, session={**s, "finished": True})
+        return Stop(why, config, session={**s.to_dict(), "finished": True})
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -533,16 +533,14 @@ def observe_plateau(policy: AutoPolicy, config: RunConfig, p: float, level: floa
     """Feed a kept training window to the plateau rule: η ÷ its factor on a plateau (unless η is
     pinned), the fit's end on convergence."""
     s = policy.s
-    rule = new_plateau(policy) if s["plateau"] is None else Plateau.from_dict(s["plateau"])
+    rule = new_plateau(policy) if s.plateau is None else Plateau.from_dict(s.plateau)
     step = rule.observe(p, len(last.trace), held_out(policy.fit), level)
-    s["plateau"] = rule.to_dict()
+    s.plateau = rule.to_dict()
     if step.action == "drop" and policy.learning_rate is None:
-        s["config"] = asdict(config.with_(lr=config.lr / rule.factor))
-        policy.fit.log.record(
-            "train", "plateau", RunConfig(**s["config"]), step.reason, chosen=True, run=last.run
-        )
+        s.config = config.with_(lr=config.lr / rule.factor)
+        policy.fit.log.record("train", "plateau", s.config, step.reason, chosen=True, run=last.run)
     elif step.action == "stop":
-        s["stopped"] = f"converged: {step.reason}"
+        s.stopped = f"converged: {step.reason}"
 
 
 def adjust_momentum(policy: AutoPolicy, config: RunConfig, trace: pd.DataFrame) -> None:
@@ -555,18 +553,18 @@ def adjust_momentum(policy: AutoPolicy, config: RunConfig, trace: pd.DataFrame) 
         return
     s, log = policy.s, policy.fit.log
     if config.n_groups == 1:
-        if config.momentum != s["target_momentum"]:
-            s["config"] = asdict(config.with_(momentum=s["target_momentum"]))
+        if config.momentum != s.target_momentum:
+            s.config = config.with_(momentum=s.target_momentum)
             why = f"g = 1: no asynchrony, the total momentum is µ: µ {config.momentum:g} -> target"
-            log.record("train", "momentum", RunConfig(**s["config"]), why, chosen=True)
+            log.record("train", "momentum", s.config, why, chosen=True)
         return
     measured = trace_momentum(trace)
     mu, why = decide.steer_momentum(
-        config.momentum, measured, s["target_momentum"], policy.momentum_gain, policy.momentum_tolerance
+        config.momentum, measured, s.target_momentum, policy.momentum_gain, policy.momentum_tolerance
     )
     if mu != config.momentum:
-        s["config"] = asdict(config.with_(momentum=mu))
-        log.record("train", "momentum", RunConfig(**s["config"]), why, chosen=True, total_momentum=measured)
+        s.config = config.with_(momentum=mu)
+        log.record("train", "momentum", s.config, why, chosen=True, total_momentum=measured)
 
 
 def regroup_on_change(policy: AutoPolicy, last: Outcome) -> None:
@@ -574,19 +572,19 @@ def regroup_on_change(policy: AutoPolicy, last: Outcome) -> None:
     the cluster grew or shrank under it. A trial under way is abandoned (A-B-A compares runs
     on one cluster)."""
     s, log = policy.s, policy.fit.log
-    n, before = measure.workers_at_end(last.trace), s.get("n_workers")
+    n, before = measure.workers_at_end(last.trace), s.n_workers
     if n is None or before is None or n == before:
         return
     policy.candidates, policy.model = at_workers(policy, n)
-    config = RunConfig(**s["config"])
+    config = s.config
     he = {g: policy.model.he(g) for g in policy.candidates}
     g, why = decide.regroup(he, n, before, config.n_groups, policy.n_groups)
-    s["n_workers"], s["config"] = n, asdict(config.with_(n_groups=g))
-    if s["phase"] in ("trial", "after"):
-        trial = RunConfig(**s["trial"]["config"])
+    s.n_workers, s.config = n, config.with_(n_groups=g)
+    if s.phase in ("trial", "after"):
+        trial = RunConfig(**s.trial["config"])
         log.record("explore", "abandon", trial, "the cluster changed during the trial")
-        s["phase"], s["trial"], s["before"] = "train", None, None
-    log.record("cluster", "regroup", RunConfig(**s["config"]), why, chosen=True, n_workers=n, run=last.run)
+        s.phase, s.trial, s.before = "train", None, None
+    log.record("cluster", "regroup", s.config, why, chosen=True, n_workers=n, run=last.run)
 
 
 def worker_count(policy: AutoPolicy) -> int | None:
@@ -625,7 +623,7 @@ def prior_cache(policy: AutoPolicy) -> PriorCache | None:
     """The policy's prior cache, None when it is off or the job has no key."""
     if policy.prior_cache is False or policy.cache_key is None:
         return None
-    path = default_cache_path() if policy.prior_cache in (None, True) else policy.prior_cache
+    path = default_cache_path() if policy.prior_cache is True else policy.prior_cache
     return None if path is None else PriorCache(path)
 
 
@@ -656,8 +654,8 @@ def remember(policy: AutoPolicy, config: RunConfig) -> None:
     if cache is None:
         return
     try:
-        cache.put(policy.cache_key, config.n_groups, policy.s["peak_lr"], config.momentum)
-    except OSError as err:  # a read-only data home costs the next fit its prior, not this fit
+        cache.put(policy.cache_key, config.n_groups, policy.s.peak_lr, config.momentum)
+    except OSError as err:  # a read-only cache folder costs the next fit its prior, not this fit
         policy.fit.log.record("auto", "cache", config, f"prior cache not written: {err}")
 
 

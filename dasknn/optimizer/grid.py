@@ -27,7 +27,6 @@ engine run pays a start-up cost (actors), so prefer fewer, longer probes there.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
 from typing import Any
 
 from dasknn.engine.trace import RunConfig, TrainState
@@ -46,8 +45,9 @@ from dasknn.optimizer.options import (
 )
 from dasknn.optimizer.search import Judge, check, check_optimize_args
 from dasknn.optimizer.session import OptimizerResult, StopCallback, _Session
-from dasknn.policy import CURRENT, NextRun, Outcome, Stop
-from dasknn.rules import LEARNING_RATE, MOMENTUM, Boolean, Custom, Grid, Number, Option, checked_options
+from dasknn.optimizer.tuner import StepTuner
+from dasknn.policy import CURRENT
+from dasknn.rules import LEARNING_RATE, MOMENTUM, Boolean, Custom, Grid, Number, Option
 from dasknn.tradeoff.hardware import HEModel
 
 __all__ = ["GridPolicy"]
@@ -74,15 +74,18 @@ OPTIONS = (
     Option("probe_score", None, PROBE_SCORE),
     Option("cold_start_groups", True, Boolean()),
     Option("momentum_early_stop", True, Boolean()),
+)
+"""GridPolicy's options (`__init__`'s keywords, in order): name, default (the paper's value), rule."""
+SETTINGS = (
     Option("n_groups", None, PINNED_GROUPS),
     Option("learning_rate", None, PINNED_LR),
     Option("momentum", None, PINNED_MOMENTUM),
     Option("verbose", 0, VERBOSE),
 )
-"""GridPolicy's options (`__init__`'s keywords, in order): name, default (the paper's value), rule."""
+"""What a fit sets on a bound GridPolicy (`Tuner.for_fit`): the knobs the user pinned, verbosity."""
 
 
-class GridPolicy:
+class GridPolicy(StepTuner):
     """Omnivore Algorithm 1 with its cold start, over any engine (see the module docstring).
 
     Every number is a parameter with the paper's value as its default: the grids (appendix E),
@@ -102,13 +105,25 @@ class GridPolicy:
     (appendix E-D; False: the cold-start epoch runs at g = 1). `momentum_early_stop`: each rate's
     momenta are probed from the highest down, stopping at the first worse one (the cold start's rule
     for η, applied to µ; about half the probes when the loss is unimodal in µ); False: every point
-    of the grid, as appendix E lists it. `n_groups`, `learning_rate`,
-    `momentum` pin a knob the user fixed; the others are still tuned. Unknown options raise ValueError.
+    of the grid, as appendix E lists it. A fit's settings (`for_fit`): `n_groups`, `learning_rate`,
+    `momentum` pin a knob the user fixed (the others are still tuned), `verbose`.
+
+    Examples
+    --------
+    >>> from dasknn.estimator import DistributedCNN
+    >>> est = DistributedCNN(tuner=GridPolicy(lr_grid=(0.1, 0.03, 0.01)))
+    >>> est.set_params(tuner__probe_iterations=10).get_params()["tuner__probe_iterations"]
+    10
     """
+
+    name = "grid"
+    OPTIONS = OPTIONS
+    SETTINGS = SETTINGS
+    max_epochs: int | None = None
+    """Train epochs, when `optimize` is given max_epochs."""
 
     def __init__(
         self,
-        engine,
         *,
         n_workers: int | None = None,
         lr_grid: Sequence[float] = (0.1, 0.01, 0.001, 1e-4, 1e-5),
@@ -130,24 +145,36 @@ class GridPolicy:
         probe_score: Callable[[TrainState], float] | None = None,
         cold_start_groups: bool = True,
         momentum_early_stop: bool = True,
-        n_groups: int | None = None,
-        learning_rate: float | None = None,
-        momentum: float | None = None,
-        verbose: int = 0,
-        **unknown: Any,
     ) -> None:
-        check(not unknown, f"unknown option(s) {sorted(unknown)} for GridPolicy")
-        check(callable(getattr(engine, "run", None)), f"engine must have a run(...) method; got {engine!r}")
-        self.engine = engine
-        for name, value in checked_options(OPTIONS, locals()).items():
-            setattr(self, name, value)
-        if he_model is not None and self.n_workers is not None:
+        self.n_workers, self.lr_grid, self.momentum_grid = n_workers, lr_grid, momentum_grid
+        self.cold_start_momentum, self.small_momenta = cold_start_momentum, small_momenta
+        self.probe_iterations, self.probe_seconds = probe_iterations, probe_seconds
+        self.clear_winner, self.winner_window = clear_winner, winner_window
+        self.max_extensions = max_extensions
+        self.epoch_factor, self.cold_start_fraction = epoch_factor, cold_start_fraction
+        self.stop_checks, self.stop_check_iterations = stop_checks, stop_check_iterations
+        self.max_groups, self.he_model = max_groups, he_model
+        self.probe_losses, self.probe_score = probe_losses, probe_score
+        self.cold_start_groups, self.momentum_early_stop = cold_start_groups, momentum_early_stop
+
+    def checked(self) -> dict[str, Any]:
+        """The options checked (`Tuner.checked`), and n_workers against the HE model's."""
+        values = super().checked()
+        he_model, n_workers = values["he_model"], values["n_workers"]
+        if he_model is not None and n_workers is not None:
             check(
-                he_model.n_workers == self.n_workers,
-                f"n_workers={self.n_workers} disagrees with he_model.n_workers={he_model.n_workers}",
+                he_model.n_workers == n_workers,
+                f"n_workers={n_workers} disagrees with he_model.n_workers={he_model.n_workers}",
             )
-        self.max_epochs: int | None = None  # train epochs, when `optimize` is given max_epochs
-        # pinned knobs: the user fixed them, the optimizer tunes only the others
+        return values
+
+    def bound(self) -> None:
+        """The engine checked; a pinned knob's grid reduced to it (the others are still tuned)."""
+        engine = self.engine
+        check(
+            engine is None or callable(getattr(engine, "run", None)),
+            f"engine must have a run(...) method; got {engine!r}",
+        )
         if self.learning_rate is not None:
             self.lr_grid = (self.learning_rate,)
         if self.momentum is not None:
@@ -171,26 +198,20 @@ class GridPolicy:
         state = fit.snapshot(CURRENT)
         if resume is not None:
             self._session.session = dict(resume)
-            self._steps = self._session.resume(state, resume)
+            self.start_steps(self._session.resume(state, resume))
         else:
-            self._steps = self._session.run(state)
-        self._started = False
+            self.start_steps(self._session.run(state))
 
-    def next_run(self, last: Outcome | None) -> NextRun | Stop:
-        """The next probe or train run of Algorithm 1, or Stop; a train epoch's session rides on the
-        next run as its checkpoint."""
+    def pending_checkpoint(self) -> dict[str, Any] | None:
+        """A train epoch's session, which rides on the next run as its checkpoint."""
         session = self._session
-        try:
-            step = self._steps.send(last) if self._started else next(self._steps)
-        except StopIteration as done:
-            stop = done.value
-            final = {**(session.session or {"kind": "auto"}), "finished": True, "config": asdict(stop.config)}
-            return replace(stop, session=final)
-        self._started = True
-        if session.pending:
-            session.pending = False
-            step = replace(step, checkpoint=session.session)
-        return step
+        if not session.pending:
+            return None
+        session.pending = False
+        return session.session
+
+    def checkpointed(self) -> dict[str, Any] | None:
+        return self._session.session
 
     def optimize(
         self,
@@ -217,6 +238,7 @@ class GridPolicy:
         """
         from dasknn.fitting import run_policy
 
+        check(self.engine is not None, "GridPolicy.optimize needs an engine: call it on for_fit(engine)")
         limits = check_optimize_args(unknown, time_budget, max_epochs, max_iterations, should_stop, start)
         self.max_epochs = limits["max_epochs"]
         done = run_policy(

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pandas as pd
@@ -64,8 +64,9 @@ from dasknn.optimizer.search import (
     initial_groups,
 )
 from dasknn.optimizer.session import OptimizerResult, StopCallback
-from dasknn.policy import CURRENT, NextRun, Outcome, Stop
-from dasknn.rules import LEARNING_RATE, MOMENTUM, Number, Option, checked_options
+from dasknn.optimizer.tuner import StepTuner
+from dasknn.policy import CURRENT, NextRun, Stop
+from dasknn.rules import LEARNING_RATE, MOMENTUM, Number, Option
 from dasknn.tradeoff.hardware import HEModel
 from dasknn.tradeoff.statistical import final_loss
 
@@ -87,13 +88,16 @@ OPTIONS = (
     Option("margin", 0.1, Number(0)),
     Option("divergence_limit", 2.0, Number(1, low_open=True)),
     Option("probe_score", None, PROBE_SCORE),
+)
+"""OnlinePolicy's options (`__init__`'s keywords, in order): name, default, rule."""
+SETTINGS = (
     Option("target_accuracy", None, TARGET_ACCURACY),
     Option("n_groups", None, PINNED_GROUPS),
     Option("learning_rate", None, PINNED_LR),
     Option("momentum", None, PINNED_MOMENTUM),
     Option("verbose", 0, VERBOSE),
 )
-"""OnlinePolicy's options (`__init__`'s keywords, in order): name, default, rule."""
+"""What a fit sets on a bound OnlinePolicy (`Tuner.for_fit`): the fit's target, the pinned knobs."""
 
 
 @dataclass
@@ -114,7 +118,7 @@ class _Run:
         return measure.progress_rate(self.score_start, self.score_end, self.seconds)
 
 
-class OnlinePolicy:
+class OnlinePolicy(StepTuner):
     """Goodput-driven online tuning of (g, η, µ) over any engine (see the module docstring).
 
     `initial_lr` (default 0.01, Caffe's LeNet rate): the first rate; `target_momentum`: the total
@@ -125,14 +129,17 @@ class OnlinePolicy:
     the rate's step (×3 / ÷3); `margin`: how much better a trial's progress (and a g's predicted
     goodput) must be; `divergence_limit`: a trial whose score reaches this multiple of its start
     is abandoned. `probe_score(state)`: the loss runs are judged on (e.g. a selection part of
-    the training data; default the smoothed training loss); `target_accuracy`: for the time-to-
-    target estimate. `n_workers`, `max_groups`, `he_model` as for `GridPolicy`;
-    `n_groups`, `learning_rate`, `momentum` pin a knob. Unknown options raise ValueError.
+    the training data; default the smoothed training loss). `n_workers`, `max_groups`, `he_model`
+    as for `GridPolicy`. A fit's settings (`for_fit`): `target_accuracy`, for the time-to-target
+    estimate; `n_groups`, `learning_rate`, `momentum` pin a knob; `verbose`.
     """
+
+    name = "online"
+    OPTIONS = OPTIONS
+    SETTINGS = SETTINGS
 
     def __init__(
         self,
-        engine,
         *,
         n_workers: int | None = None,
         max_groups: int | None = None,
@@ -148,44 +155,37 @@ class OnlinePolicy:
         margin: float = 0.1,
         divergence_limit: float = 2.0,
         probe_score: Callable[[TrainState], float] | None = None,
-        target_accuracy: float | None = None,
-        n_groups: int | None = None,
-        learning_rate: float | None = None,
-        momentum: float | None = None,
-        verbose: int = 0,
-        **unknown: Any,
     ) -> None:
-        check(not unknown, f"unknown option(s) {sorted(unknown)} for OnlinePolicy")
-        check(callable(getattr(engine, "run", None)), f"engine must have a run(...) method; got {engine!r}")
-        self.engine = engine
-        for name, value in checked_options(OPTIONS, locals()).items():
-            setattr(self, name, value)
+        self.n_workers, self.max_groups, self.he_model = n_workers, max_groups, he_model
+        self.initial_lr, self.target_momentum = initial_lr, target_momentum
+        self.momentum_gain, self.momentum_tolerance = momentum_gain, momentum_tolerance
+        self.exploration_fraction = exploration_fraction
+        self.run_iterations, self.trial_iterations = run_iterations, trial_iterations
+        self.lr_factor, self.margin, self.divergence_limit = lr_factor, margin, divergence_limit
+        self.probe_score = probe_score
+
+    def bound(self) -> None:
+        """The engine checked (a standalone `optimize` runs on it)."""
+        engine = self.engine
+        check(
+            engine is None or callable(getattr(engine, "run", None)),
+            f"engine must have a run(...) method; got {engine!r}",
+        )
 
     # -- the policy (dasknn.policy.Policy) -------------------------------------------------------
     def begin(self, fit, resume: dict[str, Any] | None) -> None:
         """Start a fit on the loop's `fit` (or go on from a checkpoint's `resume` session)."""
         self._run = _OnlineRun(self, fit)
         base = RunConfig(1, self.initial_lr, 0.0, fit.weight_decay, fit.batch_size, fit.seed)
-        self._steps = self._run.run(fit.snapshot(CURRENT), base, resume)
-        self._started = False
+        self.start_steps(self._run.run(fit.snapshot(CURRENT), base, resume))
 
-    def next_run(self, last: Outcome | None) -> NextRun | Stop:
-        """The next run or trial, or Stop; the session after a run rides on the next run."""
-        run = self._run
-        try:
-            step = self._steps.send(last) if self._started else next(self._steps)
-        except StopIteration as done:
-            stop = done.value
-            final = {
-                **(run.last_session or {"kind": "auto"}),
-                "finished": True,
-                "config": asdict(stop.config),
-            }
-            return replace(stop, session=final)
-        self._started = True
-        if run.pending is not None:
-            step, run.pending = replace(step, checkpoint=run.pending), None
-        return step
+    def pending_checkpoint(self) -> dict[str, Any] | None:
+        """The session after a run, which rides on the next run as its checkpoint."""
+        pending, self._run.pending = self._run.pending, None
+        return pending
+
+    def checkpointed(self) -> dict[str, Any] | None:
+        return self._run.last_session
 
     def optimize(
         self,
@@ -210,6 +210,7 @@ class OnlinePolicy:
         """
         from dasknn.fitting import run_policy
 
+        check(self.engine is not None, "OnlinePolicy.optimize needs an engine: call it on for_fit(engine)")
         limits = check_optimize_args(unknown, time_budget, max_epochs, max_iterations, should_stop, start)
         time_budget, max_epochs, max_iterations = (
             limits["time_budget"],

@@ -1,11 +1,12 @@
 """The rules of the tuners' options, shared: one kind of value is checked one way, with one text.
 
 Each policy declares its options once, as a table of `rules.Option` (name, default, rule) beside
-its class (`grid.OPTIONS`, `online.OPTIONS`, `auto.OPTIONS`), and its `__init__` stores what
-`rules.checked_options` returns; a test keeps each table equal to its `__init__`'s signature. The
-knobs the estimator also takes (η, µ, g, `target_accuracy`, `verbose`) use the estimator's rules
-(`dasknn.rules`, `dasknn.estimator_params`), with None, not "auto", for "tune it"; so a bad value
-gets the same words from a tuner's option, `tuner_options` and the estimator's parameter
+its class (`grid.OPTIONS`, `online.OPTIONS`, `auto.OPTIONS`), its `__init__` stores them as given
+and `Tuner.checked` checks them by the table; a test keeps each table equal to its `__init__`'s
+signature. The knobs a fit sets on a bound tuner (its `SETTINGS`: η, µ, g, `target_accuracy`,
+`verbose`) use the estimator's rules (`dasknn.rules`, `dasknn.estimator_params`), with None, not
+"auto", for "tune it"; so a bad value gets the same words from a tuner's option, a tuner given as
+DistributedCNN's `tuner` and the estimator's parameter
 (docs/architecture.md, "One table of parameters").
 """
 

@@ -11,7 +11,8 @@ all cold start; Pollux starts from the user's batch size and rate and never expl
   values of the solver Caffe published with it, `ZOO_SOLVERS`), else the values Caffe's reference
   solvers use, η = 0.01 and µ = 0.9 (`CAFFE_DEFAULTS`).
 - or, before both, the configuration the last successful fit of the same net, dataset, batch size,
-  input shape and weight decay ended with (`PriorCache`, a JSON file in the data home).
+  input shape and weight decay ended with (`PriorCache`, a JSON file in the user's cache folder),
+  when a fit asks for it (off by default: a fit then depends on nothing but its arguments).
 
 Each choice comes back with a sentence naming its source, for the decisions log.
 """
@@ -66,9 +67,10 @@ ZOO_SOLVERS: dict[str, dict[str, Any]] = {
 paper's for resnet20); `mlp` has none and starts from `CAFFE_DEFAULTS`."""
 
 CACHE_FILE = "auto-prior-cache.json"
-"""The prior cache's file name in the data home (`dasknn.data.data_home`)."""
+"""The prior cache's file name in the user's cache folder (`cache_home`)."""
 CACHE_ENV = "DASKNN_PRIOR_CACHE"
-"""Environment variable: "off" turns the cache off, a path puts it there (the test suite sets "off")."""
+"""Environment variable: "off" turns the cache off even where a fit asks for it, a path puts it there
+(the test suite sets "off")."""
 
 
 @dataclass(frozen=True)
@@ -143,16 +145,23 @@ def dataset_key(X, rows: int = 16) -> str:
     return f"{'x'.join(str(int(d)) for d in X.shape)}-{np.dtype(X.dtype).name}-{digest}"
 
 
+def cache_home() -> Path:
+    """The user's cache folder for dasknn: `$XDG_CACHE_HOME/dasknn`, else `~/.cache/dasknn` (the XDG
+    base directory rule that platformdirs follows on Linux). Never a source checkout's folder: what
+    one fit leaves there must not change the next fit of the same code. Not created here."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(base).expanduser() if base else None
+    return (root if root is not None and root.is_absolute() else Path.home() / ".cache") / "dasknn"
+
+
 def default_cache_path() -> Path | None:
-    """`$DASKNN_PRIOR_CACHE` (None when "off"), else `CACHE_FILE` in the data home."""
+    """`$DASKNN_PRIOR_CACHE` (None when "off"), else `CACHE_FILE` in the user's cache folder."""
     env = os.environ.get(CACHE_ENV, "")
     if env.lower() in ("off", "0", "false", "no"):
         return None
     if env:
         return Path(env).expanduser()
-    from dasknn.data import data_home
-
-    return data_home() / CACHE_FILE
+    return cache_home() / CACHE_FILE
 
 
 class PriorCache:
@@ -160,7 +169,8 @@ class PriorCache:
 
     The key: the net's architecture (`net_key`), the dataset (a caller's fingerprint: its shape and
     a hash of some of its samples), batch size, input shape and weight decay. A JSON file at `path`
-    (by default `CACHE_FILE` in the data home); unreadable or foreign content counts as empty.
+    (by default `CACHE_FILE` in the user's cache folder, `cache_home`); unreadable or foreign
+    content counts as empty.
     """
 
     def __init__(self, path: str | os.PathLike | None = None) -> None:

@@ -22,7 +22,7 @@ def test_workload_is_caffe_scaled_and_centred_per_channel():
 
 
 def test_knobs_of_contenders():
-    assert bench_long.knobs_of("auto") == {"tuner": "auto", "tuner_options": {"prior_cache": False}}
+    assert bench_long.knobs_of("auto") == {"tuner": "auto"}
     assert bench_long.knobs_of("2,0.004,0.9") == {"n_groups": 2, "learning_rate": 0.004, "momentum": 0.9}
     with pytest.raises(ValueError):
         bench_long.knobs_of("1,0.001")

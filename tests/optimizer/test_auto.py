@@ -26,7 +26,8 @@ def digits8():
 
 def fit(digits8, budget=300.0, engine=None, **options):
     X, y = digits8
-    policy = AutoPolicy(**{"prior_cache": False, "window": 16, **options})  # 16: this small problem's
+    settings = {name: options.pop(name) for name in ("prior_cache", "cache_key") if name in options}
+    policy = AutoPolicy(**{"window": 16, **options}).for_fit(**settings)  # 16: this small problem's
     engine = engine or SimulatedEngine(TIMING, verbose=0)
     return run_policy(policy, engine, small_net(), X, y, batch_size=32, time_budget=budget)
 
@@ -107,10 +108,12 @@ def test_a_second_fit_of_the_same_job_starts_from_the_cache_and_another_net_igno
 
 
 def test_unknown_options_and_bad_values_are_refused():
-    with pytest.raises(ValueError, match="unknown option"):
+    with pytest.raises(TypeError, match="lr_grid"):
         AutoPolicy(lr_grid=(0.1,))
     with pytest.raises(ValueError, match="trial_fraction"):
-        AutoPolicy(trial_fraction=1.5)
+        AutoPolicy(trial_fraction=1.5).for_fit()
+    with pytest.raises(ValueError, match=r"no setting\(s\) \['window'\]"):
+        AutoPolicy().for_fit(window=16)  # an option, not a fit's setting
 
 
 def test_a_raised_rate_is_first_run_for_half_a_window(long_fit):

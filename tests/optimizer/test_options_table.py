@@ -1,7 +1,8 @@
-"""Each tuner's options are one table (`OPTIONS`: name, default, rule) that its `__init__` checks by.
+"""Each tuner's options are one table (`OPTIONS`: name, default, rule) that it is checked by, and
+a fit's settings another (`SETTINGS`), which are not its parameters.
 
 The table equals the signature; one kind of value is checked by one rule, so the same bad value
-gets the same error text from every tuner, from the estimator's `tuner_options` and from
+gets the same error text from every tuner, from a tuner object given to the estimator and from
 `dasknn train --lr-grid`.
 """
 
@@ -48,11 +49,14 @@ def test_the_table_equals_init_names_order_and_defaults(cls, table):
 
 
 @pytest.mark.parametrize("cls, table", TABLES, ids=lambda v: getattr(v, "__name__", ""))
-def test_a_tuner_stores_its_options_checked_and_converted(cls, table):
-    policy = cls(Engine())
+def test_a_bound_tuner_holds_its_options_checked_and_converted_and_its_settings(cls, table):
+    policy = cls().for_fit(Engine())
     for o in table:
         assert getattr(policy, o.name) == o.rule.convert(o.default), o.name
-    assert GridPolicy(Engine(), lr_grid=[1, 0.5]).lr_grid == (1.0, 0.5)
+    for o in cls.SETTINGS:
+        assert getattr(policy, o.name) == o.default and o.name not in cls().get_params(), o.name
+    assert GridPolicy(lr_grid=[1, 0.5]).for_fit(Engine()).lr_grid == (1.0, 0.5)
+    assert GridPolicy(lr_grid=[1, 0.5]).lr_grid == [1, 0.5]  # the user's object: as given (sklearn's clone)
 
 
 @pytest.mark.parametrize(
@@ -67,28 +71,29 @@ def test_a_tuner_stores_its_options_checked_and_converted(cls, table):
     ],
 )
 def test_the_same_bad_value_gets_the_same_text_from_every_tuner(option, value, text):
-    for cls, _ in TABLES:
-        assert _error(lambda cls=cls: cls(Engine(), **{option: value})) == text, cls.__name__
+    for cls, table in TABLES:
+        if option in {o.name for o in table}:  # an option: checked when bound
+            assert _error(lambda cls=cls: cls(**{option: value}).for_fit(Engine())) == text, cls.__name__
+        else:  # a fit's setting
+            assert _error(lambda cls=cls: cls().for_fit(Engine(), **{option: value})) == text, cls.__name__
 
 
 def test_options_two_tuners_share_get_the_same_text():
-    for option, value in [("momentum_tolerance", 1.5), ("momentum_gain", 0.0), ("target_accuracy", 2)]:
+    for option, value in [("momentum_tolerance", 1.5), ("momentum_gain", 0.0)]:
         options = {option: value}
-        texts = {_error(lambda c=cls, o=options: c(Engine(), **o)) for cls in (OnlinePolicy, AutoPolicy)}
+        texts = {_error(lambda c=c, o=options: c(**o).for_fit(Engine())) for c in (OnlinePolicy, AutoPolicy)}
         assert len(texts) == 1, texts
-    assert _error(lambda: OnlinePolicy(Engine(), target_accuracy=2)) == (
+    assert _error(lambda: OnlinePolicy().for_fit(Engine(), target_accuracy=2)) == (
         "target_accuracy must be None or a number in (0, 1], got 2"
     )
 
 
 def test_the_estimator_and_the_command_line_give_the_tuners_text():
     X, y = np.zeros((64, 1, 8, 8), dtype=np.float32), np.arange(64) % 2
-    policy_text = _error(lambda: GridPolicy(Engine(), lr_grid=(0.1, -0.01)))
+    policy_text = _error(lambda: GridPolicy(lr_grid=(0.1, -0.01)).for_fit(Engine()))
     assert policy_text == "lr_grid must be a non-empty list, each item a finite number > 0, got (0.1, -0.01)"
-    est = DistributedCNN(
-        engine="simulated", max_epochs=1, tuner="grid", tuner_options={"lr_grid": (0.1, -0.01)}
-    )
-    assert _error(lambda: est.fit(X, y)) == f"tuner_options: {policy_text}"
+    est = DistributedCNN(engine="simulated", max_epochs=1, tuner=GridPolicy(lr_grid=(0.1, -0.01)))
+    assert _error(lambda: est.fit(X, y)) == f"tuner GridPolicy(lr_grid=(0.1, -0.01)): {policy_text}"
     err = io.StringIO()
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
         main(["train", "--lr-grid", "0.1,-0.01"])

@@ -49,10 +49,10 @@ def digits8():
     return np.asarray(X), np.asarray(y)
 
 
-def _elastic_fit(digits8, **options):
+def _elastic_fit(digits8, **settings):
     X, y = digits8
     engine = SimulatedEngine(TIMING, verbose=0, worker_schedule=((0, 8), (10, 32)))
-    policy = AutoPolicy(prior_cache=False, window=16, **options)
+    policy = AutoPolicy(window=16).for_fit(**settings)
     return run_policy(policy, engine, small_net(), X, y, batch_size=32, time_budget=14.0)
 
 

@@ -381,7 +381,7 @@ def test_the_auto_tuner_decides_g_again_after_a_worker_joins():
     from tests.planted import small_net
 
     X, y = load("digits", size=8, batch_size=32)
-    policy = AutoPolicy(prior_cache=False, window=16)
+    policy = AutoPolicy(window=16)
 
     def after_the_regroup(state, trace) -> bool:  # the fit ends one run after the decision
         rows = [r for r in policy.fit.log.rows if r["action"] == "regroup"]
