@@ -127,27 +127,24 @@ the user pinned, verbosity."""
 
 
 class AutoPolicy(Tuner):
-    """The default optimizer (see the module docstring).
+    """The default tuner, "auto" (see the module docstring).
 
     `solver`: Caffe solver settings (`nn.prototxt.read_solver`) whose base_lr and momentum are the
     prior;
     `window`: w, iterations per ramp window (default half an epoch in [32, 64]: shorter windows
-    judged a doubling on its first transient, simulated LeNet: w = 16 ended the ramp at η = 0.01
-    and missed 96% in 30 s, w = 32 reached it in 6.1 s);
+    judge a doubling on its first transient);
     `run_iterations`: a training run after the ramp (default half an epoch, at least w);
     `calibration_windows`: windows at the prior's η before the first step (1: progress taken to
     go as the loss level, γ = 1; 2: γ measured); `first_step`: the first step's factor (4; 2 gives
-    plain doublings). Main job on Dask (busy machine, 3 rounds each): 1 window and × 4 reached 96%
-    in 192-224 iterations, 2 windows and × 2 in 192-352 (median 320); `first_look`: iterations of
+    plain doublings); `first_look`: iterations of
     the first window at a raised η (default w / 2: a rate past the best is undone after half a
-    window; a transient gets its second look at full length). Main job on Dask, 8 paired rounds:
-    96% in 3.71 s (median) at w / 2 against 4.43 s at w, faster in 7 of 8;
+    window; a transient gets its second look at full length);
     `trial_fraction`: trials' share of the elapsed time (5%); `plateau_fraction`, `max_drops`,
     `plateau_span` (default four windows or an epoch, the larger), `plateau_patience` (spans in a
     row below the expectation before a drop, 2): the plateau rule;
     `momentum_gain`, `momentum_tolerance`: the momentum feedback;
     `n_workers`, `max_groups`, `he_model`: the groups' candidates and HE model (as the other
-    optimizers). A fit's settings (`for_fit`): `net_name`, a zoo name for its published solver;
+    tuners). A fit's settings (`for_fit`): `net_name`, a zoo name for its published solver;
     `prior_cache`, the cache of earlier fits' end configurations (False, the default: none; True:
     the user's cache folder, `prior.cache_home`; a path: that file) and `cache_key`, the job's key
     there (`PriorCache.key`; None: no cache); `n_groups`, `learning_rate`, `momentum` pin a knob;

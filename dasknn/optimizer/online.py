@@ -132,6 +132,13 @@ class OnlinePolicy(StepTuner):
     the training data; default the smoothed training loss). `n_workers`, `max_groups`, `he_model`
     as for `GridPolicy`. A fit's settings (`for_fit`): `target_accuracy`, for the time-to-target
     estimate; `n_groups`, `learning_rate`, `momentum` pin a knob; `verbose`.
+
+    Examples
+    --------
+    >>> from dasknn.estimator import DistributedCNN
+    >>> est = DistributedCNN(tuner=OnlinePolicy(initial_lr=0.03))
+    >>> est.set_params(tuner__exploration_fraction=0.2).get_params()["tuner__exploration_fraction"]
+    0.2
     """
 
     name = "online"
