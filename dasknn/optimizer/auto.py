@@ -153,6 +153,7 @@ class AutoPolicy(Tuner):
     Examples
     --------
     >>> from dasknn.estimator import DistributedCNN
+    >>> from dasknn.optimizer import AutoPolicy
     >>> est = DistributedCNN(tuner=AutoPolicy(window=32))
     >>> est.set_params(tuner__window=16).tuner
     AutoPolicy(window=16)

@@ -111,6 +111,7 @@ class GridPolicy(StepTuner):
     Examples
     --------
     >>> from dasknn.estimator import DistributedCNN
+    >>> from dasknn.optimizer import GridPolicy
     >>> est = DistributedCNN(tuner=GridPolicy(lr_grid=(0.1, 0.03, 0.01)))
     >>> est.set_params(tuner__probe_iterations=10).get_params()["tuner__probe_iterations"]
     10

@@ -136,6 +136,7 @@ class OnlinePolicy(StepTuner):
     Examples
     --------
     >>> from dasknn.estimator import DistributedCNN
+    >>> from dasknn.optimizer import OnlinePolicy
     >>> est = DistributedCNN(tuner=OnlinePolicy(initial_lr=0.03))
     >>> est.set_params(tuner__exploration_fraction=0.2).get_params()["tuner__exploration_fraction"]
     0.2
