@@ -17,7 +17,6 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from dasknn.backend import array_module, to_device, to_numpy
 from dasknn.nn.base import Layer
@@ -265,6 +264,8 @@ class Net:
     def summary(self) -> pd.DataFrame:
         """Per-layer costs: output shape, forward FLOPs per image, parameter and activation bytes,
         the phase, and `to_fc` (the layer's output crosses the phase split)."""
+        import pandas as pd  # here, not at import: a worker that trains never loads pandas
+
         itemsize = self.dtype.itemsize
         conv_idx, _, boundary = self._split_sets()
         main = self.main_path()

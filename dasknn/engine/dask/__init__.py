@@ -8,8 +8,21 @@ shares; `elastic.py` workers that join and leave a fit, `shipping.py` what the d
 `unmerged.py` and `replicas.py` the other papers' layouts on the cluster.
 """
 
-from dasknn.engine.dask.driver import DaskEngine, local_client
-from dasknn.engine.dask.recovery import WorkerLostError
-from dasknn.engine.dask.runs import cluster_workers
+import importlib
 
 __all__ = ["DaskEngine", "WorkerLostError", "cluster_workers", "local_client"]
+
+_HOMES = {
+    "DaskEngine": "driver",
+    "local_client": "driver",
+    "WorkerLostError": "recovery",
+    "cluster_workers": "runs",
+}
+
+
+def __getattr__(name: str):
+    # The workers import this package for the worker-side modules (tasks, actors, iteration); the
+    # driver's modules, with dask.array and pandas behind them, load only where they are used.
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"dasknn.engine.dask.{_HOMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
