@@ -22,7 +22,7 @@ wall-clock numbers: compare only numbers of the same rounds; the machine's load 
   `fit_setup` (the fit's input checks, the carve of the held-out part, shipping the data to the
   workers, the engine's start: from `fit` to the loop's creation), `fit_end` (after the loop's
   last history row: the returned model's scoring, the records), `report` (the run folder's files,
-  model and plot), `close_wait` (waiting for the cluster's close after the report), `exit` (from
+  model and plot), `close_wait` (waiting for the cluster's close after the report), `exit_s` (from
   `os._exit` to the process's end), and `rest` (outside less the main thread's parts: what
   lies between them). Also the CPU-seconds of each process (its tree's, for `dasknn train`: the
   workers' too), which a busy machine moves less than wall time.
@@ -70,7 +70,7 @@ STATEMENTS = {
 MAIN_JOB = "--n-groups 2 --lr 0.03 --momentum 0.9"
 PARTS = (
     "import", "options", "data", "cluster_start", "cluster_wait", "fit_setup", "fit_end", "report",
-    "close_wait", "exit", "rest",
+    "close_wait", "exit_s", "rest",
 )  # fmt: skip
 """The parts of `dasknn train`'s wall outside the loop (the module docstring)."""
 
@@ -203,7 +203,7 @@ def parts(marks: dict[str, float], start: float, end: float, loop: float) -> dic
         "fit_end": span("loop_built", "fit_end") - loop,
         "report": span("report_start", "report_end"),
         "close_wait": span("report_end", "close_waited"),
-        "exit": span("exit_called", "end"),
+        "exit_s": span("exit_called", "end"),
     }
     main_thread = sum(v for k, v in row.items() if k != "cluster_start" and v == v)
     row["rest"] = end - start - loop - main_thread
