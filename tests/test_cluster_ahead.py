@@ -63,6 +63,7 @@ def test_a_dataset_that_fails_to_load_closes_the_cluster_started_ahead_and_exits
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a whole run on one worker: 15 s at load 20 on 2 cores
 def test_dasknn_train_fits_on_the_cluster_it_started_ahead(tmp_path):
     """One LocalCluster in the command's messages: the fit found the one started ahead as its
     default client and started none of its own; the run folder is complete and the cluster closed."""
