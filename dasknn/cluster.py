@@ -274,6 +274,8 @@ class ClusterAhead:
     with these parameters would start a LocalCluster of processes."""
 
     def __init__(self, n_workers: int | None) -> None:
+        workers = "as many workers as the machine has cores" if n_workers is None else f"{n_workers} workers"
+        logger.debug("starting a LocalCluster of %s ahead of the fit", workers)
         self._stack = ExitStack()
         self._client = None
         self._error: BaseException | None = None

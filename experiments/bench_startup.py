@@ -11,13 +11,21 @@ wall-clock numbers: compare only numbers of the same rounds; the machine's load 
 - train: one `python -m dasknn train` process on the main job (LeNet on mnist-sample, 20% held out,
   a LocalCluster of 2 workers, the prior cache off: DASKNN_PRIOR_CACHE=off), fixed knobs g = 2,
   η = 0.03, µ = 0.9 by default (`--flags ''` for "auto"). The process's wall is measured around the
-  subprocess; the loop's wall is the history's last `wall_time` (from the loop's start); outside =
-  process − loop. Its parts, from the run folder's files: "before" = history.csv's write − the
-  process's start − the loop (imports, options, data, cluster start, the fit's set-up and end),
-  "report" = accuracy.png's write − history.csv's (the files, the model, the plot; the cluster
-  closes meanwhile), "exit" = the process's end − accuracy.png's write (waiting for the cluster's
-  close, the interpreter's exit). Also the CPU-seconds of each process (its tree's, for `dasknn
-  train`: the workers' too), which a busy machine moves less than wall time.
+  subprocess; the loop's wall is the history's last `wall_time` (from the loop's creation);
+  outside = process − loop. Its parts come from the times at which the process passed named
+  points of the command (`PROBE`: the process runs `python -m dasknn` through a probe that wraps
+  those functions as their modules load, and writes the times when the process ends):
+  `import` (the interpreter's start and the command's imports), `options` (parsing, checks; on a
+  checkout whose command reads the data before starting the cluster, the data too), `data` (the
+  dataset's load), `cluster_start` (the cluster's start on its thread, workers' imports included:
+  beside the main thread, not part of the sum), `cluster_wait` (the main thread waiting for it),
+  `fit_setup` (the fit's input checks, the carve of the held-out part, shipping the data to the
+  workers, the engine's start: from `fit` to the loop's creation), `fit_end` (after the loop's
+  last history row: the returned model's scoring, the records), `report` (the run folder's files,
+  model and plot), `close_wait` (waiting for the cluster's close after the report), `exit_s` (from
+  `os._exit` to the process's end), and `rest` (outside less the main thread's parts: what
+  lies between them). Also the CPU-seconds of each process (its tree's, for `dasknn train`: the
+  workers' too), which a busy machine moves less than wall time.
 
 Every process runs with a bytecode cache of the benchmark's own (PYTHONPYCACHEPREFIX, written
 whatever PYTHONDONTWRITEBYTECODE says, filled by a first round, -1, which is not counted): an
@@ -60,6 +68,11 @@ STATEMENTS = {
     "dasknn": "from dasknn import DistributedCNN",
 }
 MAIN_JOB = "--n-groups 2 --lr 0.03 --momentum 0.9"
+PARTS = (
+    "import", "options", "data", "cluster_start", "cluster_wait", "fit_setup", "fit_end", "report",
+    "close_wait", "exit_s", "rest",
+)  # fmt: skip
+"""The parts of `dasknn train`'s wall outside the loop (the module docstring)."""
 
 
 def environment(tree: Path, cache: Path) -> dict[str, str]:
@@ -87,11 +100,122 @@ def import_once(statement: str, env: dict[str, str]) -> dict:
     return {"seconds": seconds, "cpu_seconds": cpu, "loaded": " ".join(loaded)}
 
 
+PROBE = r"""
+import importlib.abc, importlib.util, json, os, runpy, sys, time
+
+out, marks = sys.argv.pop(1), {}
+
+
+def mark(name):
+    marks.setdefault(name, time.time())
+
+
+def wrapped(f, before, after):
+    def call(*args, **kwargs):
+        if before:
+            mark(before)
+        try:
+            return f(*args, **kwargs)
+        finally:
+            if after:
+                mark(after)
+
+    return call
+
+
+POINTS = {  # module: (its attribute (a class's too), mark at the call, mark at the return)
+    "dasknn.cli": [
+        ("_load_dataset", "load_start", "load_end"), ("_report_run", "report_start", "report_end"),
+    ],
+    "dasknn.cli.train": [
+        ("load_dataset", "load_start", "load_end"), ("write_run", "report_start", "report_end"),
+    ],
+    "dasknn.cluster": [
+        ("ClusterAhead.__init__", "ahead", None), ("ClusterAhead._started", None, "cluster_ready"),
+        ("ClusterAhead.client", "client_called", "cluster_waited"),
+        ("ClusterAhead.close_behind", "close_start", None), ("ClusterAhead._close", None, "cluster_closed"),
+        ("ClusterAhead.__exit__", None, "close_waited"),
+    ],
+    "dasknn.estimator": [("DistributedCNN.fit", "fit_start", "fit_end"), ("build_loop", "loop_built", None)],
+}
+
+
+class Points(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in POINTS:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            if name == "dasknn.cli":
+                mark("imported")
+            for where, before, after in POINTS[name]:
+                owner, _, attr = where.rpartition(".")
+                owner = getattr(module, owner) if owner else module
+                if hasattr(owner, attr):
+                    setattr(owner, attr, wrapped(getattr(owner, attr), before, after))
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def written(code=0):
+    mark("exit_called")
+    with open(out, "w") as f:
+        json.dump(marks, f)
+    end(code)
+
+
+end, os._exit = os._exit, written
+sys.meta_path.insert(0, Points())
+sys.argv[0] = "dasknn"
+try:
+    runpy.run_module("dasknn", run_name="__main__", alter_sys=True)
+except SystemExit as stop:
+    written(stop.code if isinstance(stop.code, int) else 1)
+written(0)
+"""
+"""`python -c PROBE marks.json train ...`: `python -m dasknn train ...`, writing to marks.json the
+times (`time.time()`) at which the process passed the points of `POINTS`."""
+
+
+def parts(marks: dict[str, float], start: float, end: float, loop: float) -> dict[str, float]:
+    """The parts of a `dasknn train` process outside its loop (the module docstring), from the
+    probe's `marks`, the process's `start` and `end` and the loop's wall."""
+
+    def span(a: str, b: str) -> float:
+        return marks[b] - marks[a] if a in marks and b in marks else float("nan")
+
+    marks = {"start": start, "end": end, **marks}
+    row = {
+        "import": span("start", "imported"),
+        "options": span("imported", "ahead" if "ahead" in marks else "load_start"),
+        "data": span("load_start", "load_end"),
+        "cluster_start": span("ahead", "cluster_ready"),
+        "cluster_wait": span("client_called", "cluster_waited"),
+        "fit_setup": span("fit_start", "loop_built"),
+        "fit_end": span("loop_built", "fit_end") - loop,
+        "report": span("report_start", "report_end"),
+        "close_wait": span("report_end", "close_waited"),
+        "exit_s": span("exit_called", "end"),
+    }
+    main_thread = sum(v for k, v in row.items() if k != "cluster_start" and v == v)
+    row["rest"] = end - start - loop - main_thread
+    return row
+
+
 def train_once(env: dict[str, str], flags: list[str], folder: Path) -> dict:
-    """One `dasknn train` process of the main job (`env`: `environment`): its wall, the loop's wall
-    and the parts of the rest (the module docstring)."""
+    """One `dasknn train` process of the main job (`env`: `environment`) through `PROBE`: its
+    wall, CPU-seconds, the loop's wall and the parts of the rest (`parts`)."""
     env = {**env, "DASKNN_PRIOR_CACHE": "off"}
-    command = [sys.executable, "-m", "dasknn", "train", "--output", str(folder), *flags]
+    marks = folder.parent / "marks.json"
+    command = [sys.executable, "-c", PROBE, str(marks), "train", "--output", str(folder), *flags]
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=folder.parent)
@@ -99,19 +223,13 @@ def train_once(env: dict[str, str], flags: list[str], folder: Path) -> dict:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
     row = {"exit": done.returncode, "process_wall": end - start, "cpu_seconds": cpu}
-    history, plot = folder / "history.csv", folder / "accuracy.png"
-    if not history.is_file() or not plot.is_file():
+    history = folder / "history.csv"
+    if not history.is_file() or not marks.is_file():
         print(done.stderr[-2000:], file=sys.stderr)
         return row
     loop = float(pd.read_csv(history)["wall_time"].iloc[-1])
-    written, plotted = history.stat().st_mtime, plot.stat().st_mtime
-    row.update(
-        loop_wall=loop,
-        outside_loop=end - start - loop,
-        before=written - start - loop,
-        report=plotted - written,
-        exit_s=end - plotted,
-    )
+    row.update(loop_wall=loop, outside_loop=end - start - loop)
+    row.update(parts(json.loads(marks.read_text()), start, end, loop))
     return row
 
 
@@ -153,8 +271,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         print(f"{tree} {name} loaded: {grp['loaded'].iloc[-1] or 'none of ' + ', '.join(DEFERRED)}")
     trains = table[table["measure"] == "train"]
     if len(trains):
-        parts = ("process_wall", "cpu_seconds", "loop_wall", "outside_loop", "before", "report", "exit_s")
-        columns = [c for c in parts if c in trains]
+        named = ("process_wall", "cpu_seconds", "loop_wall", "outside_loop", *PARTS)
+        columns = [c for c in named if c in trains]
         print(trains.groupby("tree", sort=False)[columns].median().T.to_string())
     write_tables(results_dir("bench_startup"), {"": table}, f"bench_startup_{timestamp()}")
     return table

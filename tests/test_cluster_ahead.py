@@ -33,3 +33,54 @@ def test_no_cluster_ahead_where_the_fit_would_not_start_a_local_one():
     assert not ClusterAhead.wanted("tcp://127.0.0.1:8786", "dask", None)
     assert not ClusterAhead.wanted(None, "simulated", None)
     assert not ClusterAhead.wanted(None, "dask", True)  # TLS: the fit's own path
+
+
+def _children() -> set[int]:
+    import multiprocessing
+
+    return {child.pid for child in multiprocessing.active_children()}
+
+
+def test_a_dataset_that_fails_to_load_closes_the_cluster_started_ahead_and_exits_2(tmp_path):
+    """The cluster starts while the data loads: a dataset the loader refuses (a folder with no
+    class folders) still ends in the one line and exit 2, with the cluster closed and its worker
+    processes gone."""
+    from tests.test_bad_input import cli
+
+    (tmp_path / "empty").mkdir()
+    before = _children()
+    code, err = cli(
+        "train", "--dataset", "imagefolder", "--data-dir", str(tmp_path / "empty"), "--n-workers", "1",
+        "--output", str(tmp_path / "run"), "-vv",
+    )  # fmt: skip
+    assert code == 2, err
+    assert "starting a LocalCluster of 1 workers ahead of the fit" in err  # it started before the load
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("dasknn train: error: ") and "empty has no class folders" in last
+    with pytest.raises(ValueError):
+        default_client()  # the cluster's client closed and is no longer the default
+    assert _children() <= before  # its nanny's worker process ended
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # a whole run on one worker: 15 s at load 20 on 2 cores
+def test_dasknn_train_fits_on_the_cluster_it_started_ahead(tmp_path):
+    """One LocalCluster in the command's messages: the fit found the one started ahead as its
+    default client and started none of its own; the run folder is complete and the cluster closed."""
+    from tests.test_bad_input import cli
+
+    before = _children()
+    code, err = cli(
+        "train", "--dataset", "digits", "--n-workers", "1", "--n-groups", "1", "--lr", "0.01",
+        "--momentum", "0.9", "--max-epochs", "0.1", "--eval-size", "100", "--time-budget", "60",
+        "--output", str(tmp_path / "run"), "-vv",
+    )  # fmt: skip
+    assert code in (0, 1), err
+    assert err.count("starting a LocalCluster of 1 workers ahead of the fit") == 1
+    assert err.count("started a LocalCluster of 1 workers") == 1, err
+    assert "ERROR" not in err
+    files = {"history.csv", "report.csv", "trace.csv", "accuracy.png", "run.json", "model"}
+    assert files <= {path.name for path in (tmp_path / "run").iterdir()}
+    with pytest.raises(ValueError):
+        default_client()
+    assert _children() <= before

@@ -52,7 +52,7 @@ def _in_flags(message: str) -> str:
     return message
 
 
-def _dataset_options(args, dataset: str) -> dict:
+def dataset_options(args, dataset: str) -> dict:
     """`load`'s options for `dataset` from the dataset flags; a flag the dataset does not take, or
     imagefolder without its folder, is refused in the flags' words."""
     options = {"size": 28} if dataset == "digits" else {}  # LeNet's 5×5 convolutions need more than 8×8
@@ -74,7 +74,7 @@ def load_dataset(args, **split):
     """(X, y) of --dataset with the dataset flags; the loaders' errors worded in the flags."""
     from dasknn.data import load
 
-    options = _dataset_options(args, args.dataset)
+    options = dataset_options(args, args.dataset)
     try:
         return load(args.dataset, batch_size=args.batch_size, **options, **split)
     except (ValueError, FileNotFoundError, NotADirectoryError) as err:

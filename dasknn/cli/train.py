@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from dasknn import __version__
-from dasknn.cli.datasets import DATASETS, add_dataset_flags, default_dataset, load_dataset
+from dasknn.cli.datasets import DATASETS, add_dataset_flags, dataset_options, default_dataset, load_dataset
 from dasknn.cli.exits import EXIT_BUDGET_OUT, EXIT_TARGET_REACHED
 from dasknn.cli.options import positive
 from dasknn.cli.report import write_run
@@ -27,8 +27,10 @@ def run(args) -> int:
     """Train a net with DistributedCNN and report time to accuracy.
 
     Where the fit would start a LocalCluster, the command starts it first, on a thread
-    (`cluster.ClusterAhead`), once the options are checked and the data read, and the fit uses it
-    as its default client; it closes on a thread while the report is written."""
+    (`cluster.ClusterAhead`), as soon as the options are checked: the scheduler and the workers
+    start while the command reads the data and imports the estimator, and the fit uses it as its
+    default client; it closes on a thread while the report is written, and on every way out of the
+    block (a dataset that fails to load: the cluster closes, then the one line and exit 2)."""
     from dasknn.backend import describe_device
     from dasknn.cluster import ClusterAhead, announce
     from dasknn.estimator_params import check_params, defaults
@@ -53,12 +55,13 @@ def run(args) -> int:
         params["tuner"] = GridPolicy(lr_grid=args.lr_grid)
     # every option checked before the data is read or a cluster started
     check_params({**defaults(), **params})
+    dataset_options(args, args.dataset)
     import dask
     import distributed  # noqa: F401  (defines the config key below; a simulated fit may not import it)
 
-    X, y = load_dataset(args)  # a missing or bad dataset is named before any cluster starts
     ahead = ClusterAhead.wanted(params["scheduler"], params["engine"], params["security"])
     with ClusterAhead(params["n_workers"]) if ahead else nullcontext() as cluster:
+        X, y = load_dataset(args)
         from dasknn.estimator import DistributedCNN
 
         est = DistributedCNN(**params)
