@@ -54,6 +54,7 @@ ITERATIONS_OPTION = (
     ("--iterations",),
     {"type": int, "default": None, "help": "updates per run (default 300)"},
 )
+SEEDS_OPTION = (("--seeds",), {"type": int, "default": None, "help": "seeds per configuration (default 3)"})
 
 
 @dataclass
