@@ -46,6 +46,7 @@ from dasknn.tradeoff.statistical import final_loss, iterations_to_target, smooth
 from experiments.common import (  # noqa: E402
     GROUPS_OPTION,
     ITERATIONS_OPTION,
+    JOBS_OPTION,
     NET_OPTION,
     RESULTS_ROOT,
     SEEDS_OPTION,
@@ -60,6 +61,7 @@ from experiments.sgd_grid import (  # noqa: E402
     dataset,
     engine_for_groups,
     make_net,
+    run_all,
     train,
 )
 
@@ -85,7 +87,7 @@ SETTINGS = {
     False: {
         "momenta": MOMENTA,
         "lrs": (0.1, 0.01),
-        "iterations": 1000,
+        "iterations": 500,
         "seeds": 3,
         "n_samples": 5000,
         "data": "mnist-sample",
@@ -121,25 +123,24 @@ def seed_final(traces: list[pd.DataFrame]) -> float:
     return float(np.mean(finals)) if all(math.isfinite(f) for f in finals) else math.inf
 
 
+def one(net: str, data: tuple[str, int], augment: str | None, config: RunConfig, iterations: int):
+    """One run of `config.n_groups` groups on the simulated CPU-L-like clock; its Trace."""
+    X, y = dataset(*data)
+    engine = engine_for_groups(cpu_l_model(), config.n_groups, augment=as_augment(augment))
+    return train(engine, net, X, y, config, iterations)
+
+
 def grid(
-    net: str, X, y, g: int, pairs, iterations: int, seeds: int, augment=None
+    net: str, data: tuple[str, int], g: int, pairs, iterations: int, seeds: int, augment=None, jobs: int = 1
 ) -> dict[tuple[float, float], list[pd.DataFrame]]:
-    """One trace per seed, keyed (µ, η), of g groups on the simulated CPU-L-like clock."""
-    model = cpu_l_model()
-    return {
-        (m, lr): [
-            train(
-                engine_for_groups(model, g, augment=augment),
-                net,
-                X,
-                y,
-                RunConfig(g, lr, m, WEIGHT_DECAY, 32, seed=seed),
-                iterations,
-            )
-            for seed in range(seeds)
-        ]
-        for m, lr in pairs
-    }
+    """One trace per seed, keyed (µ, η), of g groups (`jobs` processes at once)."""
+    keys = [(m, lr, seed) for m, lr in pairs for seed in range(seeds)]
+    tasks = [
+        (net, data, augment, RunConfig(g, lr, m, WEIGHT_DECAY, 32, seed=seed), iterations)
+        for m, lr, seed in keys
+    ]
+    traces = dict(zip(keys, run_all(one, tasks, jobs), strict=True))
+    return {(m, lr): [traces[m, lr, seed] for seed in range(seeds)] for m, lr in pairs}
 
 
 def best(runs: dict[tuple[float, float], list[pd.DataFrame]]) -> tuple[float, float]:
@@ -287,6 +288,7 @@ def run(
     iterations: int | None = None,
     seeds: int | None = None,
     net: str = "lenet_small",
+    jobs: int = 1,
 ) -> Experiment:
     """Experiment 6 (tiny: g = 4, µ ∈ {0, 0.9}, η = 0.1, 10 updates, 2 seeds, synthetic MNIST-shaped data)."""
     s = SETTINGS[tiny]
@@ -301,13 +303,14 @@ def run(
         (int(groups), "given by --groups") if groups else ((4, "tiny setting") if tiny else default_groups())
     )
     iterations, seeds = int(iterations or s["iterations"]), int(seeds or s["seeds"])
-    X, y = dataset(s["data"], s["n_samples"])
-    augment = as_augment(s["augment"])
+    data, augment = (s["data"], s["n_samples"]), s["augment"]
     pairs = [(m, lr) for m in s["momenta"] for lr in s["lrs"]]
-    sync = grid(net, X, y, 1, pairs, iterations, seeds, augment)
+    sync = grid(net, data, 1, pairs, iterations, seeds, augment, jobs)
     _, lr_sync = best(sync)
     lrs_g = (lr_sync, lr_sync / 10) if len(s["lrs"]) > 1 else (lr_sync,)
-    at_g = grid(net, X, y, g, [(m, lr) for m in s["momenta"] for lr in lrs_g], iterations, seeds, augment)
+    at_g = grid(
+        net, data, g, [(m, lr) for m in s["momenta"] for lr in lrs_g], iterations, seeds, augment, jobs
+    )
     ds = build(sync, at_g, lesion(sync, at_g), g)
     ds = stamp(
         ds,
@@ -339,6 +342,7 @@ main = main_for(
         ITERATIONS_OPTION,
         SEEDS_OPTION,
         NET_OPTION,
+        JOBS_OPTION,
     ],
 )
 
