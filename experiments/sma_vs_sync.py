@@ -70,10 +70,10 @@ VARIABLES = (
 METHODS = ("sma", "s-sgd")
 SETTINGS = {
     False: {
-        "learners": (1, 4, 8),
+        "learners": (1, 4),
         "lrs": (0.1, 0.03, 0.01),
-        "epochs": 2.0,
-        "target": 0.85,
+        "epochs": 1.5,
+        "target": 0.8,
         "n_samples": 5000,
         "data": "mnist-sample",
         "augment": "shift",
@@ -336,8 +336,8 @@ main = main_for(
     run,
     __doc__,
     [
-        (("--epochs",), {"type": float, "default": None, "help": "epochs per run (default 2)"}),
-        (("--target",), {"type": float, "default": None, "help": "training accuracy target (default 0.85)"}),
+        (("--epochs",), {"type": float, "default": None, "help": "epochs per run (default 1.5)"}),
+        (("--target",), {"type": float, "default": None, "help": "training accuracy target (default 0.8)"}),
         SEEDS_OPTION,
         NET_OPTION,
         JOBS_OPTION,
