@@ -117,10 +117,17 @@ def default_groups() -> tuple[int, str]:
     return int(g), "smallest g dividing 32 that saturates the FC server (HE model)"
 
 
+def diverged(trace: pd.DataFrame) -> bool:
+    """Whether a run blew up: its final smoothed loss is not finite or above its first loss."""
+    final = final_loss(trace)
+    return not math.isfinite(final) or final > float(smoothed_loss(trace)[0])
+
+
 def seed_final(traces: list[pd.DataFrame]) -> float:
     """The seeds' mean final smoothed loss; inf if any seed diverged (a rule must hold at every seed)."""
-    finals = [final_loss(t) for t in traces]
-    return float(np.mean(finals)) if all(math.isfinite(f) for f in finals) else math.inf
+    if any(diverged(t) for t in traces):
+        return math.inf
+    return float(np.mean([final_loss(t) for t in traces]))
 
 
 def one(net: str, data: tuple[str, int], augment: str | None, config: RunConfig, iterations: int):
@@ -144,12 +151,18 @@ def grid(
 
 
 def best(runs: dict[tuple[float, float], list[pd.DataFrame]]) -> tuple[float, float]:
-    """The (µ, η) of the lowest seed-mean final loss (a point diverging at any seed excluded)."""
+    """The (µ, η) of the lowest seed-mean final loss, a point diverging at any seed excluded; if
+    every point diverged, the one of the lowest mean final loss (a rule that never trains)."""
     finals = {key: seed_final(traces) for key, traces in runs.items()}
     finite = {key: v for key, v in finals.items() if math.isfinite(v)}
-    if not finite:
-        raise FloatingPointError(f"every run of {sorted(runs)} diverged at some seed")
-    return min(finite, key=finite.get)
+    if finite:
+        return min(finite, key=finite.get)
+
+    def raw(key: tuple[float, float]) -> float:
+        values = np.array([final_loss(t) for t in runs[key]], dtype=float)
+        return float(np.mean(np.where(np.isfinite(values), values, np.inf)))
+
+    return min(runs, key=raw)
 
 
 def lesion(sync: dict, at_g: dict) -> dict[str, tuple[float, float]]:
@@ -170,8 +183,11 @@ def to_target(traces: list[pd.DataFrame], n: int) -> tuple[np.ndarray, ...]:
     for i, t in enumerate(traces):
         t = t.sort_values(["t_end", "group"], kind="stable")
         curves[i, : len(t)], clocks[i, : len(t)] = smoothed_loss(t), t["t_end"].to_numpy(dtype=float)
-    ell = np.nanmax(np.where(np.isfinite(finals), finals, np.nan))
-    its = np.array([iterations_to_target(t, ell) for t in traces])
+    ok = np.array([not diverged(t) for t in traces])
+    ell = float(np.max(finals[ok])) if ok.any() else math.nan
+    its = np.array(
+        [iterations_to_target(t, ell) if good else math.nan for t, good in zip(traces, ok, strict=True)]
+    )
     times = np.array([clocks[i, int(it) - 1] if math.isfinite(it) else math.nan for i, it in enumerate(its)])
     return curves, clocks, finals, ell, its, times
 
@@ -307,7 +323,7 @@ def run(
     pairs = [(m, lr) for m in s["momenta"] for lr in s["lrs"]]
     sync = grid(net, data, 1, pairs, iterations, seeds, augment, jobs)
     _, lr_sync = best(sync)
-    lrs_g = (lr_sync, lr_sync / 10) if len(s["lrs"]) > 1 else (lr_sync,)
+    lrs_g = (lr_sync, lr_sync / 10, lr_sync / 100) if len(s["lrs"]) > 1 else (lr_sync,)
     at_g = grid(
         net, data, g, [(m, lr) for m in s["momenta"] for lr in lrs_g], iterations, seeds, augment, jobs
     )

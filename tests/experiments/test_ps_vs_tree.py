@@ -45,19 +45,21 @@ def test_bad_input():
 @pytest.mark.slow
 @pytest.mark.skipif(bool(netns_cluster.unavailable()), reason=str(netns_cluster.unavailable()))
 def test_ps_vs_tree_on_per_worker_links(tmp_path):
-    """k = 2 and 4 workers, each in its own network namespace behind a 200 Mbit/s link: the parameter
-    server's 3 incoming gradients queue on its one link, the tree's 2 levels do not."""
+    """k = 2 and 4 workers, each in its own network namespace behind a 200 Mbit/s link: the bytes
+    must cross the links, so no sum is faster than its serial transfers at that rate (a bound that
+    holds at any load: the parameter server's k − 1 gradients arrive through its one link, the
+    tree's levels follow each other)."""
     from dasknn.tradeoff.record import load
 
     out = tmp_path / "ps_vs_tree"
     argv = ["--tiny", "--out", str(out), "--links", "200", "--repeats", "3"]
     assert ps_vs_tree.main(argv) == 0
-    ds = load(out / "ps_vs_tree.nc")
-    t1 = ds["transfer_s"].sel(rate_mbit=200.0)
-    # one 9.3 MB gradient over a 25 MB/s link takes at least |∇W| / BW
-    assert np.all(t1 >= float(ds["grad_bytes"]) / 25e6 * 0.95)
-    ps = ds["sum_time_s"].sel(rate_mbit=200.0, aggregation="ps")
-    assert float(ps.sel(k=4)) > 2.0 * float(ps.sel(k=2))  # three gradients in through one link, not one
+    ds = load(out / "ps_vs_tree.nc").sel(rate_mbit=200.0)
+    one_hop = float(ds["grad_bytes"]) / (200e6 / 8) * 0.95  # 9.3 MB at 25 MB/s, 5% for the bucket's burst
+    assert np.all(ds["transfer_s"] >= one_hop)
+    ps, tree = (ds["sum_time_s"].sel(aggregation=a) for a in ("ps", "tree"))
+    assert float(ps.sel(k=2)) >= one_hop and float(ps.sel(k=4)) >= 3 * one_hop
+    assert float(tree.sel(k=4)) >= 2 * one_hop
     assert not _leftover_links()
 
 
