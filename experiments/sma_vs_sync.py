@@ -22,7 +22,7 @@ to 72% less time to accuracy. Here, median [range] over the seeds, at k = 4 (agg
 SMA 1.42 [1.27, 1.46] epochs (η* 0.1), S-SGD 0.82 [0.79, 0.87] epochs (η* 0.03); on the clock
 SMA 111 [100, 115] s against S-SGD 64 [62, 68] s; k = 1: 0.54 [0.53, 0.59] epochs for both. The
 opposite of the paper's direction, by more than the seeds' spread: SMA needs 1.7× the epochs.
-Why: with α = 1/k, z moves by η times the mean of the k replica gradients, as S-SGD does with the
+Likely why: with α = 1/k, z moves by η times the mean of the k replica gradients, as S-SGD does with the
 aggregate batch at the same η, while SMA's correction toward the new average keeps only part of
 the momentum on z; S-SGD can take its best η for the aggregate batch and keeps µ = 0.9 whole. An
 earlier run on plain digits (one seed, target 95%) found the same order: SMA 1.09, 1.09, 1.93,

@@ -28,12 +28,14 @@ def test_bad_seeds():
         momentum_lesion.run(tiny=True, seeds=0)
 
 
-def test_a_run_that_ends_above_its_first_loss_diverged():
+def test_a_run_that_ends_above_twice_its_first_loss_diverged():
     import pandas as pd
 
     rising = pd.DataFrame({"group": 0, "t_end": np.arange(1.0, 41.0), "loss": np.linspace(2.3, 9.0, 40)})
     falling = rising.assign(loss=np.linspace(2.3, 0.5, 40))
+    noisy = rising.assign(loss=np.linspace(2.3, 2.6, 40))  # a short noisy run, not a blow-up
     assert momentum_lesion.diverged(rising) and not momentum_lesion.diverged(falling)
+    assert not momentum_lesion.diverged(noisy)
     runs = {(0.9, 0.1): [rising], (0.0, 0.1): [falling]}
     assert momentum_lesion.best(runs) == (0.0, 0.1)
     assert momentum_lesion.best({(0.9, 0.1): [rising]}) == (0.9, 0.1)  # every point diverged
