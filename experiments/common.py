@@ -54,6 +54,11 @@ ITERATIONS_OPTION = (
     ("--iterations",),
     {"type": int, "default": None, "help": "updates per run (default 300)"},
 )
+JOBS_OPTION = (
+    ("--jobs",),
+    {"type": int, "default": 1, "help": "training runs at once, in processes (default 1)"},
+)
+SEEDS_OPTION = (("--seeds",), {"type": int, "default": None, "help": "seeds per configuration (default 3)"})
 
 
 @dataclass

@@ -34,7 +34,22 @@ not hold here; Eq. 3/4 at the measured BW extrapolate to ps 9.1× slower than th
 DaskEngine, LeNet, one group of k: ps 0.102, 0.129, 0.133 s per iteration, tree 0.112, 0.125,
 0.174 s: the 0.1 MB conv gradient is a small part of an iteration; equal within noise up to k = 3.
 
+With `--links RATE ...` (Mbit/s; needs root and iproute2, `experiments/netns_cluster.py`) each worker
+runs in its own network namespace, joined to a bridge by a veth pair shaped both ways by `tc`'s token
+bucket: every node has its own link of bandwidth BW, Eq. 3/4's premise. One cluster of 8 workers,
+each rate in turn, k = 2, 4, 8 of them per point, CaffeNet's 9.3 MB conv gradient, medians of 5.
+What it found (100 and 400 Mbit/s; the 2-core machine at load 23-30 from other jobs, 894 s):
+at 100 Mbit/s one transfer t₁ took 1.3-1.7 s (the link alone: 0.75 s), the parameter server's sum
+1.51, 3.20, 6.73 s for k = 2, 4, 8 (linear in k, as Eq. 3: about 2.1× per doubling) and the tree's
+2.04, 3.25, 5.23 s, so ps / tree was 0.74, 0.99, 1.29 where Eq. 3/4 give 1.00, 1.00, 1.33. At
+400 Mbit/s: ps 0.76, 0.91, 5.37 s, tree 0.68, 1.12, 3.84 s, ps / tree 1.11, 0.81, 1.40. The tree
+wins at k = 8 at both rates by about Eq. 3/4's factor; below that the two are within the noise. The
+tree's time grows faster than log k (each level is a scheduler round trip, and 8 one-thread workers
+on 2 loaded cores add CPU time to each hop: at 400 Mbit/s k = 8 took 4× the links' time), so the
+shape is partly the paper's: ps ∝ p yes, tree ∝ log p only roughly.
+
     dasknn experiment ps_vs_tree [--workers 2 3 4] [--repeats 15] [--iterations 20] [--tiny]
+    dasknn experiment ps_vs_tree --links 100 400 [--workers 2 4 8] [--repeats 5]
 
 Writes experiments/results/ps_vs_tree/{ps_vs_tree.nc, ps_vs_tree.png, table.md}.
 """
@@ -310,10 +325,142 @@ def plot(ds: xr.Dataset, fig) -> None:
     ax2.legend()
 
 
+def _by_host(addresses) -> list[str]:
+    """Worker addresses in the order of their IPv4 hosts (namespace order in `netns_client`)."""
+    return sorted(addresses, key=lambda a: tuple(int(x) for x in a.split("//")[1].split(":")[0].split(".")))
+
+
+def measure_links(ks: Sequence[int], rates_mbit: Sequence[float], repeats: int) -> xr.Dataset:
+    """Gradient sums over per-worker links: one cluster of max(k) workers, each in its own network
+    namespace behind a `tc` token bucket of each rate in turn; k workers of it per point.
+
+    CaffeNet's conv gradient only. Predictions from the link's rate BW: one-way ps (k − 1)·|∇W|/BW,
+    tree ceil(log2 k)·|∇W|/BW, and FireCaffe's Eq. 3 / 4.
+    """
+    from experiments.netns_cluster import MAX_WORKERS, netns_client
+
+    if not ks or min(ks) < 2 or max(ks) > MAX_WORKERS or repeats < 1:
+        raise ValueError(f"need 2 <= k <= {MAX_WORKERS} and repeats >= 1; got {list(ks)}, {repeats}")
+    if not rates_mbit or min(rates_mbit) <= 0:
+        raise ValueError(f"link rates must be > 0 Mbit/s, got {list(rates_mbit)}")
+    grad = conv_gradient("caffenet_conv")
+    nr, nk, na = len(rates_mbit), len(ks), len(AGGREGATIONS)
+    sums, transfer = np.full((nr, nk, na), np.nan), np.full((nr, nk), np.nan)
+    with netns_client(max(ks), rates_mbit[0]) as (client, links):
+        workers = _by_host(client.scheduler_info()["workers"])
+        client.run(importlib.import_module, "dasknn.engine.dask.tasks")
+        for ri, rate in enumerate(rates_mbit):
+            links.set_rate(rate)
+            for ki, k in enumerate(ks):
+                transfer[ri, ki] = time_transfer(client, workers[:k], grad, repeats)
+                for ai, aggregation in enumerate(AGGREGATIONS):
+                    sums[ri, ki, ai] = time_sum(client, workers[:k], grad, aggregation, repeats)
+    nbytes = float(_nbytes(grad))
+    bw = np.asarray(rates_mbit, float) * 1e6 / 8
+    hops = {"ps": [k - 1 for k in ks], "tree": [tree_depth(k, 2) for k in ks]}
+    oneway = np.stack([np.outer(nbytes / bw, hops[a]) for a in AGGREGATIONS], axis=-1)
+    model = {"ps": t_parameter_server, "tree": t_reduction_tree}
+    eq = np.array([[[model[a](nbytes, k, b) for a in AGGREGATIONS] for k in ks] for b in bw])
+    dims = ("rate_mbit", "k", "aggregation")
+    ds = xr.Dataset(
+        {
+            "sum_time_s": (dims, sums, {"units": "s", "description": "measured: k gradients to their sum"}),
+            "predicted_oneway_s": (
+                dims,
+                oneway,
+                {"units": "s", "description": "|∇W|/BW × serial transfers: ps k − 1, tree ceil(log2 k)"},
+            ),
+            "predicted_eq_s": (dims, eq, {"units": "s", "description": "FireCaffe Eq. 3 (ps) and 4 (tree)"}),
+            "transfer_s": (("rate_mbit", "k"), transfer, {"units": "s", "description": "t1, task included"}),
+            "grad_bytes": ((), nbytes, {"units": "B", "description": "|∇W| of CaffeNet's conv phase"}),
+        },
+        coords={
+            "rate_mbit": np.asarray(rates_mbit, float),
+            "k": np.asarray(ks, np.int64),
+            "aggregation": list(AGGREGATIONS),
+        },
+    )
+    ds["rate_mbit"].attrs = {
+        "units": "Mbit/s",
+        "description": "tc token-bucket rate of every link, both ways",
+    }
+    ds.attrs.update(repeats=repeats, links="network namespaces, veth pairs, tc tbf")
+    return ds
+
+
+def table_links(ds: xr.Dataset) -> str:
+    """One row per (rate, k): measured and predicted ps and tree times and their ratio."""
+    rows = []
+    for r in ds["rate_mbit"].values:
+        for k in ds["k"].values:
+            sel = ds.sel(rate_mbit=r, k=k)
+            row = {"link Mbit/s": float(r), "k": int(k), "t1 ms": 1e3 * float(sel["transfer_s"])}
+            for a in ("ps", "tree"):
+                row[f"{a} measured ms"] = 1e3 * float(sel["sum_time_s"].sel(aggregation=a))
+                row[f"{a} one-way ms"] = 1e3 * float(sel["predicted_oneway_s"].sel(aggregation=a))
+            row["ps / tree measured"] = float(
+                sel["sum_time_s"].sel(aggregation="ps") / sel["sum_time_s"].sel(aggregation="tree")
+            )
+            row["one-way model"] = float(
+                sel["predicted_oneway_s"].sel(aggregation="ps")
+                / sel["predicted_oneway_s"].sel(aggregation="tree")
+            )
+            row["Eq. 3 / 4"] = float(
+                sel["predicted_eq_s"].sel(aggregation="ps") / sel["predicted_eq_s"].sel(aggregation="tree")
+            )
+            rows.append(row)
+    return markdown_table(pd.DataFrame(rows))
+
+
+def plot_links(ds: xr.Dataset, fig) -> None:
+    """Measured (markers) and one-way model (dashed) sum times against k, one panel per link rate."""
+    rates = ds["rate_mbit"].values
+    fig.set_size_inches(5.2 * len(rates), 4.2)
+    for i, r in enumerate(rates):
+        ax = fig.add_subplot(1, len(rates), i + 1)
+        sel = ds.sel(rate_mbit=r)
+        for a, color in (("ps", "C0"), ("tree", "C1")):
+            ax.plot(ds["k"], sel["sum_time_s"].sel(aggregation=a), "o-", color=color, label=f"{a} measured")
+            ax.plot(
+                ds["k"], sel["predicted_oneway_s"].sel(aggregation=a), "--", color=color, label=f"{a} one-way"
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("k workers, each on its own link")
+        ax.set_ylabel("s to sum CaffeNet's conv gradients")
+        ax.set_title(f"{r:g} Mbit/s links (cf. FireCaffe Fig. 4)", fontsize=9)
+        ax.legend(fontsize=7)
+
+
+def run_links(ks: Sequence[int], rates_mbit: Sequence[float], repeats: int, tiny: bool) -> Experiment:
+    """The per-worker-link measurement as an Experiment."""
+    ds = stamp(measure_links(ks, rates_mbit, repeats), NAME, MIRRORS, tiny, mode="links")
+    ratio = ds["sum_time_s"].sel(aggregation="ps") / ds["sum_time_s"].sel(aggregation="tree")
+    notes = [
+        f"one dask worker (1 thread) per network namespace, each joined to a bridge by a veth pair shaped "
+        f"both ways by tc tbf; medians of {repeats}; {ds.attrs['device']}",
+        "ps / tree measured: "
+        + "; ".join(
+            f"{r:g} Mbit/s: "
+            + ", ".join(f"k={int(k)} {float(ratio.sel(rate_mbit=r, k=k)):.2f}" for k in ds["k"].values)
+            for r in ds["rate_mbit"].values
+        ),
+    ]
+    return Experiment(ds, table_links(ds), plot_links, notes)
+
+
 def run(
-    tiny: bool = False, workers: Sequence[int] = (2, 3, 4), repeats: int = 15, iterations: int = 20
+    tiny: bool = False,
+    workers: Sequence[int] | None = None,
+    repeats: int | None = None,
+    iterations: int = 20,
+    links: Sequence[float] | None = None,
 ) -> Experiment:
-    """Measure on LocalClusters of k workers (tiny: k = 2, LeNet's gradient, 2 repeats, no engine runs)."""
+    """Measure on LocalClusters of k workers (tiny: k = 2, LeNet's gradient, 2 repeats, no engine runs),
+    or with `links` (Mbit/s) on per-worker links at k = 2, 4, 8 (tiny: k = 2, 4, 2 repeats)."""
+    if links:
+        ks = sorted({int(k) for k in (workers or ((2, 4) if tiny else (2, 4, 8)))})
+        return run_links(ks, [float(r) for r in links], int(repeats or (2 if tiny else 5)), tiny)
+    workers, repeats = workers or (2, 3, 4), int(repeats or 15)
     payloads: Sequence[str] = tuple(PAYLOADS)
     if tiny:
         workers, payloads, repeats, iterations = (2,), ("lenet_conv",), 2, 0
@@ -345,8 +492,23 @@ main = main_for(
     run,
     __doc__,
     [
-        (("--workers",), {"type": int, "nargs": "+", "default": [2, 3, 4], "help": "group sizes k"}),
-        (("--repeats",), {"type": int, "default": 15, "help": "timed gradient sums per point (median)"}),
+        (
+            ("--workers",),
+            {"type": int, "nargs": "+", "default": None, "help": "group sizes k (2 3 4; links 2 4 8)"},
+        ),
+        (
+            ("--repeats",),
+            {"type": int, "default": None, "help": "timed sums per point, median (15; links 5)"},
+        ),
+        (
+            ("--links",),
+            {
+                "type": float,
+                "nargs": "+",
+                "default": None,
+                "help": "Mbit/s: per-worker links (network namespaces + tc; needs root and iproute2)",
+            },
+        ),
         (("--iterations",), {"type": int, "default": 20, "help": "engine iterations per run (0: skip)"}),
     ],
 )

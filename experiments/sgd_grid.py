@@ -43,6 +43,7 @@ __all__ = [
     "next_grid",
     "best_by_final_loss",
     "positive_ints",
+    "run_all",
     "smoothed_accuracy",
     "train",
 ]
@@ -199,6 +200,21 @@ def _train(engine, net, X, y, config, iterations, target_accuracy, chunk) -> pd.
         if not math.isnan(iterations_to_accuracy(trace, target_accuracy)):
             break
     return trace
+
+
+def run_all(fn: Callable, tasks: Sequence[tuple], jobs: int = 1) -> list:
+    """`[fn(*task) for task in tasks]`, in `jobs` processes when jobs > 1 (the runs are independent
+    and seeded, so the results do not depend on jobs). `fn` must be a module-level function."""
+    if int(jobs) < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if int(jobs) == 1 or len(tasks) < 2:
+        return [fn(*task) for task in tasks]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(int(jobs), len(tasks)), mp_context=context) as pool:
+        return list(pool.map(fn, *zip(*tasks, strict=True)))
 
 
 def next_grid(
