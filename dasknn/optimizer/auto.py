@@ -40,6 +40,7 @@ from typing import Any
 
 import pandas as pd
 
+from dasknn.engine.schedule import Schedule
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.optimizer import decide, measure
 from dasknn.optimizer.momentum import trace_momentum
@@ -58,6 +59,7 @@ from dasknn.optimizer.options import (
 from dasknn.optimizer.plateau import Plateau
 from dasknn.optimizer.prior import Prior, PriorCache, default_cache_path, groups_prior, solver_prior
 from dasknn.optimizer.ramp import LrRamp, progress_and_error, window_level
+from dasknn.optimizer.range_test import RangeTest
 from dasknn.optimizer.search import check, group_candidates
 from dasknn.optimizer.trials import (
     MAX_TRIAL_GAIN,
@@ -69,7 +71,7 @@ from dasknn.optimizer.trials import (
     trial_seconds,
 )
 from dasknn.policy import CURRENT, START, NextRun, Outcome, Stop
-from dasknn.rules import Custom, Number, Option, checked_options
+from dasknn.rules import Choice, Custom, Number, Option, checked_options
 from dasknn.tradeoff.hardware import HEModel
 
 __all__ = ["MEASURED_SAMPLES", "AutoPolicy"]
@@ -101,6 +103,7 @@ OPTIONS = (
     Option("calibration_windows", 1, Number(1, 2, integer=True)),
     Option("first_step", 4.0, Number(2, 16)),
     Option("first_look", None, Number(2, integer=True, also=(None,))),
+    Option("lr_search", "ramp", Choice(("ramp", "range"))),
     Option("trial_fraction", TRIAL_FRACTION, FRACTION),
     Option("plateau_fraction", 0.1, Number(0, 1, low_open=True, high_open=True)),
     Option("max_drops", 2, COUNT),
@@ -127,16 +130,15 @@ class AutoPolicy:
     prior; `net_name`: a zoo name for its published solver; `prior_cache`: the cache file (None: the
     data home's; False: no cache); `cache_key`: the job's key (`PriorCache.key`; None: no cache);
     `window`: w, iterations per ramp window (default half an epoch in [32, 64]: shorter windows
-    judged a doubling on its first transient, simulated LeNet: w = 16 ended the ramp at η = 0.01
-    and missed 96% in 30 s, w = 32 reached it in 6.1 s);
+    judged a doubling on its first transient, experiments/README.md);
     `run_iterations`: a training run after the ramp (default half an epoch, at least w);
     `calibration_windows`: windows at the prior's η before the first step (1: progress taken to
     go as the loss level, γ = 1; 2: γ measured); `first_step`: the first step's factor (4; 2 gives
     plain doublings). Main job on Dask (busy machine, 3 rounds each): 1 window and × 4 reached 96%
     in 192-224 iterations, 2 windows and × 2 in 192-352 (median 320); `first_look`: iterations of
     the first window at a raised η (default w / 2: a rate past the best is undone after half a
-    window; a transient gets its second look at full length). Main job on Dask, 8 paired rounds:
-    96% in 3.71 s (median) at w / 2 against 4.43 s at w, faster in 7 of 8;
+    window; a transient gets its second look at full length);
+    `lr_search`: "ramp" (the windows above) or "range" (`optimizer.range_test`: η found in-run);
     `trial_fraction`: trials' share of the elapsed time (5%); `plateau_fraction`, `max_drops`,
     `plateau_span` (default four windows or an epoch, the larger), `plateau_patience` (spans in a
     row below the expectation before a drop, 2): the plateau rule;
@@ -158,6 +160,7 @@ class AutoPolicy:
         calibration_windows: int = 1,
         first_step: float = 4.0,
         first_look: int | None = None,
+        lr_search: str = "ramp",
         trial_fraction: float = TRIAL_FRACTION,
         plateau_fraction: float = 0.1,
         max_drops: int = 2,
@@ -233,6 +236,7 @@ class AutoPolicy:
             "n_workers": worker_count(self),
         }
         fit.log.record("auto", "start", config, f"prior: {prior.source}; w = {self.w}", chosen=True)
+        start_range(self)
 
     def next_run(self, last: Outcome | None) -> NextRun | Stop:
         """The next window or trial, judged from what the last one measured; or Stop."""
@@ -258,6 +262,8 @@ class AutoPolicy:
         phase = s["phase"]
         if phase == "ramp":
             return self._observe_ramp(last, config, p, se, level, loss_now)
+        if phase == "range":
+            return observe_range(self, last, loss_now)
         if last.diverged:  # a training window or a trial the loop rolled back
             return self._observe_diverged(last, config, phase)
         s["last_kept"] = last.snapshot
@@ -423,6 +429,8 @@ class AutoPolicy:
         config = RunConfig(**s["config"])
         start = s.pop("restore", None) or CURRENT
         s["restore"] = None
+        if s["phase"] == "range":
+            return range_run(self, config, start)
         if s["phase"] == "ramp":
             ramp = s["ramp"]
             first_look = ramp["steps"] >= 1 and not ramp["second_look"]
@@ -515,6 +523,55 @@ class AutoPolicy:
         return Stop(why, config, session={**s, "finished": True})
 
     # -- set-up ----------------------------------------------------------------------------------
+
+
+def start_range(policy: AutoPolicy) -> None:
+    """With `lr_search="range"`, the ramp's windows give way to the range test (`optimizer.range_test`):
+    segments of w iterations each raising η × 4 along a geometric schedule, from the prior's η."""
+    s = policy.s
+    if policy.lr_search != "range" or s["phase"] != "ramp":
+        return
+    test = RangeTest(RunConfig(**s["config"]).lr, length=policy.w)
+    s["phase"], s["ramp"], s["range"] = "range", None, test.to_dict()
+
+
+def range_run(policy: AutoPolicy, config: RunConfig, start: str) -> NextRun:
+    """The range test's next segment: one run of w iterations whose η ramps geometrically from the
+    test's η, at the fit's iteration index (the schedule counts updates over the whole fit)."""
+    test = RangeTest.from_dict(policy.s["range"])
+    begin = policy.fit.snapshot(start).iterations_done
+    ramp = Schedule.geometric(test.lr, test.end_lr, test.length, begin=begin)
+    run = policy._run(config.with_(lr=ramp), test.length, "ramp", start)
+    return replace(run, note={"lr": test.end_lr, "event": ""})
+
+
+def observe_range(policy: AutoPolicy, last: Outcome, loss_now: float | None) -> None:
+    """A range-test segment judged from its batch losses (`RangeTest.observe`): ramp on, or η
+    chosen; a segment that blew the loss up (or that the loop rolled back) is undone."""
+    s, log = policy.s, policy.fit.log
+    test = RangeTest.from_dict(s["range"])
+    trace = last.trace.sort_values("iteration", kind="stable") if len(last.trace) else last.trace
+    lrs = [float(v) for v in trace["lr"]] if len(trace) else []
+    losses = [float(v) for v in trace["loss"]] if len(trace) else []
+    if last.diverged:  # rolled back by the loop's loss limit: a blow-up whatever the batch losses say
+        lrs, losses = [*lrs, test.end_lr], [*losses, math.inf]
+    verdict = test.observe(lrs, losses)
+    s["range"] = test.to_dict()
+    s["config"] = asdict(RunConfig(**s["config"]).with_(lr=verdict.lr))
+    if verdict.restore and not last.diverged:
+        log.kept.discard(last.run)  # the segment is undone: its run is not in the model
+        s["restore"] = s.get("last_kept") or START
+    elif not verdict.restore:
+        s["last_kept"], s["eval_loss"] = last.snapshot, loss_now
+    action = ("rollback" if last.diverged else "undo") if verdict.restore else "segment"
+    log.record(
+        "range", action, RunConfig(**s["config"]), verdict.reason, iterations=len(trace),
+        seconds=last.seconds, run=last.run, diverged=bool(last.diverged), chosen=True,
+    )  # fmt: skip
+    if verdict.done:
+        s["phase"], s["peak_lr"] = "train", verdict.lr
+        s["plateau"] = new_plateau(policy).to_dict()
+        log.record("range", "end", RunConfig(**s["config"]), f"η = {verdict.lr:g}", chosen=True)
 
 
 def new_plateau(policy: AutoPolicy, gamma: float = 1.0) -> Plateau:
