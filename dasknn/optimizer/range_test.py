@@ -22,7 +22,7 @@ covers the lag.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -169,6 +169,8 @@ class RangeTest:
         )  # fmt: skip
         if verdict.restore:  # the undone segment's losses are not the training path's any more
             del self.lrs[start:], self.losses[start:]
+        if not verdict.done:  # the next segment starts where this one's schedule ends
+            verdict = replace(verdict, lr=self.end_lr)
         self.lr, self.done = verdict.lr, verdict.done
         return verdict
 

@@ -133,3 +133,38 @@ def test_the_state_round_trips_through_its_plain_form_and_checks_its_settings():
             RangeTest(**bad)
     with pytest.raises(ValueError, match="one η per loss"):
         judge_range([0.1, 0.2], [1.0], 0)
+
+
+@pytest.mark.slow
+def test_auto_with_the_range_test_ramps_eta_along_a_schedule_and_keeps_what_it_did_not_undo():
+    """Real (simulated-clock) training: each segment's iterations apply the geometric schedule's η,
+    every decision is taken from the segments, and an undone segment is not in the model."""
+    from dasknn.data import load
+    from dasknn.engine.simulated import SimulatedEngine
+    from dasknn.fitting import run_policy
+    from dasknn.optimizer.auto import AutoPolicy
+    from dasknn.tradeoff.hardware import HEModel
+    from tests.planted import small_net
+
+    X, y = load("digits", size=8, batch_size=32)
+    policy = AutoPolicy(prior_cache=False, window=16, lr_search="range")
+    engine = SimulatedEngine(HEModel(T_cc=5.0, T_nc=0.0, t_fc=0.5, n_workers=8), verbose=0)
+    result = run_policy(
+        policy, engine, small_net(), np.asarray(X), np.asarray(y), batch_size=32, time_budget=60.0
+    )
+    d, trace = result.decisions, result.trace
+    rows = d[d["phase"] == "range"]
+    assert len(rows) >= 2 and rows.iloc[-1]["action"] == "end"
+    assert not (d["phase"] == "ramp").any()  # no ramp windows: the range test replaced them
+    segments = trace[trace["phase"] == "ramp"].sort_values("iteration")
+    first = segments[segments["run"] == segments["run"].min()]
+    lrs = first["lr"].to_numpy()
+    assert lrs[0] == pytest.approx(0.01, rel=0.1) and np.all(np.diff(lrs) > 0)  # the prior's η, × 4 a run
+    assert lrs[-1] == pytest.approx(0.04, rel=0.1)
+    assert rows.iloc[0]["lr"] == pytest.approx(0.04)  # the next segment ramps on from the schedule's end
+    chosen = rows.iloc[-1]["lr"]
+    assert chosen < lrs.max() * 4 ** len(rows) and (trace[trace["phase"] == "train"]["lr"] == chosen).any()
+    undone = rows[rows["action"].isin(["undo", "rollback"])]
+    kept = set(trace.loc[trace["kept"].astype(bool), "run"].astype(int))
+    assert not set(undone["run"].astype(int)) & kept
+    assert set(rows.loc[rows["action"] == "segment", "run"].astype(int)) <= kept
