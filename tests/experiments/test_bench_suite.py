@@ -95,3 +95,14 @@ def test_an_unknown_workload_is_named_before_any_fit(capsys):
     with pytest.raises(SystemExit):
         suite.main(["--tiny", "--workloads", "nope"])
     assert "unknown workload(s) ['nope']" in capsys.readouterr().err
+
+
+def test_the_table_names_the_contenders_that_missed_and_keeps_them_out_of_the_medians_text():
+    times = {
+        "a": {"auto": [2.0], "auto range": [3.0], "best fixed (x)": [1.0], "solver (g=1 η=0.01 µ=0.9)": [9.0]}
+    }
+    runs = planted_runs(times)
+    runs["reached"] = runs["contender"] != "solver (g=1 η=0.01 µ=0.9)"
+    table, _ = suite.summarise(runs)
+    assert table["missed"].fillna("").tolist() == ["solver", ""]  # the median row names none
+    assert table.loc[table["seed"] == "median", "auto ÷ solver"].item() == pytest.approx(2.0 / 9.0)
