@@ -41,6 +41,7 @@ from typing import Any
 
 import pandas as pd
 
+from dasknn.engine.schedule import Schedule
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.optimizer import decide, measure
 from dasknn.optimizer.auto_state import AutoState
@@ -59,6 +60,7 @@ from dasknn.optimizer.options import (
 from dasknn.optimizer.plateau import Plateau
 from dasknn.optimizer.prior import Prior, PriorCache, default_cache_path, groups_prior, solver_prior
 from dasknn.optimizer.ramp import LrRamp, progress_and_error, window_level
+from dasknn.optimizer.range_test import RangeTest
 from dasknn.optimizer.search import group_candidates
 from dasknn.optimizer.trials import (
     MAX_TRIAL_GAIN,
@@ -71,7 +73,7 @@ from dasknn.optimizer.trials import (
 )
 from dasknn.optimizer.tuner import Tuner
 from dasknn.policy import CURRENT, START, NextRun, Outcome, Stop
-from dasknn.rules import Custom, Number, Option
+from dasknn.rules import Choice, Custom, Number, Option
 from dasknn.tradeoff.hardware import HEModel
 
 __all__ = ["MEASURED_SAMPLES", "AutoPolicy"]
@@ -100,6 +102,7 @@ OPTIONS = (
     Option("calibration_windows", 1, Number(1, 2, integer=True)),
     Option("first_step", 4.0, Number(2, 16)),
     Option("first_look", None, Number(2, integer=True, also=(None,))),
+    Option("lr_search", "ramp", Choice(("ramp", "range"))),
     Option("trial_fraction", TRIAL_FRACTION, FRACTION),
     Option("plateau_fraction", 0.1, Number(0, 1, low_open=True, high_open=True)),
     Option("max_drops", 2, COUNT),
@@ -139,6 +142,7 @@ class AutoPolicy(Tuner):
     plain doublings); `first_look`: iterations of
     the first window at a raised η (default w / 2: a rate past the best is undone after half a
     window; a transient gets its second look at full length);
+    `lr_search`: "ramp" (the windows above) or "range" (`optimizer.range_test`: η found in-run);
     `trial_fraction`: trials' share of the elapsed time (5%); `plateau_fraction`, `max_drops`,
     `plateau_span` (default four windows or an epoch, the larger), `plateau_patience` (spans in a
     row below the expectation before a drop, 2): the plateau rule;
@@ -172,6 +176,7 @@ class AutoPolicy(Tuner):
         calibration_windows: int = 1,
         first_step: float = 4.0,
         first_look: int | None = None,
+        lr_search: str = "ramp",
         trial_fraction: float = TRIAL_FRACTION,
         plateau_fraction: float = 0.1,
         max_drops: int = 2,
@@ -185,7 +190,7 @@ class AutoPolicy(Tuner):
     ) -> None:
         self.solver, self.window, self.run_iterations = solver, window, run_iterations
         self.calibration_windows, self.first_step = calibration_windows, first_step
-        self.first_look, self.trial_fraction = first_look, trial_fraction
+        self.first_look, self.lr_search, self.trial_fraction = first_look, lr_search, trial_fraction
         self.plateau_fraction, self.max_drops = plateau_fraction, max_drops
         self.plateau_span, self.plateau_patience = plateau_span, plateau_patience
         self.momentum_gain, self.momentum_tolerance = momentum_gain, momentum_tolerance
@@ -231,6 +236,7 @@ class AutoPolicy(Tuner):
             n_workers=worker_count(self),
         )
         fit.log.record("auto", "start", config, f"prior: {prior.source}; w = {self.w}", chosen=True)
+        start_range(self)
 
     def next_run(self, last: Outcome | None) -> NextRun | Stop:
         """The next window or trial, judged from what the last one measured; or Stop."""
@@ -256,6 +262,8 @@ class AutoPolicy(Tuner):
         phase = s.phase
         if phase == "ramp":
             return self._observe_ramp(last, config, p, se, level, loss_now)
+        if phase == "range":
+            return observe_range(self, last, loss_now)
         if last.diverged:  # a training window or a trial the loop rolled back
             return self._observe_diverged(last, config, phase)
         s.last_kept = last.snapshot
@@ -421,6 +429,8 @@ class AutoPolicy(Tuner):
         config = s.config
         start = s.restore or CURRENT
         s.restore = None
+        if s.phase == "range":
+            return range_run(self, config, start)
         if s.phase == "ramp":
             ramp = s.ramp
             first_look = ramp["steps"] >= 1 and not ramp["second_look"]
@@ -513,6 +523,55 @@ class AutoPolicy(Tuner):
         return Stop(why, config, session={**s.to_dict(), "finished": True})
 
     # -- set-up ----------------------------------------------------------------------------------
+
+
+def start_range(policy: AutoPolicy) -> None:
+    """With `lr_search="range"`, the ramp's windows give way to the range test (`optimizer.range_test`):
+    segments of w iterations each raising η × 4 along a geometric schedule, from the prior's η."""
+    s = policy.s
+    if policy.lr_search != "range" or s.phase != "ramp":
+        return
+    test = RangeTest(s.config.lr, length=policy.w)
+    s.phase, s.ramp, s.range = "range", None, test.to_dict()
+
+
+def range_run(policy: AutoPolicy, config: RunConfig, start: str) -> NextRun:
+    """The range test's next segment: one run of w iterations whose η ramps geometrically from the
+    test's η, at the fit's iteration index (the schedule counts updates over the whole fit)."""
+    test = RangeTest.from_dict(policy.s.range)
+    begin = policy.fit.snapshot(start).iterations_done
+    ramp = Schedule.geometric(test.lr, test.end_lr, test.length, begin=begin)
+    run = policy._run(config.with_(lr=ramp), test.length, "ramp", start)
+    return replace(run, note={"lr": test.end_lr, "event": ""})
+
+
+def observe_range(policy: AutoPolicy, last: Outcome, loss_now: float | None) -> None:
+    """A range-test segment judged from its batch losses (`RangeTest.observe`): ramp on, or η
+    chosen; a segment that blew the loss up (or that the loop rolled back) is undone."""
+    s, log = policy.s, policy.fit.log
+    test = RangeTest.from_dict(s.range)
+    trace = last.trace.sort_values("iteration", kind="stable") if len(last.trace) else last.trace
+    lrs = [float(v) for v in trace["lr"]] if len(trace) else []
+    losses = [float(v) for v in trace["loss"]] if len(trace) else []
+    if last.diverged:  # rolled back by the loop's loss limit: a blow-up whatever the batch losses say
+        lrs, losses = [*lrs, test.end_lr], [*losses, math.inf]
+    verdict = test.observe(lrs, losses)
+    s.range = test.to_dict()
+    s.config = s.config.with_(lr=verdict.lr)
+    if verdict.restore and not last.diverged:
+        log.kept.discard(last.run)  # the segment is undone: its run is not in the model
+        s.restore = s.last_kept or START
+    elif not verdict.restore:
+        s.last_kept, s.eval_loss = last.snapshot, loss_now
+    action = ("rollback" if last.diverged else "undo") if verdict.restore else "segment"
+    log.record(
+        "range", action, s.config, verdict.reason, iterations=len(trace),
+        seconds=last.seconds, run=last.run, diverged=bool(last.diverged), chosen=True,
+    )  # fmt: skip
+    if verdict.done:
+        s.phase, s.peak_lr = "train", verdict.lr
+        s.plateau = new_plateau(policy).to_dict()
+        log.record("range", "end", s.config, f"η = {verdict.lr:g}", chosen=True)
 
 
 def new_plateau(policy: AutoPolicy, gamma: float = 1.0) -> Plateau:

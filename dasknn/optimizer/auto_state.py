@@ -15,8 +15,9 @@ from dasknn.engine.trace import RunConfig
 
 __all__ = ["AutoState", "PHASES"]
 
-PHASES = ("ramp", "train", "trial", "after")
-"""Where the fit is: the η ramp, training windows, a trial, or the window after a trial (A-B-A)."""
+PHASES = ("ramp", "range", "train", "trial", "after")
+"""Where the fit is: the η ramp, the range test (`lr_search="range"`), training windows, a trial,
+or the window after a trial (A-B-A)."""
 KIND = {"kind": "auto", "optimizer": "auto"}
 """How a checkpoint's session names the tuner that wrote it (the loop reads `kind`)."""
 LOOP_FIELDS = ("elapsed", "iterations", "rollbacks_in_row", "charged", "kept", "budget_changed", "time_start")
@@ -40,7 +41,8 @@ class AutoState:
     per iteration and a run's cost beyond its iterations; `lr_ceiling`: the lowest rate that
     diverged; `stopped`: why the fit ends ("" while it goes on); `n_workers`: the conv workers of
     the last run; `last_kept`: the snapshot of the last kept window; `look`: a raised rate's first
-    window kept for a second look (its run, start and loss); `unresolvable`: the last trial
+    window kept for a second look (its run, start and loss); `range`: the range test's state
+    (`RangeTest.to_dict`, with `lr_search="range"`); `unresolvable`: the last trial
     skipped as too noisy to judge; `finished`: the session of a fit that ended.
     """
 
@@ -68,6 +70,7 @@ class AutoState:
     n_workers: int | None = None
     last_kept: str | None = None
     look: dict[str, Any] | None = None
+    range: dict[str, Any] | None = None
     unresolvable: bool = False
     finished: bool = False
 
