@@ -147,7 +147,7 @@ def test_auto_with_the_range_test_ramps_eta_along_a_schedule_and_keeps_what_it_d
     from tests.planted import small_net
 
     X, y = load("digits", size=8, batch_size=32)
-    policy = AutoPolicy(prior_cache=False, window=16, lr_search="range")
+    policy = AutoPolicy(window=16, lr_search="range").for_fit()
     engine = SimulatedEngine(HEModel(T_cc=5.0, T_nc=0.0, t_fc=0.5, n_workers=8), verbose=0)
     result = run_policy(
         policy, engine, small_net(), np.asarray(X), np.asarray(y), batch_size=32, time_budget=60.0
