@@ -124,11 +124,10 @@ def run_once(name: str, targets: list[float], folder: Path, base: Path | None = 
     """One `dasknn train` process: its time (fit's clock) and iterations to each of `targets`
     held-out, and its wall time; a "base:" contender runs the code of `base`."""
     env = {**os.environ, "DASKNN_PRIOR_CACHE": "off"}
-    if name.startswith("base:"):
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(base), env.get("PYTHONPATH")]))
-    else:
-        here = str(Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+    # `python -m` imports from its working folder first: each contender runs in its own checkout
+    checkout = base if name.startswith("base:") else Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), env.get("PYTHONPATH")]))
+    folder = folder.resolve()
     command = [sys.executable, "-m", "dasknn", "train", "--output", str(folder), *flags_of(name)]
     if name == "pytorch":
         command = [
@@ -138,7 +137,7 @@ def run_once(name: str, targets: list[float], folder: Path, base: Path | None = 
         ]
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checkout)
     wall = time.perf_counter() - t0
     row = {"contender": name, "exit": done.returncode, "process_wall": wall, "load_before": load}
     report = folder / "report.csv"
