@@ -1,5 +1,5 @@
 """Held-out evaluations at a bounded cost (docs/architecture.md "Evaluations at a bounded cost"): a
-run that asks for it (`NextRun.eval_share`, as fixed knobs do by default) is evaluated only while
+run that asks for it (`NextRun.eval_share`, `FixedKnobs(eval_share=)`) is evaluated only while
 the evaluations' measured cost stays within that share of the fit's clock; on the simulated clock
 that cost is the modelled forward passes over the scored samples, charged beside the groups. Two
 small simulated fits (≈ 3 s)."""
@@ -17,9 +17,9 @@ from dasknn.policy import EVAL_SHARE
 from tests.engine.simulated.test_engine import tiny_net
 
 
-def every_run(config, time_budget, max_iterations):
-    """Fixed knobs whose kept runs are all evaluated (the bound off)."""
-    return FixedKnobs(config, time_budget, max_iterations, eval_share=None)
+def bounded(config, time_budget, max_iterations):
+    """Fixed knobs whose runs bound the evaluations' share of the clock."""
+    return FixedKnobs(config, time_budget, max_iterations, eval_share=EVAL_SHARE)
 
 
 def fit(policy_class):
@@ -40,7 +40,7 @@ def fit(policy_class):
 
 @pytest.fixture(scope="module")
 def fits():
-    return fit(every_run), fit(FixedKnobs)
+    return fit(FixedKnobs), fit(bounded)
 
 
 def test_a_planted_slow_evaluation_keeps_the_evaluations_share_within_five_percent(fits):
@@ -87,7 +87,7 @@ def test_on_dask_a_score_beside_the_next_run_is_stamped_at_its_snapshot_and_its_
         engine = DaskEngine(client)
         loop = Loop(engine, net, X[:300], y[:300], batch_size=8, max_iterations=120, target_accuracy=0.5,
                     evaluate=Evaluator(net, X[300:], y[300:]), n_classes=3)  # fmt: skip
-        policy = FixedKnobs(RunConfig(n_groups=1, lr=0.05, momentum=0.9, batch_size=8), None, 120)
+        policy = bounded(RunConfig(n_groups=1, lr=0.05, momentum=0.9, batch_size=8), None, 120)
         policy.run_seconds = 0.3
         result = loop.run(policy, TrainState.from_net(net))
         engine.close()

@@ -1,12 +1,13 @@
 """Fixed knobs: the trivial policy of the training loop.
 
 It trains with the given (g, η, µ) in runs of at most one epoch of iterations and at most
-`run_seconds` (time_budget / 20, at least 2 s; 3 s without a time budget), or longer when the run
-boundaries' measured cost asks for it (`run_length`), until the time budget, the iteration budget or
-an evaluation stops it. The loop evaluates its kept runs at a bounded cost (`eval_share`, the
-loop's `EVAL_SHARE` by default; None evaluates every kept run). After a run that diverged (rolled
-back by the loop) it divides η by 10 and records why, in the decisions and the history. A
-checkpoint goes with the first run after each completed epoch, and with the end.
+`run_seconds` (time_budget / 20, at least 2 s; 3 s without a time budget), until the time budget,
+the iteration budget or an evaluation stops it. The loop evaluates every kept run, unless
+`eval_share` bounds the evaluations' share of the fit's clock (`policy.EVAL_SHARE`); runs are
+lengthened when the last run's measured boundary would pass `boundary_share` of one (`run_length`).
+Both are off by default: a fit then finds its target at the first run that reaches it. After a run
+that diverged (rolled back by the loop) it divides η by 10 and records why, in the decisions and
+the history. A checkpoint goes with the first run after each completed epoch, and with the end.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from typing import Any
 
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.optimizer.measure import seconds_per_iteration
-from dasknn.policy import EVAL_SHARE, NextRun, Outcome, Stop
+from dasknn.policy import NextRun, Outcome, Stop
 
 __all__ = ["BOUNDARY_SHARE", "FixedKnobs", "boundary_seconds", "run_length"]
 
 BOUNDARY_SHARE = 0.05
-"""The share of a run's time its boundary (start-up, warm-up, tear-down) may take: runs are made
-long enough for it (`run_length`)."""
+"""The share of a run's time its boundary (start-up, warm-up, tear-down) may take, for fixed knobs
+that size their runs by it (`FixedKnobs(boundary_share=)`, `run_length`)."""
 
 
 def boundary_seconds(trace, seconds: float) -> float:
@@ -54,11 +55,12 @@ class FixedKnobs:
         config: RunConfig,
         time_budget: float | None,
         max_iterations: int | None,
-        eval_share: float | None = EVAL_SHARE,
+        eval_share: float | None = None,
+        boundary_share: float | None = None,
     ):
         self.config, self.time_budget, self.max_iterations = config, time_budget, max_iterations
         self.run_seconds = max(2.0, (time_budget or 60.0) / 20)
-        self.eval_share = eval_share
+        self.eval_share, self.boundary_share = eval_share, boundary_share
 
     @property
     def start_fields(self) -> dict[str, Any]:
@@ -142,12 +144,14 @@ class FixedKnobs:
         )
 
     def budget(self) -> Budget:
-        """One run: at most `run_length` seconds (and what is left of the time budget), at most an epoch."""
+        """One run: at most `run_seconds` (`run_length` with a `boundary_share`) and what is left of
+        the time budget, at most an epoch."""
         loop, fit = self.loop, self.fit
         time_end = loop["time_end"]
-        seconds = run_length(
-            self.run_seconds, loop.get("boundary", 0.0), loop["elapsed"] - loop.get("time_start", 0.0)
-        )
+        seconds = self.run_seconds
+        if self.boundary_share is not None:
+            elapsed = loop["elapsed"] - loop.get("time_start", 0.0)
+            seconds = run_length(seconds, loop.get("boundary", 0.0), elapsed, self.boundary_share)
         seconds = seconds if time_end is None else min(seconds, time_end - loop["elapsed"])
         iterations = fit.n_batches
         if self.max_iterations is not None:
