@@ -385,7 +385,10 @@ class Loop:
         return self._score(self.snapshot(name), make_trace([], "unknown"))
 
     def evaluate(self, fields: dict[str, Any]) -> bool:
-        """Evaluate the current state now (a history row with `fields`); True when the fit should stop."""
+        """Evaluate the current state now (a history row with `fields`, after the row of a score still
+        pending beside the runs); True when the fit should stop."""
+        if self.cadence.collect(self):
+            return True
         return self.record(self.snapshots[CURRENT], self.log.elapsed, **fields)
 
     # -- records ---------------------------------------------------------------------------------

@@ -22,7 +22,12 @@ process's wall outside the loop (imports, data, cluster start, the fit's set-up,
 η 0.01 with the inv policy, µ 0.9) on the same split and initial weights, as its own process
 (`torch_once`; its clock is its training time, scoring excluded, as the fit's clock).
 
+`--base DIR` adds, for each fixed contender, a contender "base:g,η,µ" running the same knobs with
+the code of another checkout (DIR first on PYTHONPATH, e.g. the main branch's worktree), in the
+same rounds: before and after a change. `--no-auto` leaves "auto" out.
+
     python -m experiments.ab_main_job [--rounds 3] [--targets 0.95 0.96] [--fixed 2,0.03,0.9 ...] [--torch]
+        [--base DIR] [--no-auto]
 
 `--fixed` with no value runs "auto" alone.
 """
@@ -108,17 +113,21 @@ def torch_once(folder: str, budget: float = 60.0) -> None:
 
 
 def flags_of(name: str) -> list[str]:
-    """The `dasknn train` flags of a contender: "auto" (the default) or "g,η,µ"."""
+    """The `dasknn train` flags of a contender: "auto" (the default) or "[base:]g,η,µ"."""
     if name in ("auto", "pytorch"):
         return []
-    g, lr, mu = name.split(",")
+    g, lr, mu = name.removeprefix("base:").split(",")
     return ["--n-groups", g, "--lr", lr, "--momentum", mu]
 
 
-def run_once(name: str, targets: list[float], folder: Path) -> dict:
+def run_once(name: str, targets: list[float], folder: Path, base: Path | None = None) -> dict:
     """One `dasknn train` process: its time (fit's clock) and iterations to each of `targets`
-    held-out, and its wall time."""
+    held-out, and its wall time; a "base:" contender runs the code of `base`."""
     env = {**os.environ, "DASKNN_PRIOR_CACHE": "off"}
+    # `python -m` imports from its working folder first: each contender runs in its own checkout
+    checkout = base if name.startswith("base:") else Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), env.get("PYTHONPATH")]))
+    folder = folder.resolve()
     command = [sys.executable, "-m", "dasknn", "train", "--output", str(folder), *flags_of(name)]
     if name == "pytorch":
         command = [
@@ -128,7 +137,7 @@ def run_once(name: str, targets: list[float], folder: Path) -> dict:
         ]
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checkout)
     wall = time.perf_counter() - t0
     row = {"contender": name, "exit": done.returncode, "process_wall": wall, "load_before": load}
     report = folder / "report.csv"
@@ -157,22 +166,30 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--fixed", nargs="*", default=["2,0.03,0.9"], help="fixed knobs g,η,µ")
     parser.add_argument("--torch", action="store_true", help="also a PyTorch loop with Caffe's solver")
+    parser.add_argument("--base", type=Path, help="a checkout whose code runs the fixed knobs as base:g,η,µ")
+    parser.add_argument("--no-auto", action="store_true", help="leave the \"auto\" tuner out")
     args = parser.parse_args(argv)
-    contenders = ["auto", *args.fixed, *(["pytorch"] if args.torch else [])]
+    if args.base is not None and not (args.base / "dasknn" / "__init__.py").is_file():
+        parser.error(f"--base {args.base}: no dasknn package there")
+    bases = [f"base:{name}" for name in args.fixed] if args.base is not None else []
+    contenders = [*([] if args.no_auto else ["auto"]), *args.fixed, *bases]
+    contenders += ["pytorch"] if args.torch else []
     print(machine_line(), flush=True)
     rows = []
     stem = f"ab_main_job_{timestamp()}"
     runs = results_dir("ab_main_job") / stem  # each run's folder (decisions.csv, history.csv, ...)
     for r in range(args.rounds):
         for name in contenders:
-            row = {"round": r, **run_once(name, args.targets, runs / f"{r}_{name.replace(',', '_')}")}
+            folder = runs / f"{r}_{name.replace(',', '_').replace(':', '_')}"
+            row = {"round": r, **run_once(name, args.targets, folder, args.base)}
             rows.append(row)
             print(row, flush=True)
     table = pd.DataFrame(rows)
     columns = [c for c in table.columns if c.startswith(("time_to_", "iterations_to_"))] + ["process_wall"]
     columns += [c for c in OVERHEADS if c in table]
     med = table.groupby("contender", sort=False)[columns].median()
-    base = med.loc[contenders[1]] if len(contenders) > 1 else med.loc["auto"]
+    fixed = [c for c in contenders if c not in ("auto", "pytorch")]
+    base = med.loc[fixed[0]] if fixed else med.loc[contenders[0]]
     for target in args.targets:
         med[f"time to {target:g} ÷ first fixed"] = med[f"time_to_{target:g}"] / base[f"time_to_{target:g}"]
     last = f"time_to_{args.targets[-1]:g}"

@@ -9,6 +9,8 @@ the checkpoint carried within 1e-3 (a changed loop would move them by far more, 
 iterations). The rows after the resume keep their names, but their training figures are no longer
 a scoring of training samples: each is the running mean of the batch losses of the run that led
 to it (`dasknn.fitting.training_scores`), so those are compared with the trace, not with a6dbd31.
+Fixed knobs evaluate every kept run by default (their bounded evaluations, `eval_share`, and run
+sizing, `boundary_share`, are options), so the same iterations are evaluated as at a6dbd31.
 """
 
 from __future__ import annotations

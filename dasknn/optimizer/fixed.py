@@ -1,10 +1,13 @@
 """Fixed knobs: the trivial policy of the training loop.
 
-It trains with the given (g, η, µ) in runs of at most `run_seconds` (time_budget / 20, at least
-2 s; 3 s without a time budget) and at most one epoch of iterations, each evaluated by the loop,
-until the time budget, the iteration budget or an evaluation stops it. After a run that diverged
-(rolled back by the loop) it divides η by 10 and records why, in the decisions and the history.
-A checkpoint goes with the first run after each completed epoch, and with the end.
+It trains with the given (g, η, µ) in runs of at most one epoch of iterations and at most
+`run_seconds` (time_budget / 20, at least 2 s; 3 s without a time budget), until the time budget,
+the iteration budget or an evaluation stops it. The loop evaluates every kept run, unless
+`eval_share` bounds the evaluations' share of the fit's clock (`policy.EVAL_SHARE`); runs are
+lengthened when the last run's measured boundary would pass `boundary_share` of one (`run_length`).
+Both are off by default: a fit then finds its target at the first run that reaches it. After a run
+that diverged (rolled back by the loop) it divides η by 10 and records why, in the decisions and
+the history. A checkpoint goes with the first run after each completed epoch, and with the end.
 """
 
 from __future__ import annotations
@@ -15,9 +18,30 @@ from dataclasses import asdict
 from typing import Any
 
 from dasknn.engine.trace import Budget, RunConfig
+from dasknn.optimizer.measure import seconds_per_iteration
 from dasknn.policy import NextRun, Outcome, Stop
 
-__all__ = ["FixedKnobs"]
+__all__ = ["BOUNDARY_SHARE", "FixedKnobs", "boundary_seconds", "run_length"]
+
+BOUNDARY_SHARE = 0.05
+"""The share of a run's time its boundary (start-up, warm-up, tear-down) may take, for fixed knobs
+that size their runs by it (`FixedKnobs(boundary_share=)`, `run_length`)."""
+
+
+def boundary_seconds(trace, seconds: float) -> float:
+    """A run's boundary cost: its charge on the fit's clock less its iterations at the run's own
+    steady time per iteration (`measure.seconds_per_iteration`); 0 when it ran too little to say."""
+    per_iteration = seconds_per_iteration(trace)
+    if not math.isfinite(per_iteration):
+        return 0.0
+    return max(0.0, seconds - len(trace) * per_iteration)
+
+
+def run_length(least: float, boundary: float, elapsed: float, share: float = BOUNDARY_SHARE) -> float:
+    """A run's seconds: long enough that a boundary of `boundary` seconds is `share` of it, at
+    least `least`, and at most the fit's clock so far (`elapsed`), so that runs lengthen as the fit
+    goes on and the first evaluations come as early as before."""
+    return max(least, min(boundary / share, elapsed))
 
 logger = logging.getLogger(__name__)
 
@@ -26,9 +50,17 @@ class FixedKnobs:
     """Train with `config` (η lowered only by rollbacks) for `time_budget` seconds of the fit's
     clock and/or `max_iterations` iterations of the model (the rolled-back ones not counted)."""
 
-    def __init__(self, config: RunConfig, time_budget: float | None, max_iterations: int | None):
+    def __init__(
+        self,
+        config: RunConfig,
+        time_budget: float | None,
+        max_iterations: int | None,
+        eval_share: float | None = None,
+        boundary_share: float | None = None,
+    ):
         self.config, self.time_budget, self.max_iterations = config, time_budget, max_iterations
         self.run_seconds = max(2.0, (time_budget or 60.0) / 20)
+        self.eval_share, self.boundary_share = eval_share, boundary_share
 
     @property
     def start_fields(self) -> dict[str, Any]:
@@ -85,6 +117,7 @@ class FixedKnobs:
                 self.rolled_back(last)
             else:
                 loop["finished"] = loop["finished"] or last.stop
+                loop["boundary"] = boundary_seconds(last.trace, last.seconds)
             state = fit.snapshot("current")
             epoch = math.floor(state.batches_done / fit.n_batches)
             spent = state.iterations_done - loop["first_iteration"]
@@ -107,13 +140,19 @@ class FixedKnobs:
             checkpoint=checkpoint,
             note={"lr": self.config.lr, "event": ""},
             loss_limit=True,
+            eval_share=self.eval_share,
         )
 
     def budget(self) -> Budget:
-        """One run: at most `run_seconds` (and what is left of the time budget), at most an epoch."""
+        """One run: at most `run_seconds` (`run_length` with a `boundary_share`) and what is left of
+        the time budget, at most an epoch."""
         loop, fit = self.loop, self.fit
         time_end = loop["time_end"]
-        seconds = self.run_seconds if time_end is None else min(self.run_seconds, time_end - loop["elapsed"])
+        seconds = self.run_seconds
+        if self.boundary_share is not None:
+            elapsed = loop["elapsed"] - loop.get("time_start", 0.0)
+            seconds = run_length(seconds, loop.get("boundary", 0.0), elapsed, self.boundary_share)
+        seconds = seconds if time_end is None else min(seconds, time_end - loop["elapsed"])
         iterations = fit.n_batches
         if self.max_iterations is not None:
             spent = fit.snapshot("current").iterations_done - loop["first_iteration"]
