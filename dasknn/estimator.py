@@ -35,17 +35,7 @@ from dasknn.estimator_data import (
     resolve_augment,
     tuner_samples,
 )
-from dasknn.estimator_fit import (
-    FitSettings,
-    began,
-    build_loop,
-    ended,
-    engine_for,
-    fit_callbacks,
-    plan,
-    policy,
-    tradeoff,
-)
+from dasknn.estimator_fit import FitSettings, began
 from dasknn.estimator_input import (
     as_array,
     build_net,
@@ -61,6 +51,7 @@ from dasknn.estimator_params import (
     optimizer_class,
     parameters_doc,
     tuner_name,
+    tunes,
 )
 from dasknn.estimator_resume import (
     adopt,
@@ -183,9 +174,8 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         """This fit's settings (`dasknn.estimator_fit`): the parameters, and the values it resolved."""
         gflops = self.simulated_gflops_ if self.engine == "simulated" else None
         tuner = optimizer_class(self.tuner_)() if isinstance(self.tuner, str) else self.tuner
-        resolved = {"tuner": tuner, "augment": self.augment_}
-        resolved["batch_size"] = self.batch_size_
-        return FitSettings.resolve(
+        resolved = {"tuner": tuner, "augment": self.augment_, "batch_size": self.batch_size_}
+        return FitSettings(
             self.get_params(deep=False),
             max_wall_time=self.max_wall_time_,
             simulated_gflops=gflops,
@@ -194,7 +184,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
 
     def _engine(self, stack: ExitStack, net: Net):
         """The fit's engine and its Dask client (None on the simulator)."""
-        return engine_for(stack, self._settings(), net)
+        return self._settings().engine_for(stack, net)
 
     def _validation(self, y_all: np.ndarray, with_selection: bool, partial: bool, sample_shape):
         """The parts of X (`dasknn.data.split`) and the given validation data, checked like X."""
@@ -286,7 +276,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
             )
         self.n_features_in_ = n_features
         self.augment_ = resolve_augment(self.augment, self.net, self.engine, self.strategy, self.physical_map)
-        auto = "auto" in (self.n_groups, self.learning_rate, self.momentum) and partial_epochs is None
+        auto = tunes(self.get_params(deep=False)) and partial_epochs is None
         y_idx, y_all = class_indices(y, self.classes_, X.chunks[0])
         parts, given = self._validation(y_all, auto, partial_epochs is not None, X.shape[1:])
         self.parts_ = parts
@@ -334,13 +324,13 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         from dasknn.callbacks import call
 
         s = self._settings()
-        callbacks = fit_callbacks(s)
-        p = plan(s, data.X.shape[0], partial_epochs, resume_from)
+        callbacks = s.fit_callbacks()
+        p = s.plan(data.X.shape[0], partial_epochs, resume_from)
         evaluating: dict[str, Any] = {"net": net}
         notify = self._notifier(callbacks, evaluating)
         meta, n_classes = self._checkpoint_meta(), len(self.classes_)
-        loop = build_loop(
-            s, p, engine, net, data, notify=notify, meta=meta, n_classes=n_classes, started=started
+        loop = s.build_loop(
+            p, engine, net, data, notify=notify, meta=meta, n_classes=n_classes, started=started
         )
         evaluating["loop"] = loop
         state = start.copy() if start is not None else TrainState.from_net(net)
@@ -350,21 +340,21 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         elif p.partial and hasattr(self, "history_"):
             loop.continue_records(self.history_, self.trace_, self.decisions_)
         previous = getattr(self, "config_", None)
-        fit_policy = policy(s, p, engine, previous, loop.n_batches, data.X, net)
+        fit_policy = s.policy(p, engine, previous, loop.n_batches, data.X, net)
         start_of_budgets = began(loop, p, state, resume_from is not None)
         call(callbacks, "on_fit_begin", self)
         try:
             result = loop.run(fit_policy, state, session)
         finally:
             call(callbacks, "on_fit_end", self)
-        end = ended(s, loop, net, result, callbacks, start_of_budgets)
+        end = s.ended(loop, net, result, callbacks, start_of_budgets)
         self.state_, self.stopped_by_, self.best_iteration_ = end.state, end.stopped_by, end.best_iteration
         self.trace_, self.decisions_, self.config_ = result.trace, result.decisions, result.config
         self._loop_, self.history_, self.checkpoint_ = result.session, loop.history, loop.last_checkpoint
         self.net_ = net
         self.n_iter_ = int(self.state_.iterations_done)
         self.report_ = self.time_to_accuracy()
-        self.tradeoff_ = tradeoff(s, result, net)
+        self.tradeoff_ = s.tradeoff(result, net)
 
     def _notifier(self, callbacks, evaluating: dict[str, Any]):
         """The loop's `notify(hook, info)`: calls the callbacks; for an evaluation, returns the reason

@@ -20,7 +20,7 @@ import numpy as np
 from dasknn.data.augment import Augment, as_augment
 from dasknn.data.chunks import is_dask_array, own_keys
 from dasknn.data.split import Carved, Parts, carve
-from dasknn.estimator_params import tuner_name
+from dasknn.estimator_params import tuner_name, tunes
 
 if TYPE_CHECKING:
     import dask.array as da
@@ -103,8 +103,7 @@ def placed(mode: str, client: Any, X, y, y_all: np.ndarray, stored):
 def tuner_samples(params: dict[str, Any]) -> int:
     """The training samples to carve for the "auto" tuner's measure (`optimizer.auto.MEASURED_SAMPLES`)
     when the fit's tuner is "auto" and a knob is "auto", else 0."""
-    knobs = (params["n_groups"], params["learning_rate"], params["momentum"])
-    if tuner_name(params.get("tuner", "auto")) != "auto" or "auto" not in knobs:
+    if tuner_name(params.get("tuner", "auto")) != "auto" or not tunes(params):
         return 0
     from dasknn.optimizer.auto import MEASURED_SAMPLES
 

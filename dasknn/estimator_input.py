@@ -220,16 +220,10 @@ def check_net_on_data(net: Net, X, split: str | None, batch_size: int, rate: flo
 
 
 def smallest_rate(params: dict[str, Any]) -> float:
-    """The learning rate of a fit with these parameters, or with "auto" the smallest the tuner
-    may start at."""
+    """The learning rate of a fit with these parameters, or with "auto" the smallest its tuner may
+    start at (the tuner says: `Tuner.smallest_start_rate`)."""
     if params["learning_rate"] != "auto":
         return float(params["learning_rate"])
     from dasknn.estimator_params import tuner_object
-    from dasknn.optimizer.prior import solver_prior
 
-    tuner = tuner_object(params["tuner"])
-    if tuner.name == "grid":
-        return float(min(tuner.lr_grid))
-    if tuner.name == "online":
-        return float(tuner.initial_lr)
-    return solver_prior(params["net"])[0]
+    return tuner_object(params["tuner"]).smallest_start_rate(params["net"])

@@ -32,6 +32,8 @@ from dasknn.rules import (
 )
 
 ENGINES = ("dask", "simulated")
+KNOBS = ("n_groups", "learning_rate", "momentum")
+"""Omnivore's knobs: the parameters a tuner chooses while training when they are "auto"."""
 TUNERS = ("auto", "grid", "online")
 """The tuners of the knobs left "auto"."""
 DATA_CHOICES = ("auto", "persist", "stream")
@@ -77,6 +79,35 @@ class Param:
     @property
     def command_default(self) -> Any:
         return self.default if self.cli_default is ... else self.cli_default
+
+    @property
+    def cli_help(self) -> str:
+        """The help of its option on `dasknn train`: `CLI_HELP`'s, else its help's first sentence in
+        the command line's words, with its rule and default."""
+        if self.name in CLI_HELP:
+            text = CLI_HELP[self.name]
+        else:
+            text = _cli_words(_first_sentence(self.help))
+            if not isinstance(self.rule, Boolean):
+                text += f": {self.rule.what}"
+        default = self.command_default
+        if not isinstance(self.rule, Boolean) and default is not None and "(default:" not in text:
+            text += f" (default {default})"
+        return text
+
+    def flag_type(self):
+        """An argparse type: the word parsed and checked by the rule, with its error text."""
+        import argparse
+
+        def parse(text: str):
+            value = self.rule.parse(text)
+            try:
+                return self.rule.check(self.name, value)
+            except (ValueError, FileNotFoundError) as err:
+                raise argparse.ArgumentTypeError(str(err)) from None
+
+        parse.__name__ = self.name
+        return parse
 
 
 def _net_spec(spec) -> None:
@@ -415,6 +446,11 @@ def tuner_object(tuner):
     return optimizer_class(tuner)() if isinstance(tuner, str) else tuner
 
 
+def tunes(params: dict[str, Any]) -> bool:
+    """Whether a tuner chooses a knob: one of `KNOBS` is left "auto"."""
+    return any(params[knob] == "auto" for knob in KNOBS)
+
+
 def check_params(params: dict[str, Any], partial: bool = False) -> None:
     """Every DistributedCNN parameter checked by its rule, then the combinations, each error naming
     the parameter, before any data is touched. `params`: the estimator's `get_params(deep=False)`."""
@@ -507,21 +543,6 @@ def _check_tls(scheduler, security) -> None:
 # -- the command line ---------------------------------------------------------------------------
 
 
-def _flag_type(p: Param):
-    """An argparse type: the word parsed and checked by the parameter's rule, with its error text."""
-    import argparse
-
-    def parse(text: str):
-        value = p.rule.parse(text)
-        try:
-            return p.rule.check(p.name, value)
-        except (ValueError, FileNotFoundError) as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    parse.__name__ = p.name
-    return parse
-
-
 def _first_sentence(text: str) -> str:
     head, _, _ = text.partition(". ")
     return head.rstrip(".")
@@ -571,20 +592,6 @@ def _cli_words(text: str) -> str:
     return text.replace("`", "")
 
 
-def cli_help(p: Param) -> str:
-    """The help of `p`'s option on `dasknn train`."""
-    if p.name in CLI_HELP:
-        text = CLI_HELP[p.name]
-    else:
-        text = _cli_words(_first_sentence(p.help))
-        if not isinstance(p.rule, Boolean):
-            text += f": {p.rule.what}"
-    default = p.command_default
-    if not isinstance(p.rule, Boolean) and default is not None and "(default:" not in text:
-        text += f" (default {default})"
-    return text
-
-
 def add_flags(parser) -> None:
     """The table's parameters with `flag` as options of `parser` (`dasknn train`), dest = the name."""
     for p in PARAMS:
@@ -593,16 +600,16 @@ def add_flags(parser) -> None:
         names = (p.option, *p.aliases)
         default = p.command_default
         if isinstance(p.rule, Boolean):
-            parser.add_argument(*names, dest=p.name, action="store_true", help=cli_help(p))
+            parser.add_argument(*names, dest=p.name, action="store_true", help=p.cli_help)
             continue
         metavar = "{" + ",".join(map(str, p.rule.values)) + "}" if isinstance(p.rule, Choice) else None
         parser.add_argument(
             *names,
             dest=p.name,
-            type=_flag_type(p),
+            type=p.flag_type(),
             default=default,
             metavar=metavar,
-            help=cli_help(p),
+            help=p.cli_help,
         )
 
 

@@ -151,18 +151,18 @@ def test_worker_wait_is_a_parameter_that_reaches_the_dask_engine():
     from contextlib import ExitStack
 
     from dasknn.engine.dask import local_client
-    from dasknn.estimator_fit import FitSettings, engine_for
+    from dasknn.estimator_fit import FitSettings
     from dasknn.nn import zoo
 
     est = DistributedCNN(worker_wait=45.0)
     assert est.get_params()["worker_wait"] == 45.0 and clone(est).get_params() == est.get_params()
     assert est.set_params(worker_wait=0).worker_wait == 0
     params = est.set_params(worker_wait=45.0).get_params(deep=False)
-    settings = FitSettings.resolve(
-        params, tuner=AutoPolicy(), augment=None, max_wall_time=None, simulated_gflops=None
+    settings = FitSettings(
+        params, tuner=AutoPolicy(), augment=None, batch_size=64, max_wall_time=None, simulated_gflops=None
     )
     with local_client(n_workers=1, processes=False) as client, ExitStack() as stack:
-        engine, used = engine_for(stack, settings, zoo.lenet(seed=0))
+        engine, used = settings.engine_for(stack, zoo.lenet(seed=0))
         assert used is client and engine.worker_wait == 45.0 and engine._worker_wait(client) == 45.0
 
 

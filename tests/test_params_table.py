@@ -134,9 +134,9 @@ def _train_help() -> str:
 def test_train_help_speaks_the_command_lines_words():
     text = _train_help()
     assert "(default None)" not in text  # what leaving an option out means, said in words
-    from dasknn.estimator_params import PARAMS, cli_help
+    from dasknn.estimator_params import PARAMS
 
-    assert not [p.name for p in PARAMS if p.flag and "`" in cli_help(p)]  # no Python objects
+    assert not [p.name for p in PARAMS if p.flag and "`" in p.cli_help]  # no Python objects
     assert "a Net" not in text and "copied" not in text
     assert 'engine="' not in text and "dasknn.nn" not in text
     backend = text[text.index("--backend {") :]

@@ -80,6 +80,11 @@ def _knob(name: str, value: Any) -> Any:
     return value
 
 
+COLD_START = RunConfig()
+"""Omnivore's cold start, the knobs a fit starts from when nothing else is known: g = 1, Caffe's
+reference solvers' η = 0.01 and µ = 0.9 (the one place these defaults are written)."""
+
+
 @dataclass(frozen=True)
 class Budget:
     """When a run stops: after `seconds` (wall or simulated) or `iterations` (all groups together)."""

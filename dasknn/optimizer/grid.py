@@ -169,6 +169,10 @@ class GridPolicy(StepTuner):
             )
         return values
 
+    def smallest_start_rate(self, net: Any) -> float:
+        """The grid's smallest rate: the cold start may pick any of them."""
+        return float(min(self.lr_grid))
+
     def bound(self) -> None:
         """The engine checked; a pinned knob's grid reduced to it (the others are still tuned)."""
         engine = self.engine

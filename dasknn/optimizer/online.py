@@ -41,7 +41,7 @@ from typing import Any
 import pandas as pd
 
 from dasknn.data.batching import n_batches
-from dasknn.engine.trace import RunConfig, TrainState
+from dasknn.engine.trace import COLD_START, RunConfig, TrainState
 from dasknn.optimizer import decide, measure
 from dasknn.optimizer.options import (
     FRACTION,
@@ -77,7 +77,7 @@ OPTIONS = (
     Option("n_workers", None, SOME_COUNT),
     Option("max_groups", None, SOME_COUNT),
     Option("he_model", None, HE_MODEL),
-    Option("initial_lr", 0.01, LEARNING_RATE),
+    Option("initial_lr", COLD_START.lr, LEARNING_RATE),
     Option("target_momentum", 0.9, MOMENTUM),
     Option("momentum_gain", 0.5, GAIN),
     Option("momentum_tolerance", 0.03, FRACTION),
@@ -152,7 +152,7 @@ class OnlinePolicy(StepTuner):
         n_workers: int | None = None,
         max_groups: int | None = None,
         he_model: HEModel | None = None,
-        initial_lr: float = 0.01,
+        initial_lr: float = COLD_START.lr,
         target_momentum: float = 0.9,
         momentum_gain: float = 0.5,
         momentum_tolerance: float = 0.03,
@@ -171,6 +171,10 @@ class OnlinePolicy(StepTuner):
         self.run_iterations, self.trial_iterations = run_iterations, trial_iterations
         self.lr_factor, self.margin, self.divergence_limit = lr_factor, margin, divergence_limit
         self.probe_score = probe_score
+
+    def smallest_start_rate(self, net: Any) -> float:
+        """Its first rate, `initial_lr`: it only lowers it after a divergence."""
+        return float(self.initial_lr)
 
     def bound(self) -> None:
         """The engine checked (a standalone `optimize` runs on it)."""

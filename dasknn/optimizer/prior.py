@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dasknn.engine.trace import COLD_START
 from dasknn.tradeoff.hardware import HEModel
 
 __all__ = [
@@ -47,7 +48,7 @@ __all__ = [
     "solver_prior",
 ]
 
-CAFFE_DEFAULTS = {"base_lr": 0.01, "momentum": 0.9}
+CAFFE_DEFAULTS = {"base_lr": COLD_START.lr, "momentum": COLD_START.momentum}
 """η and µ of Caffe's reference solvers (examples/mnist/lenet_solver, models/bvlc_reference_caffenet):
 the start of a net that has no solver of its own."""
 

@@ -69,6 +69,14 @@ class Tuner(BaseEstimator):
     def bound(self) -> None:
         """What the class derives from its checked options and settings once bound (a subclass's)."""
 
+    def smallest_start_rate(self, net: Any) -> float:
+        """The smallest learning rate this tuner may start `net` at, which the fit tries on the
+        first batch before any work: here the net's reference solver's (`prior.solver_prior`);
+        a tuner that starts elsewhere says so."""
+        from dasknn.optimizer.prior import solver_prior
+
+        return float(solver_prior(net)[0])
+
 
 class StepTuner(Tuner):
     """A tuner whose fit is written as one generator of runs (Omnivore's Algorithm 1, the online
