@@ -531,10 +531,9 @@ Examples
 """DistributedCNN's docstring after its Parameters: the learned attributes, notes and examples."""
 
 if DistributedCNN.__doc__:  # the Parameters section comes from the table (`dasknn.estimator_params`)
-    DistributedCNN.__doc__ = (
-        DistributedCNN.__doc__.replace("{parameters}", parameters_doc().replace("\n", "\n    "))
-        .replace("{sections}", SECTIONS.rstrip("\n").replace("\n", "\n    "))
-    )
+    DistributedCNN.__doc__ = DistributedCNN.__doc__.replace(
+        "{parameters}", parameters_doc().replace("\n", "\n    ")
+    ).replace("{sections}", SECTIONS.rstrip("\n").replace("\n", "\n    "))
 
 
 def _take(index: np.ndarray, classes: np.ndarray) -> np.ndarray:

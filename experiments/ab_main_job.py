@@ -167,7 +167,7 @@ def main(argv=None) -> None:
     parser.add_argument("--fixed", nargs="*", default=["2,0.03,0.9"], help="fixed knobs g,η,µ")
     parser.add_argument("--torch", action="store_true", help="also a PyTorch loop with Caffe's solver")
     parser.add_argument("--base", type=Path, help="a checkout whose code runs the fixed knobs as base:g,η,µ")
-    parser.add_argument("--no-auto", action="store_true", help="leave the \"auto\" tuner out")
+    parser.add_argument("--no-auto", action="store_true", help='leave the "auto" tuner out')
     args = parser.parse_args(argv)
     if args.base is not None and not (args.base / "dasknn" / "__init__.py").is_file():
         parser.error(f"--base {args.base}: no dasknn package there")

@@ -14,7 +14,7 @@ import copy
 import math
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from dasknn.nn.layers import InnerProduct
 from dasknn.nn.loss import accuracy, softmax, softmax_with_loss
 from dasknn.nn.onednn import check_backend, plain
 from dasknn.nn.onednn.memory import add
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Shape = tuple[int, ...]
 

@@ -43,6 +43,7 @@ def run_length(least: float, boundary: float, elapsed: float, share: float = BOU
     goes on and the first evaluations come as early as before."""
     return max(least, min(boundary / share, elapsed))
 
+
 logger = logging.getLogger(__name__)
 
 
