@@ -47,6 +47,7 @@ def test_a_task_that_fits_trains_on_its_own_cluster(client, digits):
     assert iterations == 2 * (len(y) // 64) and score >= 0.85  # two epochs of whole batches
 
 
+@pytest.mark.slow  # fits inside dask tasks stay in the default run (the two tests beside it)
 def test_grid_search_under_the_joblib_dask_backend_trains_every_candidate(client, digits):
     import joblib
 

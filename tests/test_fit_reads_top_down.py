@@ -26,6 +26,9 @@ ALLOWED = {
             "prior_cache",
             "start_prior",
             "remember",
+            "start_range",
+            "range_run",
+            "observe_range",
         )
     },
     "dasknn.nn.export": "one emitter per Caffe layer type, looked up by type in `EMITTERS`; the graph is "

@@ -32,6 +32,7 @@ def _weights(est: DistributedCNN) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in est.state_.params.items()}
 
 
+@pytest.mark.slow  # identical simulated fits stay in the default run (test_resume.py); + CPU hogs
 def test_two_simulated_fits_give_identical_weights_idle_and_beside_a_cpu_hog(digits):
     X, y = digits
     idle = DistributedCNN(**PARAMS).fit(X, y)  # the optimizer's search: every charge on the model clock

@@ -7,10 +7,12 @@ import resource
 import tracemalloc
 
 import numpy as np
+import pytest
 
 from dasknn.data import compute_batch, iterate_batches, load, n_batches
 
 
+@pytest.mark.slow  # the streamed path stays in the default run: tests/data/test_stream.py, engine/dask
 def test_20_gb_synthetic_iterates_in_bounded_memory():
     shape = (3, 64, 64)
     n_samples = -(-20 * 10**9 // (4 * 3 * 64 * 64))

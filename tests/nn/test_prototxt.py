@@ -169,7 +169,7 @@ FRAGMENTS = [
     "\ud800",
     "\t",
 ]
-FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @FUZZ
@@ -221,7 +221,7 @@ def test_parse_mutated_caffe_files_raises_only_prototxt_error(caffe_models, name
 NO_DIGITS = [f for f in FRAGMENTS if not any(c.isdigit() for c in f)] + ["STOCHASTIC", "AVE", "dilation: 2"]
 
 
-@settings(FUZZ, max_examples=120)
+@settings(FUZZ, max_examples=60)
 @given(name=st.sampled_from(MODEL_FILES), changes=edits(NO_DIGITS, 3))
 def test_read_mutated_caffe_files_raises_only_prototxt_error(caffe_models, name, changes):
     """No digits are inserted, so a mutated net stays small enough to build."""

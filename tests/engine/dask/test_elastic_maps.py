@@ -128,7 +128,9 @@ def _unmerged_leave(role: str, how: str, digits):
     ("role", "how"),
     # the unmerged hand-off is one path whichever role leaves; the shard server's is slow
     [
-        ("servers", "client.retire_workers"),
+        # slow: the merged map's hand-over (test_elastic) and the unmerged map's wait for a worker
+        # (below) stay in the default run
+        pytest.param("servers", "client.retire_workers", marks=pytest.mark.slow),
         pytest.param("shard server", "cluster.scale", marks=pytest.mark.slow),
     ],
 )
@@ -235,7 +237,8 @@ def _sma_leave(role: str, how: str, digits, strategy: Strategy = SMA):
     # SMA's hand-off (the average model stops, every learner hands its replica in) is one path
     # whichever role leaves; the learner's is slow
     [
-        ("average model", "client.retire_workers"),
+        # slow: SMA's wait for a worker when every worker is retired (below) stays in the default run
+        pytest.param("average model", "client.retire_workers", marks=pytest.mark.slow),
         pytest.param("learner", "cluster.scale", marks=pytest.mark.slow),
     ],
 )

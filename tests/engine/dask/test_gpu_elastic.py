@@ -184,7 +184,8 @@ def test_a_worker_of_either_kind_that_joins_a_running_fit_is_used(fit, joins, di
 @pytest.mark.parametrize(
     ("worker_kinds", "role"),
     [
-        kinds(("cpu", "cpu"), "servers"),
+        # the CPU variants are test_elastic's graceful retirement through this body: slow, as duplicates
+        kinds(("cpu", "cpu"), "servers", cpu_marks=[pytest.mark.slow]),
         kinds(("cpu", "cpu"), "shard server", cpu_marks=[pytest.mark.slow]),
         kinds(("gpu", "gpu"), "servers"),
         kinds(("gpu", "gpu"), "shard server"),

@@ -57,6 +57,7 @@ def _settled(client, threads: int) -> dict[str, int]:
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # a scaled worker's settings: test_a_worker_added_by_scale_gets_the_settings_of_the_first
 def test_workers_share_the_cores_as_the_cluster_grows_and_shrinks():
     from distributed import Client, LocalCluster
 
