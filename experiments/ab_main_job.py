@@ -140,6 +140,10 @@ def run_once(name: str, targets: list[float], folder: Path, base: Path | None = 
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=checkout)
     wall = time.perf_counter() - t0
     row = {"contender": name, "exit": done.returncode, "process_wall": wall, "load_before": load}
+    if done.returncode != 0:  # keep what the failing process said, beside its run folder
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "stderr.txt").write_text(done.stderr)
+        print(f"{name} exited {done.returncode}: {folder / 'stderr.txt'}", file=sys.stderr)
     report = folder / "report.csv"
     rows = pd.read_csv(report) if report.is_file() else None
     for target in targets:
