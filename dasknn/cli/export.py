@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dasknn.cli.options import file_to_write
+from dasknn.cli.options import add_model_flag, file_to_write
 from dasknn.written import check_writable
 
 
@@ -19,7 +19,7 @@ def add_parser(sub, parents: list[argparse.ArgumentParser]) -> None:
         "DistributedCNN.save as an ONNX graph (outputs `logits` and `probabilities`), to serve it "
         'with onnxruntime or any ONNX runtime. Needs onnx: pip install "dasknn[export]".',
     )
-    x.add_argument("--model", required=True, help="the saved model's folder (model.json, arrays.npz)")
+    add_model_flag(x)
     x.add_argument(
         "--output",
         required=True,

@@ -56,3 +56,8 @@ def file_to_write(what: str, suffixes: tuple[str, ...]):
         return text
 
     return parse
+
+
+def add_model_flag(parser) -> None:
+    """`--model`, the saved model's folder, as `dasknn predict` and `dasknn export` take it."""
+    parser.add_argument("--model", required=True, help="the saved model's folder (model.json, arrays.npz)")

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from dasknn.cli.datasets import DATASETS, add_dataset_flags, default_dataset, load_dataset, takes
-from dasknn.cli.options import file_to_write
+from dasknn.cli.options import add_model_flag, file_to_write
 from dasknn.written import check_writable, written
 
 
@@ -24,7 +24,7 @@ def add_parser(sub, parents: list[argparse.ArgumentParser]) -> None:
         "and print its accuracy on a dataset, or with --output write its predictions. No cluster: "
         "the model predicts in this process.",
     )
-    p.add_argument("--model", required=True, help="the saved model's folder (model.json, arrays.npz)")
+    add_model_flag(p)
     add_dataset_flags(p)
     p.add_argument(
         "--split", choices=["train", "test"], default=None, help="the dataset's split (mnist, cifar10)"

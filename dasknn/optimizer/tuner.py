@@ -13,6 +13,7 @@ its policies").
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from collections.abc import Generator
 from dataclasses import asdict, replace
 from typing import Any, ClassVar
@@ -78,7 +79,7 @@ class Tuner(BaseEstimator):
         return float(solver_prior(net)[0])
 
 
-class StepTuner(Tuner):
+class StepTuner(Tuner, metaclass=ABCMeta):
     """A tuner whose fit is written as one generator of runs (Omnivore's Algorithm 1, the online
     optimizer): it yields each `NextRun`, receives its `Outcome`, and returns the `Stop`. This
     class answers the loop for it (`dasknn.policy.Policy.next_run`), the same way for each: the
@@ -89,13 +90,13 @@ class StepTuner(Tuner):
         """The fit's generator (`begin` calls it)."""
         self._steps, self._started = steps, False
 
+    @abstractmethod
     def pending_checkpoint(self) -> dict[str, Any] | None:
         """The session to checkpoint before the next run, taken (None: no checkpoint)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def checkpointed(self) -> dict[str, Any] | None:
         """The session of the latest checkpoint (the final session starts from it)."""
-        raise NotImplementedError
 
     def next_run(self, last: Outcome | None) -> NextRun | Stop:
         """The generator's next run, or its Stop with the final session."""
