@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dasknn import in_run, run_events
 from dasknn.data.batching import n_batches
 from dasknn.engine import checkpoint
-from dasknn.engine.trace import SIMULATED_SECONDS, Budget, RunConfig, TrainState, make_trace, worker_changes
+from dasknn.engine.control import RunControl
+from dasknn.engine.trace import SIMULATED_SECONDS, Budget, RunConfig, TrainState, make_trace
 from dasknn.logs import verbose_logging
 from dasknn.policy import CURRENT, START, NextRun, Outcome, Policy, RunLog, Stop
 from dasknn.tradeoff.statistical import final_loss
@@ -128,6 +130,11 @@ class TrainingFigures:
         self.unrecorded: list[pd.DataFrame] = []
         self.measured: tuple[int, float] | None = None  # (iterations, the tuner's samples' loss)
 
+    @staticmethod
+    def scores_of(interval: pd.DataFrame) -> dict[str, float]:
+        """`training_scores` of `interval`."""
+        return training_scores(interval)
+
     def of(self, state: TrainState, snapshots: dict[str, TrainState], traces: list) -> dict[str, float]:
         """`training_scores` of the trace rows that trained `state` since the last row: the kept
         runs not yet recorded for the current state, the run that made it for a snapshot of a run
@@ -179,15 +186,19 @@ class EvaluationCadence:
         since = loop.figures.unrecorded
         figures = training_scores(pd.concat(since, ignore_index=True) if len(since) > 1 else since[0])
         loop.figures.unrecorded = []
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(1, thread_name_prefix="dasknn-evaluation")
 
         def score() -> tuple[dict[str, float], float]:
             with self.lock, np.errstate(over="ignore", invalid="ignore"):
                 t0 = time.perf_counter()
                 return loop.evaluator(state), time.perf_counter() - t0
 
-        self.pending = (state, loop._trace_end(), figures, fields, self.pool.submit(score))
+        self.pending = (state, loop._trace_end(), figures, fields, self.executor().submit(score))
+
+    def executor(self) -> ThreadPoolExecutor:
+        """The thread the evaluations beside the groups score on (one: they share the scorer's nets)."""
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="dasknn-evaluation")
+        return self.pool
 
     def collect(self, loop: Loop, last: bool = False) -> bool:
         """Write the row of the score pending (waiting for it); True when it stops the fit, which
@@ -201,6 +212,7 @@ class EvaluationCadence:
         stop = loop.record(state, t, {**figures, **scores}, **fields)
         if stop and not last:
             loop.snapshots[CURRENT] = state
+            loop.log.discard_after(state.iterations_done)
         if last and self.pool is not None:
             self.pool.shutdown()
             self.pool = None
@@ -344,6 +356,7 @@ class Loop:
         self.notify = notify or (lambda hook, info: False)
         self.target_accuracy, self.verbose = target_accuracy, verbose
         self.loss_limit = DIVERGED_LOSS * math.log(max(2, n_classes))
+        self.diverged_loss = DIVERGED_LOSS
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.meta = dict(meta or {})
         self.history: list[dict[str, Any]] = []
@@ -370,6 +383,11 @@ class Loop:
     def evaluates(self) -> bool:
         """Whether kept runs are evaluated (and may stop the fit)."""
         return self.evaluator is not None or self.should_stop is not None
+
+    @property
+    def evaluates_in_run(self) -> bool:
+        """Whether bounded kept runs are evaluated while they train (`in_run.applies`)."""
+        return in_run.applies(self)
 
     @property
     def checkpoints(self) -> bool:
@@ -472,43 +490,6 @@ class Loop:
                     self.stopped_by,
                 )
         return bool(asked) or reached or late
-
-    def recoveries(self, trace: pd.DataFrame, config: RunConfig) -> str:
-        """The Dask engine's recoveries from lost workers in a run, as decision rows and a history note."""
-        notes = []
-        for r in trace.attrs.get("recoveries") or []:
-            roles = r.get("roles")
-            roles = ", ".join(roles) if isinstance(roles, (list, tuple)) else str(roles)
-            why = (
-                f"lost {r.get('worker')} ({roles}): {r.get('iterations_redone')} iterations redone, "
-                f"n_groups {r.get('n_groups_before')} -> {r.get('n_groups_after')}"
-            )
-            self.log.record(
-                "train", "recovery", config.with_(n_groups=r.get("n_groups_after") or config.n_groups), why
-            )
-            notes.append(f"recovery: {why}")
-        return "; ".join(notes)
-
-    def cluster_changes(self, trace: pd.DataFrame, seg: pd.DataFrame, run: int, config: RunConfig) -> str:
-        """Workers that joined, left or were lost during run `run` (`engine.trace.worker_changes`):
-        a "cluster" decision row each (time on the fit's clock, `workers`, `n_workers` after), a log
-        line, the callbacks' `on_cluster_change`; returns them as a history note."""
-        changes = worker_changes(trace)
-        if not changes:
-            return ""
-        start = self.log.elapsed - self.log.charged[run]  # where the run began on the fit's clock
-        shift = float(seg["t_start"].min() - trace["t_start"].min()) if len(trace) else start
-        notes = []
-        for c in changes:
-            c = dict(c, time=c["time"] + shift, run=run)
-            verb = {"join": "joined", "leave": "left (retired)", "lost": "lost"}[c["action"]]
-            why = f"{c['workers']} {verb}: {c['n_workers']} workers"
-            self.log.record("cluster", c["action"], config, why, time=c["time"], run=run,
-                            workers=c["workers"], n_workers=c["n_workers"])  # fmt: skip
-            logger.info("t=%.4g %s: %s", c["time"], clock_unit(self.engine), why)
-            self.notify("on_cluster_change", c)
-            notes.append(f"{c['action']}: {why}")
-        return "; ".join(notes)
 
     def restore(self, ckpt: checkpoint.Checkpoint) -> dict[str, Any]:
         """History, decisions, trace and clock from a checkpoint; returns its policy session."""
@@ -617,15 +598,19 @@ class Loop:
     def execute(self, step: NextRun) -> Outcome:
         """One engine run of `step`: charged, judged, rolled back or kept, evaluated."""
         start = self.snapshot(step.start)
-        trace, state, diverged, seconds = engine_run(self.engine, self.net, self.X, self.y, step, start)
+        watch = in_run.watcher(self, step)
+        trace, state, diverged, seconds = engine_run(
+            self.engine, self.net, self.X, self.y, step, start, watch
+        )
+        stopped = watch is not None and watch.finish(trace)
         seg, run = self.log.add_run(trace, seconds, step.phase)
-        changes = self.cluster_changes(trace, seg, run, step.config)
+        changes = run_events.cluster_changes(self, trace, seg, run, step.config)
         score = None
         if step.score and not diverged:
             score = self._score(state, seg)
         if step.diverges is not None and not diverged:
             diverged = bool(step.diverges(seg, math.inf if score is None else score))
-        due = self.evaluator is None or self.cadence.due(step.eval_share, self.log.elapsed)
+        due = self.evaluator is None or (not stopped and self.cadence.due(step.eval_share, self.log.elapsed))
         scores, beside = None, self.cadence.beside(self, step)
         if step.keep and not diverged and self.evaluator is not None:
             if due and not beside:
@@ -640,20 +625,28 @@ class Loop:
             return self._rolled_back(out)
         self.rollbacks_in_row = 0
         self.log.kept.add(run)
-        self.figures.unrecorded.append(seg)
+        self.figures.unrecorded.append(seg if watch is None else watch.unrecorded(seg))
         held = (START, step.hold)
         self.snapshots = {n: s for n, s in self.snapshots.items() if s is start or n in held}
         self.snapshots.update({CURRENT: state, out.snapshot: state})
+        event = "; ".join(filter(None, [run_events.recoveries(self, seg, step.config), changes]))
+        if stopped:  # an evaluation while the run trained stopped the fit: the scored state is the model
+            self.snapshots[CURRENT] = watch.scored
+            self.log.discard_after(watch.scored.iterations_done)
+            run_events.note(self.history, event)
+            out.stop = True
+            return out
         out.stop = beside and self.cadence.collect(self)  # the last snapshot's score, if one is pending
         if self.evaluates and due and not out.stop:
             fields = dict(step.note or {})
-            event = "; ".join(filter(None, [self.recoveries(seg, step.config), changes]))
             if "event" in fields:
                 fields["event"] = event
             if beside:
                 self.cadence.submit(self, state, fields)
             else:
                 out.stop = self.record(state, self._trace_end(), scores, **fields)
+        elif watch is not None:  # evaluated while it trained: its rows carry its events
+            run_events.note(self.history, event)
         return out
 
     def _rolled_back(self, out: Outcome) -> Outcome:
@@ -694,11 +687,12 @@ class Loop:
         return value if math.isfinite(value) else math.inf
 
 
-def engine_run(engine, net, X, y, step: NextRun, start: TrainState):
-    """The engine's run of `step` (polling its `control`, if any): (trace, end state or None,
-    diverged, seconds charged: `_run_seconds`)."""
+def engine_run(engine, net, X, y, step: NextRun, start: TrainState, control: RunControl | None = None):
+    """The engine's run of `step` (polling `control`, else its own `control`, if any): (trace, end
+    state or None, diverged, seconds charged: `_run_seconds`)."""
     config, budget = step.config, step.budget
-    more = {} if step.control is None else {"control": step.control}
+    control = step.control if control is None else control
+    more = {} if control is None else {"control": control}
     more["start"] = start.copy() if step.keep else start
     t0 = time.perf_counter()
     try:

@@ -42,6 +42,8 @@ CURRENT = "current"
 """The snapshot name of the fit's current state: the end of the last kept run (or the start)."""
 START = "start"
 """The snapshot name of the state the fit (or a resumed fit) started from."""
+DISCARDED = "discarded"
+"""The trace's phase of iterations trained past the state a fit returned (`RunLog.discard_after`)."""
 TIME_RESOLUTION = 1e-9
 """The fraction of a time budget below which what is left of it counts as spent."""
 
@@ -300,13 +302,22 @@ class RunLog:
         """Time spent between engine runs (scoring a probe) on the fit's clock."""
         self.elapsed += max(0.0, float(seconds))
 
+    def discard_after(self, iteration: int) -> None:
+        """The kept runs' iterations past `iteration` are not in the model (the fit returns the state
+        an evaluation scored while they trained): their phase becomes "discarded", `kept` False."""
+        for run in self.kept:
+            seg = self.traces[run]
+            if "iteration" in seg:
+                seg.loc[seg["iteration"] > iteration, "phase"] = DISCARDED
+
     def trace(self) -> pd.DataFrame:
-        """Every run so far, end to end on the fit's clock, with `phase`, `run` and `kept`."""
+        """Every run so far, end to end on the fit's clock, with `phase`, `run` and `kept` (the
+        kept runs' iterations in the model: not those `discard_after` marked)."""
         frames = [s for s in self.traces if len(s)]
         df = pd.concat(frames, ignore_index=True) if frames else make_trace([], "unknown")
         df["phase"] = df["phase"] if "phase" in df else pd.Series(dtype=object)
         df["run"] = df["run"] if "run" in df else pd.Series(dtype=int)
-        df["kept"] = df["run"].isin(self.kept)
+        df["kept"] = df["run"].isin(self.kept) & (df["phase"] != DISCARDED)
         df.attrs = {"engine": "unknown", "time_unit": "s", **self.attrs}
         return df
 

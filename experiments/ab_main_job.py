@@ -15,7 +15,8 @@ reached the last target (else the last one): the fit's clock there, the fit loop
 evaluations' cost (the loop's wall beyond the fit's clock: the evaluations, which the clock does
 not charge, and the loop's own work between runs), the run boundaries' cost (each run's time on the
 fit's clock less its iterations at its own steady time per iteration, `measure.seconds_per_iteration`:
-start-up, the first iterations' warm-up, tear-down), each as a share of the loop's wall, and the
+start-up, the first iterations' warm-up, tear-down; a run evaluated while it trained counts to the
+target only), each as a share of the loop's wall, and the
 process's wall outside the loop (imports, data, cluster start, the fit's set-up, report, exit).
 
 `--torch` adds a contender "pytorch": a plain PyTorch loop with Caffe's LeNet solver (batch 64,
@@ -68,12 +69,16 @@ def overheads(folder: Path, target: float, process_wall: float) -> dict:
     ends = t.groupby("run")["t_end"].max().sort_index()
     boundary, runs, before = 0.0, 0, 0.0
     for run, end in ends.items():
-        if end > clock + 1e-9:
-            break
         rows = t[t["run"] == run]
-        charged = float(end) - before  # the run's time on the fit's clock (its iterations end there)
-        boundary += charged - len(rows) * seconds_per_iteration(rows)
+        spans = end > clock + 1e-9  # a run evaluated while it trained goes on past the target
+        if spans:
+            rows = rows[rows["t_end"] <= clock + 1e-9]
+        # the run's time on the fit's clock (its iterations end there), to the target for the last
+        charged = (clock if spans else float(end)) - before
+        boundary += max(0.0, charged - len(rows) * seconds_per_iteration(t[t["run"] == run]))
         before, runs = float(end), runs + 1
+        if spans:
+            break
     evaluations = int((h["wall_time"] <= wall + 1e-9).sum())
     evaluation = wall - clock
     return {

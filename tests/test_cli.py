@@ -41,7 +41,10 @@ def test_train_with_fixed_knobs_reaches_its_target_and_writes_the_report(tmp_pat
     assert "ERROR" not in out.stderr and "WARNING" not in out.stderr  # the cluster closed quietly
     assert (run / "accuracy.png").stat().st_size > 1000
     trace = pd.read_csv(run / "trace.csv")
-    assert len(trace) == history["iteration"].iloc[-1] and (trace["staleness"] == 0).all()
+    # the model's iterations; those trained while its last evaluation scored it are "discarded"
+    model = trace[trace["phase"] != "discarded"]
+    assert len(model) == history["iteration"].iloc[-1] and (trace["staleness"] == 0).all()
+    assert trace.loc[trace["phase"] == "discarded", "iteration"].gt(len(model)).all()
     with xr.open_dataset(run / "experiment.nc") as ds:
         assert ds.attrs["engine"] == "dask" and "P_HE" in ds and ds.attrs["dataset"] == "digits"
 

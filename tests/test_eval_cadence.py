@@ -18,8 +18,9 @@ from tests.engine.simulated.test_engine import tiny_net
 
 
 def bounded(config, time_budget, max_iterations):
-    """Fixed knobs whose runs bound the evaluations' share of the clock."""
-    return FixedKnobs(config, time_budget, max_iterations, eval_share=EVAL_SHARE)
+    """Fixed knobs whose runs bound the evaluations' share of the clock, evaluated at their ends
+    (not while they train: tests/test_in_run.py)."""
+    return FixedKnobs(config, time_budget, max_iterations, eval_share=EVAL_SHARE, in_run=False)
 
 
 def fit(policy_class):

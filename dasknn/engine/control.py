@@ -8,7 +8,9 @@ without stopping the groups or starting a new run:
 - `Reschedule`: η and/or µ become a new schedule from an iteration index on (on each server at its
   own index; one already passed takes effect at the server's next update);
 - `TakeSnapshot`: both servers copy their state under a name, where they run (no weights move to
-  the driver);
+  the driver, unless the command asks to `fetch` it: then the control's `fetched(name, state)`
+  receives it, the weights, momentum and counts of the snapshot, for the loop to score beside the
+  running groups);
 - `Restore`: both servers go back to a snapshot's weights, momentum and solver iteration (the
   schedules' position); the data goes on where it is and the groups keep running, so an update in
   flight across a restore lands on the restored weights as a stale one;
@@ -54,9 +56,13 @@ class Reschedule:
 
 @dataclass(frozen=True)
 class TakeSnapshot:
-    """Both servers keep a copy of their state under `name` (replacing one of that name)."""
+    """Both servers keep a copy of their state under `name` (replacing one of that name). With
+    `fetch`, the engine also hands that state to the control, as a `TrainState`, by its
+    `fetched(name, state)` (the one command that moves weights to the driver: to score them beside
+    the running groups)."""
 
     name: str
+    fetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,8 @@ class Applied:
         for name in ("name", "reason", "at"):
             if hasattr(cmd, name):
                 out[name] = getattr(cmd, name)
+        if getattr(cmd, "fetch", False):
+            out["fetch"] = True
         for name in ("lr", "momentum"):
             value = getattr(cmd, name, None)
             if value is not None:
@@ -113,7 +121,9 @@ class Applied:
 
 
 class RunControl(Protocol):
-    """What an engine run polls: `poll(progress)` answers the commands to apply now (maybe none)."""
+    """What an engine run polls: `poll(progress)` answers the commands to apply now (maybe none).
+    A control that answers `TakeSnapshot(name, fetch=True)` also has `fetched(name, state)`, which
+    the engine calls with the snapshot's `TrainState` before its next poll."""
 
     def poll(self, progress: Progress) -> Sequence[Command]: ...
 

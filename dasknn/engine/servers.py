@@ -221,6 +221,16 @@ class ConvModelServer:
             self.updates = UpdateCorrelation(self.params)  # no update spans a restore
             return self.solver.iter, self.version
 
+    def kept_state(self, name: str) -> dict[str, Any] | None:
+        """The state kept under `name` (`_state`'s form, its version the count of updates then);
+        None while it waits for its update (`keep_snapshot` with `at` ahead)."""
+        with self._lock:
+            if name in self.kept:
+                return self.kept[name]
+            if name in self.pending:
+                return None
+            raise KeyError(f"the conv model server keeps no snapshot {name!r} (none taken)")
+
     def _take_pending(self) -> None:
         for name in [n for n, at in self.pending.items() if at == self.solver.iter]:
             del self.pending[name]
@@ -452,6 +462,13 @@ class FCServer:
         with self._lock:
             self.kept[name] = state
             return int(state["solver"]["iter"])
+
+    def kept_state(self, name: str) -> dict[str, Any]:
+        """The state kept under `name` (`get_state`'s form)."""
+        with self._lock:
+            if name not in self.kept:
+                raise KeyError(f"the FC server keeps no snapshot {name!r}")
+            return self.kept[name]
 
     def restore_snapshot(self, name: str) -> int:
         """Go back to the state kept under `name`, but the version (the steps this server took)."""

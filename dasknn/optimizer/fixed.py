@@ -1,11 +1,15 @@
 """Fixed knobs: the trivial policy of the training loop.
 
-It trains with the given (g, η, µ) in runs of at most one epoch of iterations and at most
-`run_seconds` (time_budget / 20, at least 2 s; 3 s without a time budget), until the time budget,
-the iteration budget or an evaluation stops it. The loop evaluates every kept run, unless
-`eval_share` bounds the evaluations' share of the fit's clock (`policy.EVAL_SHARE`); runs are
-lengthened when the last run's measured boundary would pass `boundary_share` of one (`run_length`).
-Both are off by default: a fit then finds its target at the first run that reaches it. After a run
+Where the loop evaluates runs while they train (`Fit.evaluates_in_run`: the Dask engine, held-out
+data; `in_run=True`, the default), it trains with the given (g, η, µ) in one run for the whole time
+budget (or `WATCHED_SECONDS` at a time; to each epoch's end when the fit writes checkpoints), its
+evaluations bounded to `eval_share` (`policy.EVAL_SHARE` by default) of the fit's clock and taken
+beside the groups (`dasknn.in_run`). Otherwise it trains in runs of at most one epoch of iterations
+and at most `run_seconds` (time_budget / 20, at least 2 s; 3 s without a time budget), until the
+time budget, the iteration budget or an evaluation stops it; the loop evaluates every kept run,
+unless `eval_share` bounds the evaluations' share of the fit's clock; runs are lengthened when the
+last run's measured boundary would pass `boundary_share` of one (`run_length`). Both are off by
+default there: a fit then finds its target at the first run that reaches it. After a run
 that diverged (rolled back by the loop) it divides η by 10 and records why, in the decisions and
 the history. A checkpoint goes with the first run after each completed epoch, and with the end.
 """
@@ -19,13 +23,17 @@ from typing import Any
 
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.optimizer.measure import seconds_per_iteration
-from dasknn.policy import NextRun, Outcome, Stop
+from dasknn.policy import EVAL_SHARE, NextRun, Outcome, Stop
 
-__all__ = ["BOUNDARY_SHARE", "FixedKnobs", "boundary_seconds", "run_length"]
+__all__ = ["BOUNDARY_SHARE", "WATCHED_SECONDS", "FixedKnobs", "boundary_seconds", "run_length"]
 
 BOUNDARY_SHARE = 0.05
 """The share of a run's time its boundary (start-up, warm-up, tear-down) may take, for fixed knobs
 that size their runs by it (`FixedKnobs(boundary_share=)`, `run_length`)."""
+
+
+WATCHED_SECONDS = 60.0
+"""The longest run of fixed knobs evaluated while it trains, when the fit has no time budget."""
 
 
 def boundary_seconds(trace, seconds: float) -> float:
@@ -58,10 +66,11 @@ class FixedKnobs:
         max_iterations: int | None,
         eval_share: float | None = None,
         boundary_share: float | None = None,
+        in_run: bool = True,
     ):
         self.config, self.time_budget, self.max_iterations = config, time_budget, max_iterations
         self.run_seconds = max(2.0, (time_budget or 60.0) / 20)
-        self.eval_share, self.boundary_share = eval_share, boundary_share
+        self.eval_share, self.boundary_share, self.in_run = eval_share, boundary_share, in_run
 
     @property
     def start_fields(self) -> dict[str, Any]:
@@ -70,6 +79,9 @@ class FixedKnobs:
 
     def begin(self, fit, resume: dict[str, Any] | None) -> None:
         self.fit = fit
+        self.watched = self.in_run and fit.evaluates_in_run
+        if self.watched and self.eval_share is None:
+            self.eval_share = EVAL_SHARE
         state = fit.snapshot("current")
         if resume is None:
             self.loop: dict[str, Any] = {
@@ -149,6 +161,8 @@ class FixedKnobs:
         the time budget, at most an epoch."""
         loop, fit = self.loop, self.fit
         time_end = loop["time_end"]
+        if self.watched:
+            return self.watched_budget()
         seconds = self.run_seconds
         if self.boundary_share is not None:
             elapsed = loop["elapsed"] - loop.get("time_start", 0.0)
@@ -158,6 +172,22 @@ class FixedKnobs:
         if self.max_iterations is not None:
             spent = fit.snapshot("current").iterations_done - loop["first_iteration"]
             iterations = min(iterations, self.max_iterations - spent)
+        return Budget(seconds=seconds, iterations=iterations)
+
+    def watched_budget(self) -> Budget:
+        """One run evaluated while it trains (`dasknn.in_run`): what is left of the time and
+        iteration budgets (at most `WATCHED_SECONDS` without a time budget), up to the end of the
+        epoch when the fit writes checkpoints (one goes with the next run)."""
+        loop, fit = self.loop, self.fit
+        time_end = loop["time_end"]
+        seconds = WATCHED_SECONDS if time_end is None else time_end - loop["elapsed"]
+        iterations = None
+        state = fit.snapshot("current")
+        if self.max_iterations is not None:
+            iterations = self.max_iterations - (state.iterations_done - loop["first_iteration"])
+        if fit.checkpoints:
+            left = fit.n_batches - state.batches_done % fit.n_batches
+            iterations = left if iterations is None else min(iterations, left)
         return Budget(seconds=seconds, iterations=iterations)
 
     def rolled_back(self, last: Outcome) -> None:

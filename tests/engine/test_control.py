@@ -122,6 +122,7 @@ def test_resume_mid_schedule_after_a_reschedule_equals_an_uninterrupted_run(tiny
         ([Reschedule(momentum=Schedule.linear(0.9, 1.2, 3))], "momentum"),
         ([Reschedule(lr=0.1, at=-2)], "at must be"),
         ([Restore("never")], "no snapshot 'never'"),
+        ([TakeSnapshot("s", fetch=True)], "does not fetch"),
     ],
 )
 def test_a_bad_command_is_refused_naming_it(tiny_data, answer, match):

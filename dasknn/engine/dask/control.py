@@ -1,6 +1,7 @@
 """A run control (`engine.control`) on the Dask engine: polled at every poll of the driver's watch,
 its commands applied to the running servers by actor calls (docs/architecture.md "Controlling a
-run"). No weights move to the driver: a snapshot is a copy each server keeps beside its state.
+run"). A snapshot is a copy each server keeps beside its state; only one taken with `fetch` moves
+to the driver (`DaskControl._fetch`).
 
 A run that goes on in a new segment (a lost worker, a cluster change) gives the new servers the
 run's changes of η and µ again; the snapshots the old servers kept are gone with them.
@@ -19,7 +20,8 @@ from dasknn.engine.control import (
     check_commands,
     ordered,
 )
-from dasknn.engine.trace import RunConfig
+from dasknn.engine.dask.recovery import state_of
+from dasknn.engine.trace import RunConfig, TrainState
 
 __all__ = ["DaskControl"]
 
@@ -56,6 +58,8 @@ class DaskControl:
                 self.reschedules.append(Reschedule(cmd.lr, cmd.momentum, at))
             elif isinstance(cmd, TakeSnapshot):
                 at = self._snapshot(seg, cmd.name)
+                if cmd.fetch:
+                    self._deliver(cmd.name, self._fetch(seg, cmd.name))
             else:
                 at, version = self._both(seg, "restore_snapshot", cmd.name)
                 self.rewound += seg.iterations0 + version - self.rewound - at  # the server's count now
@@ -77,6 +81,32 @@ class DaskControl:
         p = seg.placement
         at = seg._await(seg.fc_server.keep_snapshot(name), p.fc_worker)
         return seg._await(seg.conv_server.keep_snapshot(name, at), p.conv_server_worker)
+
+    def _deliver(self, name: str, state: TrainState) -> None:
+        """Hand a fetched snapshot to the control (`fetched`), or a TypeError naming what it lacks."""
+        fetched = getattr(self.control, "fetched", None)
+        if fetched is None:
+            who = type(self.control).__name__
+            raise TypeError(f"{who} asked to fetch snapshot {name!r} but has no fetched(name, state)")
+        fetched(name, state)
+
+    def _fetch(self, seg, name: str) -> TrainState:
+        """The snapshot `name` as a TrainState at the driver: the conv model server's copy once the
+        update it waits for has landed (at most the engine's timeout), the FC server's, and the data
+        cursor after the iterations it holds (the rows drained until then)."""
+        p = seg.placement
+        deadline = time.monotonic() + seg.engine.timeout
+        while (conv := seg._await(seg.conv_server.kept_state(name), p.conv_server_worker)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"snapshot {name!r}: the update it waits for did not come")
+            time.sleep(0.002)
+        fc = seg._await(seg.fc_server.kept_state(name), p.fc_worker)
+        seg._read(False)  # the rows of the updates the snapshot holds
+        base = seg.snapshot.state
+        state = state_of(conv, fc, base, seg.iterations0 - self.rewound)
+        held = [r["batch"] + 1 for r in seg.rows if r["version_written"] <= int(conv["version"])]
+        state.batches_done = max([base.batches_done, *held])
+        return state
 
     def _both(self, seg, method: str, *args):
         """Call `method` on the conv model server, then on the FC server; the conv one's answer."""

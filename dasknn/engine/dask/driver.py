@@ -157,6 +157,11 @@ class _Streamed(NamedTuple):
 
 SHARD_READS = ("lead", "own")
 
+CONTROL_POLL = 0.25
+"""Seconds between the driver's polls of a run that has a run control (`engine.control`), at most
+the engine's `poll`: the control's commands (an evaluation's snapshot, an `End` once it reached its
+target) wait at most this long."""
+
 
 class DaskEngine:
     """Runs g compute groups on a dask cluster; `run(...)` follows the Engine contract (`engine.trace`).
@@ -293,6 +298,12 @@ class DaskEngine:
         """The conv devices N the placement would use now: the workers, less a dedicated FC one."""
         return len(plan(cluster_workers(engine_client(self)), 1).conv_workers)
 
+    @property
+    def takes_control(self) -> bool:
+        """Whether a run accepts a run control (`run(..., control=)`): Omnivore's compute groups on
+        the merged map."""
+        return not (self.strategy.synchronous or self.strategy.physical_map == "unmerged")
+
     def run(
         self,
         net: Net,
@@ -314,7 +325,7 @@ class DaskEngine:
         workers found", a placement over an empty cluster), the run raises WorkerLostError.
         """
         self.strategy.check_knobs(config.lr, config.momentum)
-        if control is not None and (self.strategy.synchronous or self.strategy.physical_map == "unmerged"):
+        if control is not None and not self.takes_control:
             raise ValueError(
                 f"a run control needs Omnivore's compute groups on the merged map, not strategy "
                 f"{self.strategy.name!r} on the {self.strategy.physical_map} map"
@@ -541,6 +552,7 @@ class _GroupsRun:
                     self.deadline,
                     None if bar is None else lambda v: bar.update(max(0, v - bar.n)),
                     self._check(seg),
+                    None if self.control is None else min(engine.poll, CONTROL_POLL),
                 )
             except elastic.ClusterChange as change:  # a worker joined or is being retired
                 self._hand_off(seg, change)
@@ -558,11 +570,20 @@ class _GroupsRun:
             self._recover(seg, failure)
             return None
 
+    def _control(self, seg: Segment) -> None:
+        """Poll the run control; an actor call it made to a worker that is gone is a lost worker."""
+        try:
+            self.control.poll(seg)
+        except SegmentFailed:
+            raise
+        except Exception as err:
+            seg._failed(err)
+
     def _check(self, seg: Segment) -> Callable[[], None] | None:
         """What the watch calls at every poll: the cluster's changes, then the run control."""
         checks = [self._cluster_change] if self.elastic_on else []
         if self.control is not None:
-            checks.append(lambda: self.control.poll(seg))
+            checks.append(lambda: self._control(seg))
         if not checks:
             return None
 

@@ -341,16 +341,17 @@ class Segment:
         deadline: float | None,
         progress: Callable[[int], None] | None = None,
         check: Callable[[], None] | None = None,
+        poll: float | None = None,
     ) -> None:
         """Until every loop has returned; raises SegmentFailed as soon as a worker is lost. `check`,
-        called at every poll while the loops run, may raise to end the watch (a cluster change,
-        `elastic.cluster_change`)."""
+        called at every poll (every `poll` seconds, else the engine's) while the loops run, may
+        raise to end the watch (a cluster change, `elastic.cluster_change`)."""
         from distributed import wait
 
         engine = self.engine
         while True:
             try:
-                wait(self.loops, timeout=engine.poll)
+                wait(self.loops, timeout=engine.poll if poll is None else poll)
                 finished = True
             except TimeoutError:
                 finished = False

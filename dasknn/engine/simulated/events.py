@@ -316,6 +316,11 @@ class Simulation:
                 at = self.conv_server.reschedule(cmd.lr, cmd.momentum, cmd.at)
                 self.fc_server.reschedule(cmd.lr, cmd.momentum, cmd.at)
             elif isinstance(cmd, TakeSnapshot):
+                if cmd.fetch:
+                    raise ValueError(
+                        f"TakeSnapshot({cmd.name!r}, fetch=True): the simulated engine keeps snapshots "
+                        "but does not fetch them (its clock evaluates at the ends of runs)"
+                    )
                 at = self.conv_server.keep_snapshot(cmd.name, self.fc_server.keep_snapshot(cmd.name))
             else:
                 at, _ = self.conv_server.restore_snapshot(cmd.name)

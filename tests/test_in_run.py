@@ -1,0 +1,92 @@
+"""Evaluations while a run trains (`dasknn.in_run`, docs/architecture.md "Evaluations at a bounded
+cost"): on the Dask engine, fixed knobs train in one run and the loop scores snapshots fetched from
+the servers beside the running groups; the row of each is stamped with the fit's clock at its
+snapshot, a score that reaches the target ends the run and is the model returned, and a run that
+blows up is ended at once. One LocalCluster of one worker for the module (≈ 10 s)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dasknn.engine.trace import RunConfig, TrainState
+from dasknn.fitting import Evaluator, Loop
+from dasknn.optimizer.fixed import FixedKnobs
+from tests.engine.simulated.test_engine import tiny_net
+
+
+def task():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((420, 1, 6, 6)).astype(np.float32)
+    y = (X[:, 0, 2, 2] > 0).astype(np.int64) + (X[:, 0, 3, 3] > 0)
+    return X, y
+
+
+def one_fit(client, lr: float, target: float | None, max_iterations: int = 600):
+    from dasknn.engine.dask import DaskEngine
+
+    X, y = task()
+    net = tiny_net()
+    engine = DaskEngine(client)
+    try:
+        loop = Loop(engine, net, X[:300], y[:300], batch_size=8, max_iterations=max_iterations,
+                    target_accuracy=target, evaluate=Evaluator(net, X[300:], y[300:]),
+                    n_classes=3)  # fmt: skip
+        policy = FixedKnobs(RunConfig(n_groups=1, lr=lr, momentum=0.9, batch_size=8), None, max_iterations)
+        result = loop.run(policy, TrainState.from_net(net))
+    finally:
+        engine.close()
+    return loop, net, result, (X[300:], y[300:])
+
+
+@pytest.fixture(scope="module")
+def fits():
+    from dasknn.engine.dask import local_client
+
+    with local_client(n_workers=1) as client:
+        yield one_fit(client, 0.05, 0.6), one_fit(client, 100.0, None, max_iterations=200)
+
+
+def test_the_fit_trains_in_one_run_evaluated_from_snapshots_and_returns_the_state_it_scored(fits):
+    (loop, net, result, (Xv, yv)), _ = fits
+    trace, rows = result.trace, [h for h in result.history if h["phase"] == "train"]
+    assert result.stopped_by.startswith("target_accuracy=0.6 reached")
+    assert trace["run"].nunique() == 1 and len(rows) >= 2  # no run boundary to evaluate
+    applied = loop.log.traces[0].attrs["control"]
+    fetched = [a["iteration"] for a in applied if a["command"] == "TakeSnapshot" and a.get("fetch")]
+    assert [h["iteration"] for h in rows] == fetched  # each row scored one fetched snapshot
+    assert applied[-1]["command"] == "End"
+    # the model returned is the one scored, not the iterations trained while it was scored
+    assert result.state.iterations_done == rows[-1]["iteration"] < trace["iteration"].max()
+    np.testing.assert_array_equal(net.params["conv1.weight"], result.state.params["conv1.weight"])
+    again = Evaluator(net, Xv, yv)(result.state)
+    assert again["val_accuracy"] == rows[-1]["val_accuracy"] >= 0.6
+    # stamped with the fit's clock at the snapshot: within the run, in order, before its end
+    times = [h["time"] for h in rows]
+    assert times == sorted(times) and 0 < times[-1] < trace["t_end"].max() + 1e-9
+    # training figures: the running means over the iterations since the previous row
+    done = 0
+    for h in rows:
+        interval = trace[(trace["iteration"] > done) & (trace["iteration"] <= h["iteration"])]
+        assert h["loss"] == pytest.approx(interval["loss"].mean(), rel=1e-9)
+        done = h["iteration"]
+
+
+def test_the_evaluations_cost_a_bounded_share_and_stay_beside_the_groups(fits):
+    (loop, _, result, _), _ = fits
+    # every score was timed; none stopped the groups: the fit's clock is the run's wall alone
+    assert len(loop.cadence.seconds) == len([h for h in result.history if h["phase"] == "train"])
+    assert result.history[-1]["time"] <= loop.log.elapsed
+
+
+def test_a_run_that_blows_up_is_ended_at_once_and_rolled_back(fits):
+    _, (loop, _, result, _) = fits
+    first = loop.log.traces[0]
+    assert first.attrs["control"][-1]["command"] == "End"
+    assert first.attrs["control"][-1]["reason"] == "diverged"
+    assert len(first) < 200  # its budget was 200 iterations: ended as soon as the losses blew up
+    assert (first["phase"] == "rolled_back").all()
+    rollbacks = result.decisions[result.decisions["action"] == "rollback"]
+    assert len(rollbacks) >= 1 and math.isclose(rollbacks["lr"].iloc[0], 10.0)
