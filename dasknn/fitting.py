@@ -175,6 +175,7 @@ class EvaluationCadence:
         self.lock = threading.Lock()  # held while the evaluator scores
         self.pool: ThreadPoolExecutor | None = None
         self.pending: tuple | None = None  # (state, clock, training figures, fields, future)
+        self.start: tuple | None = None  # the start row scored beside the first run
 
     def beside(self, loop: Loop, step: NextRun) -> bool:
         """Whether `step`'s evaluations score beside the next run: a bounded share on a real clock."""
@@ -193,6 +194,35 @@ class EvaluationCadence:
                 return loop.evaluator(state), time.perf_counter() - t0
 
         self.pending = (state, loop._trace_end(), figures, fields, self.executor().submit(score))
+
+    def begin(self, loop: Loop, state: TrainState, fields: dict[str, Any]) -> None:
+        """The fit's start `state` is scored beside the first run, once its groups train
+        (`score_start`; its row written by `flush_start`, stamped with the clock now): neither the
+        run's start-up nor its groups wait for it."""
+        self.start = (state, loop.log.elapsed, fields, None)
+
+    def score_start(self, loop: Loop) -> None:
+        """Start scoring the start state on the evaluation thread (once)."""
+        if self.start is None or self.start[3] is not None:
+            return
+        state = self.start[0]
+
+        def score() -> dict[str, float]:
+            with self.lock, np.errstate(over="ignore", invalid="ignore"):
+                return loop.evaluator(state)
+
+        self.start = (*self.start[:3], self.executor().submit(score))
+
+    def flush_start(self, loop: Loop, wait: bool = True) -> bool:
+        """Write the start row scored beside the first run, if any (only once it is done, unless
+        `wait`); True when it stops the fit."""
+        if self.start is None or not (wait or (self.start[3] is not None and self.start[3].done())):
+            return False
+        self.score_start(loop)
+        state, t, fields, future = self.start
+        self.start = None
+        return loop.record(state, t, {**training_scores(make_trace([], "unknown")), **future.result()},
+                           phase="start", **fields)  # fmt: skip
 
     def executor(self) -> ThreadPoolExecutor:
         """The thread the evaluations beside the groups score on (one: they share the scorer's nets)."""
@@ -421,6 +451,7 @@ class Loop:
         """Score `state` (unless `scores` are given) and append its history row, logged (DEBUG);
         returns the row. No callback sees it: `record` is an evaluation, this also the closing rows
         (the best model restored, an earlier state returned)."""
+        self.cadence.flush_start(self)
         if scores is None:
             with np.errstate(over="ignore", invalid="ignore"):
                 with self.cadence.lock:  # never beside a background score: they share the scorer's nets
@@ -464,6 +495,7 @@ class Loop:
         """
         if self.evaluator is None:
             return bool(self.should_stop is not None and self.should_stop(state, self.log.trace()))
+        first = self.cadence.flush_start(self)  # the start row comes first
         row = self.note(state, t, scores, phase, **fields)
         asked = self.notify("on_evaluation", {"row": row, "state": state})
         target = self.target_accuracy
@@ -489,7 +521,7 @@ class Loop:
                     "(simulated seconds) or raise max_wall_time (None: no bound)",
                     self.stopped_by,
                 )
-        return bool(asked) or reached or late
+        return first or bool(asked) or reached or late
 
     def restore(self, ckpt: checkpoint.Checkpoint) -> dict[str, Any]:
         """History, decisions, trace and clock from a checkpoint; returns its policy session."""
@@ -567,8 +599,11 @@ class Loop:
                     "with n_groups, learning_rate and momentum given as numbers (or use warm_start=True)"
                 )
         if resume is None and self.evaluator is not None:  # the curve starts at the starting weights
-            fields = dict(getattr(policy, "start_fields", {}))
-            self.stop_at_start = self.record(start, self.log.elapsed, phase="start", **fields, event="start")
+            fields = {**getattr(policy, "start_fields", {}), "event": "start"}
+            if getattr(policy, "in_run", False) and in_run.applies(self):
+                self.cadence.begin(self, start, fields)  # scored while the first run trains
+            else:
+                self.stop_at_start = self.record(start, self.log.elapsed, phase="start", **fields)
         policy.begin(self, resume)
         step = policy.next_run(None)
         while not isinstance(step, Stop):

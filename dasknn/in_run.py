@@ -104,7 +104,12 @@ class InRunEvaluations:
                 self.first_loss = self.recent[-1][0]
         if self.ended:
             return commands
-        if self.pending is not None and self.pending[2].done() and self.collect():
+        start = self.loop.cadence.start
+        if start is not None and progress.rows:  # the groups train: the start row scores beside them
+            self.loop.cadence.score_start(self.loop)
+        if start is not None and self.loop.cadence.flush_start(self.loop, wait=False):
+            self.scored, self.ended = start[0], self.loop.stopped_by or "the start row stopped the fit"
+        elif self.pending is not None and self.pending[2].done() and self.collect():
             self.ended = self.loop.stopped_by or "an evaluation stopped the fit"
         elif self.blew_up():
             self.ended = "diverged"
@@ -151,6 +156,8 @@ class InRunEvaluations:
     def finish(self, trace: pd.DataFrame) -> bool:
         """After the run (`trace`, its rows): the row of a score still pending; True when an
         evaluation stopped the fit."""
+        if self.loop.cadence.flush_start(self.loop) and self.scored is None:
+            self.scored = self.loop.snapshots.get("start")
         if "iteration" in trace:  # the rows drained after the last poll too
             self.rows = trace[trace["iteration"] > self.recorded].to_dict("records")
         if self.pending is not None and self.scored is None and self.collect():

@@ -157,7 +157,7 @@ class _Streamed(NamedTuple):
 
 SHARD_READS = ("lead", "own")
 
-CONTROL_POLL = 0.25
+CONTROL_POLL = 0.1
 """Seconds between the driver's polls of a run that has a run control (`engine.control`), at most
 the engine's `poll`: the control's commands (an evaluation's snapshot, an `End` once it reached its
 target) wait at most this long."""
