@@ -375,8 +375,8 @@ def test_the_unmerged_map_and_sma_wait_for_a_worker_when_every_worker_is_retired
     strategy, config = {"unmerged": (UNMERGED, CFG.with_(n_groups=1)), "sma": (SMA, SMA_CFG)}[name]
     with local_client(n_workers=1) as client:
         (first,) = cluster_workers(client)
-        client.register_plugin(HoldUntilHandOff(first, at=LEAVE_AT))
-        engine = DaskEngine(client, timeout=30, poll=0.2, strategy=strategy, worker_wait=60)
+        client.register_plugin(HoldUntilHandOff(first, at=LEAVE_AT, seconds=100))
+        engine = DaskEngine(client, timeout=120, poll=0.2, strategy=strategy, worker_wait=60)
         change = Change(client, engine, LEAVE_AT, _scale_to_zero_and_back)
         change.start()
         result = engine.run(zoo.lenet(seed=0), X, y, config, Budget(iterations=iterations))
