@@ -18,7 +18,7 @@ from dasknn.engine.dask import DaskEngine, cluster_workers, local_client
 from dasknn.engine.strategy import Strategy
 from dasknn.engine.trace import Budget, RunConfig
 from dasknn.nn import zoo
-from tests.engine.dask.test_elastic import _retire
+from tests.engine.dask.test_elastic import HoldUntilHandOff, _retire
 from tests.engine.dask.test_faults_restart import _updates
 
 CFG = RunConfig(n_groups=2, lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=64, seed=0)
@@ -367,12 +367,16 @@ def test_the_unmerged_map_and_sma_wait_for_a_worker_when_every_worker_is_retired
     """worker_wait and cluster.scale(0) mid-run, then a new worker: the unmerged map's model servers'
     and SMA's average model's and replicas' exact states wait in the driver while dask retires the
     worker, and the run goes on from them on the new one (the merged map's path): the versions or
-    rounds continue, nothing is redone, no recovery."""
+    rounds continue, nothing is redone, no recovery. The run's updates past LEAVE_AT wait on the
+    retired worker until the driver has stopped its servers there (`HoldUntilHandOff`), so the run
+    cannot end before the retirement is seen."""
     X, y = digits
     iterations = 40
     strategy, config = {"unmerged": (UNMERGED, CFG.with_(n_groups=1)), "sma": (SMA, SMA_CFG)}[name]
     with local_client(n_workers=1) as client:
-        engine = DaskEngine(client, timeout=30, poll=0.2, strategy=strategy, worker_wait=60)
+        (first,) = cluster_workers(client)
+        client.register_plugin(HoldUntilHandOff(first, at=LEAVE_AT, seconds=100))
+        engine = DaskEngine(client, timeout=120, poll=0.2, strategy=strategy, worker_wait=60)
         change = Change(client, engine, LEAVE_AT, _scale_to_zero_and_back)
         change.start()
         result = engine.run(zoo.lenet(seed=0), X, y, config, Budget(iterations=iterations))
