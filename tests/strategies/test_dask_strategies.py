@@ -45,9 +45,9 @@ def assert_same_params(a, b, rtol=1e-4, atol=1e-6):
         np.testing.assert_allclose(value, b[key], rtol=rtol, atol=atol, err_msg=key)
 
 
-@pytest.mark.parametrize("strategy", [Strategy("sma"), Strategy("model_averaging", tau=3)])
-def test_one_learner_on_dask_equals_momentum_sgd(client2, digits, strategy):
+def test_one_learner_of_model_averaging_on_dask_equals_momentum_sgd(client2, digits):
     X, y = digits
+    strategy = Strategy("model_averaging", tau=3)
     net = zoo.lenet(seed=0)
     result = DaskEngine(client2, strategy=strategy).run(net, X, y, CFG, Budget(iterations=6))
     ref, solver = in_process_sgd(X, y, CFG, 6)
