@@ -105,7 +105,7 @@ def test_model_averaging_synchronises_every_tau_iterations(digits):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy, lr, iterations",
-    # SMA's step on z is α = 1/k of the learners' (Crossbow §3.2): it needs a larger η than averaging
+    # under Alg. 1 µ moves z only, so SMA's replicas advance by about η·ḡ a round: a larger η than averaging
     [(Strategy("sma"), 0.1, 1200), (Strategy("model_averaging", tau=4), 0.02, 800)],
 )
 def test_four_learners_train_lenet_to_97_percent(mnist, strategy, lr, iterations):
