@@ -350,9 +350,8 @@ def plot(ds: xr.Dataset, fig) -> None:
     k = ds["learners"].values
     for method, marker, color in zip(METHODS, ("o", "s"), ("C0", "C1"), strict=True):
         ep = ds["epochs_to_target"].sel(scheme=method)
-        ax1.plot(
-            k, ep.median("seed"), "-" if method == "sma" else "--", color=color, label=f"{method} median"
-        )
+        median = np.median(np.where(np.isfinite(ep.values), ep.values, np.inf), axis=-1)  # a miss: never
+        ax1.plot(k, median, "-" if method == "sma" else "--", color=color, label=f"{method} median")
         for seed in ds["seed"].values:
             ax1.plot(k, ep.sel(seed=seed), marker, color=color, alpha=0.6, ms=4)
     ax1.set_xscale("log", base=2)
