@@ -16,14 +16,17 @@ not a measurement). The statistics are real: small LeNet on the MNIST sample, b 
 its best (µ, η) of µ ∈ {0, 0.3, 0.6, 0.9} × η ∈ {0.1, 0.01}; ℓ_F = the higher of the two best final
 losses; SE = updates until the smoothed loss reaches ℓ_F.
 
-What it found (default setting, g = 8, one seed; load 7-8 on 2 shared cores, 35 s): both maps
-tune to (µ, η) = (0.6, 0.01); the unmerged FC updates are as stale as the conv ones (6.9 updates on
-average, merged 0). Merged FC needs 121 updates to ℓ_F, unmerged 256: an SE gain of 2.1× (paper
-2.55×), measured. The modeled HE gain is 1.6× (0.391 vs 0.636 simulated s per iteration; paper 1.18×):
-at g = 8 the merged FC server is saturated, and the unmerged groups' 4 s FC phase overlaps across
-groups. Total 3.4× (paper 3.01×). SE reproduces; the HE number is only as good as the timing model.
+What it found (default setting, g = 8, 3 seeds, each map tuned per seed; 1,167 s at load 2-14 on
+2 shared cores): the paper's merged FC gains are 1.18× HE, 2.55× SE, 3.01× total; here, median
+[range] over the seeds: SE 2.75× [2.12, 4.11] (121 vs 256, 72 vs 296, 102 vs 281 updates to ℓ_F),
+measured; HE 1.63× [1.62, 1.63] (0.393 vs 0.638 simulated s per iteration), the timing model's;
+total 4.48× [3.44, 6.67]. The unmerged map tunes to (µ, η) = (0.6, 0.01) at every seed, merged to
+(0.6, 0.01), (0.3, 0.1), (0.9, 0.01); the unmerged FC updates are as stale as the conv ones (6.9 on
+average, merged 0). At g = 8 the merged FC server is saturated, and the unmerged groups' 4 s FC
+phase overlaps across groups. SE reproduces at every seed; the HE number is only as good as the
+timing model.
 
-    python -m experiments.merged_vs_unmerged [--tiny] [--groups G] [--iterations N]
+    python -m experiments.merged_vs_unmerged [--tiny] [--groups G] [--iterations N] [--seeds S]
 
 Writes experiments/results/merged_vs_unmerged/{merged_vs_unmerged.nc, merged_vs_unmerged.png, table.md}.
 """
