@@ -144,7 +144,7 @@ def measure(layer: str, batch: int, threads: Sequence[int], repeats: int) -> xr.
     bps = partitions(batch)
     gflop = 2.0 * batch * m * m * o * c * k * k / 1e9
     # D̂ of the whole batch, lowered once: the GEMM-alone timing multiplies slices of it
-    _, cache = conv_forward(x, w, stride, pad, lowering="type1")
+    _, cache = conv_forward(x, w, stride, pad, lowering="type1", bp=batch)
     rows = m * m
     buf = {"d_hat": cache.lowered, "k_hat_t": cache.k_hat.T, "r": np.empty((batch * rows, o), np.float32)}
     del cache

@@ -4,9 +4,9 @@ k learners (`RunConfig.n_groups`), each a long-running task that holds its own m
 worker (several learners per worker when k exceeds the workers: Crossbow §3.3); a central average
 model z lives in an `AverageModel` actor. SMA (Crossbow §3.2, Alg. 1) synchronises every iteration:
 
-    w_j ← w_j − γ∇ℓ_{B_j}(w_j)                each learner, plain SGD on its replica
-    z'  = z + Σ_j α (w_j − z) + µ (z − z_prev)  the actor, once all k replicas arrived
-    w_j ← w_j − α (w_j − z')                  each learner, toward the new average
+    w_j ← w_j − γ∇ℓ_{B_j}(w_j) − α (w_j − z)     each learner: plain SGD and the correction, both
+                                               from w_j before its step and the round's z
+    z'  = z + Σ_j α (w_j − z) + µ (z − z_prev)     the actor, once all k replicas arrived
 
 Model averaging (SparkNet) runs SGD with momentum on every replica and sets z = mean_j w_j, w_j ← z
 every τ iterations. The maths, batch order (learner j of round r takes batch
@@ -41,10 +41,12 @@ class AverageModel:
     `synchronise(j, r, replica, history)` is a coroutine (it runs on the worker's event loop, so k
     learners can wait in it at once): it stores learner j's replica for round r and, when all k have
     arrived, computes the new z (SMA's update, or the mean for model averaging); every caller gets
-    {"z", "stop"}. `stop` is the same for all k callers of a round: the budget is spent (last round,
-    deadline) or the driver called `stop()`. At a hand-off (`stop(hand_off=True)`, docs/architecture.md
-    "Elastic clusters") the learners hand their replicas in (`hand_in`), and `snapshot` / `restore`
-    move the actor's exact state to the next segment's (`replica_run`).
+    {"z", "z_read", "stop"} (`z_read`: the z the round's corrections are taken from; for SMA the
+    replica sent is the one the learner's gradient was computed at). `stop` is the same for all k
+    callers of a round: the budget is spent (last round, deadline) or the driver called `stop()`. At
+    a hand-off (`stop(hand_off=True)`, docs/architecture.md "Elastic clusters") the learners hand
+    their replicas in (`hand_in`), and `snapshot` / `restore` move the actor's exact state to the
+    next segment's (`replica_run`).
     """
 
     def __init__(
@@ -122,7 +124,8 @@ class AverageModel:
         return self.synced_rounds
 
     async def synchronise(self, j: int, r: int, replica: dict, history: dict | None = None) -> dict:
-        """Learner j's replica after its step of round r; returns the new z and the stop flag."""
+        """Learner j's replica of round r (SMA: before its step; model averaging: after it); returns
+        the new z, the z the corrections were taken from and the stop flag."""
         if self.error is not None:
             raise RuntimeError(f"the run was aborted: {self.error}")
         slot = self._slots.setdefault(r, {"parts": {}, "event": asyncio.Event(), "reads": 0})
@@ -132,7 +135,12 @@ class AverageModel:
             done = self.rounds is not None and r + 1 >= self.rounds
             late = self.deadline is not None and time.time() >= self.deadline
             stop = bool(done or late or self.stopped)
-            slot["result"] = {"z": self.z, "stop": stop, "hand_off": stop and self.handing_off}
+            slot["result"] = {
+                "z": self.z,
+                "z_read": self.z_prev,
+                "stop": stop,
+                "hand_off": stop and self.handing_off,
+            }
             self.synced_rounds += 1
             slot["event"].set()
         else:
@@ -243,15 +251,18 @@ def _learn(spec: LearnerSpec, template: Net, average, client) -> list[dict[str, 
         t_start = time.time()
         rng = np.random.default_rng([spec.seed, LEARN_RNG_STREAM, b])
         loss, acc, grads = net.loss_and_grads(to_device(x, xp), to_device(y, xp), rng=rng)
+        before = None if averaging else net.get_params()  # SMA's w_j: where the gradient was taken
         solver.step(net.params, grads, lr=spec.lr, momentum=step_momentum)
         result = {"stop": False}
         last = spec.rounds is not None and r + 1 >= spec.rounds
         if not averaging or (r + 1) % spec.tau == 0 or last:
             history = solver.state_dict()["history"] if averaging else None
-            result = average.synchronise(spec.learner, r, net.get_params(), history).result(
-                timeout=spec.timeout
-            )
-            _correct(net, result["z"], 1.0 if averaging else spec.alpha)
+            sent = net.get_params() if averaging else before
+            result = average.synchronise(spec.learner, r, sent, history).result(timeout=spec.timeout)
+            if averaging:
+                _set(net, result["z"])
+            else:
+                _correct(net, before, result["z_read"], spec.alpha)
         rows.append(
             {
                 "group": spec.learner,
@@ -279,14 +290,17 @@ def _replica(net: Net, solver: SGD) -> dict[str, Any]:
     return {"params": net.get_params(), "solver": solver.state_dict()}
 
 
-def _correct(net: Net, z: dict[str, np.ndarray], alpha: float) -> None:
-    """w ← w − α (w − z') on the replica's live arrays (α = 1: w ← z', model averaging)."""
+def _set(net: Net, z: dict[str, np.ndarray]) -> None:
+    """w ← z on the replica's live arrays (model averaging)."""
     for key, w in net.params.items():
-        target = to_device(z[key], array_module(w))
-        if alpha == 1.0:
-            w[...] = target
-        else:
-            w -= alpha * (w - target)
+        w[...] = to_device(z[key], array_module(w))
+
+
+def _correct(net: Net, before: dict[str, np.ndarray], z: dict[str, np.ndarray], alpha: float) -> None:
+    """SMA's correction w ← w − α (w_before − z) on the replica's live arrays (Crossbow Alg. 1)."""
+    for key, w in net.params.items():
+        xp = array_module(w)
+        w -= alpha * (to_device(before[key], xp) - to_device(z[key], xp))
 
 
 def learner_workers(workers: dict[str, dict[str, Any]], n_learners: int) -> list[str]:

@@ -117,15 +117,15 @@ class ReplicaSimulation:
 
     Crossbow §3.2, Alg. 1 (SMA), per iteration with central average model z and replicas w_j:
 
-        w_j ← w_j − γ∇ℓ_{B_j}(w_j)              learning task: plain SGD on the replica
-        c_j = α (w_j − z)                        local synchronisation (α = 1/k by default)
-        z'  = z + Σ_j c_j + µ (z − z_prev)       global synchronisation, Polyak momentum on z only
-        w_j ← w_j − α (w_j − z')                 correction toward the new average
+        g_j = γ∇ℓ_{B_j}(w_j)                     learning task: a plain SGD step on the replica
+        c_j = α (w_j − z)                        correction, from the same w_j and this round's z
+        w_j ← w_j − g_j − c_j                    (α = 1/k by default)
+        z'  = z + Σ_j c_j + µ (z − z_prev)       the average model: Polyak momentum on z only
 
-    Alg. 1 corrects replicas toward the z of the previous iteration, which with one learner lags SGD
-    by a step; correcting toward z' makes SMA with k = 1 (α = 1) exactly SGD with momentum µ (Caffe's
-    V ← µV − γ∇; W ← W + V), which the tests check. `model_averaging` (SparkNet): every replica
-    runs SGD with its own momentum, and every τ iterations z = mean_j w_j, w_j ← z.
+    The replicas carry no momentum of their own; z moves by the corrections, so with α = 1/k it
+    follows the mean of the replicas one round behind, and µ acts on z alone (Crossbow §3.2).
+    `model_averaging` (SparkNet): every replica runs SGD with its own momentum, and every τ
+    iterations z = mean_j w_j, w_j ← z.
 
     Learner j of iteration r takes batch `batches_done + r·k + j`. An iteration takes, in simulated
     seconds, the slowest learner's t_conv(N // k) + t_fc_worker, plus `t_sync` when it synchronises.
@@ -159,18 +159,21 @@ class ReplicaSimulation:
         self.rng = np.random.default_rng([config.seed, 6, state.iterations_done])
         self.diverged = False
 
-    def _learn(self, j: int) -> tuple[float, float]:
-        """Learner j's batch on its replica: SGD step (momentum only for model averaging)."""
+    def _learn(self, j: int) -> tuple[float, float, dict[str, np.ndarray]]:
+        """Learner j's batch on its replica: an SGD step (momentum only for model averaging).
+        Returns the loss, the accuracy and the replica as it was before the step (SMA's w_j)."""
         xb, yb = self.data.get(self.cursor + j)
+        before = {key: v.copy() for key, v in self.replicas[j].items()}
         self.net.set_params(self.replicas[j])
         rng = np.random.default_rng([self.config.seed, 4, self.cursor + j])
         loss, acc, grads = self.net.loss_and_grads(xb, yb, rng=rng)
         momentum = self.config.momentum if self.strategy.name == "model_averaging" else 0.0
         self.solvers[j].step(self.replicas[j], grads, lr=self.config.lr, momentum=momentum)
-        return float(loss), float(acc)
+        return float(loss), float(acc), before
 
-    def _synchronise(self) -> bool:
-        """SMA every iteration; model averaging every τ. Returns whether it synchronised."""
+    def _synchronise(self, before: list[dict[str, np.ndarray]]) -> bool:
+        """SMA every iteration (`before`: each replica at its gradient's point); model averaging
+        every τ. Returns whether it synchronised."""
         if self.strategy.name == "model_averaging":
             if (self.rounds + 1) % self.strategy.tau:
                 return False
@@ -179,12 +182,11 @@ class ReplicaSimulation:
                 for w in self.replicas:
                     w[key] = self.z[key].copy()
             return True
-        mu, a = self.config.momentum, self.alpha
         for key, z in self.z.items():
-            corrections = sum(a * (w[key] - z) for w in self.replicas)
-            z_new = z + corrections + mu * (z - self.z_prev[key])
-            for w in self.replicas:
-                w[key] -= a * (w[key] - z_new)
+            corrections = [self.alpha * (w[key] - z) for w in before]
+            for w, c in zip(self.replicas, corrections, strict=True):
+                w[key] -= c
+            z_new = z + sum(corrections) + self.config.momentum * (z - self.z_prev[key])
             self.z_prev[key], self.z[key] = z, z_new
         return True
 
@@ -203,8 +205,8 @@ class ReplicaSimulation:
                 self.clock = limit
                 break
             results = [self._learn(j) for j in range(self.n_learners)]
-            self._synchronise()
-            for j, (loss, acc) in enumerate(results):
+            self._synchronise([before for _, _, before in results])
+            for j, (loss, acc, _) in enumerate(results):
                 self.iterations_done += 1
                 rows.append(self._row(j, loss, acc, t_end))
             self.cursor += self.n_learners
