@@ -163,9 +163,7 @@ def test_back_off_goes_a_margin_below_a_rate_on_the_edge_and_divides_by_three_on
     assert "momentum restarted" in back_off(0.08, settled=False)[1]
 
 
-def test_a_training_window_that_diverges_right_after_the_ramp_is_retried_a_margin_below_with_momentum_restarted(
-    digits8,
-):
+def test_a_training_window_diverging_after_the_ramp_is_retried_a_margin_below_momentum_restarted(digits8):
     # the first training run (24 iterations; the ramp's windows are 16 or 8) overflows once
     blown = []
 
