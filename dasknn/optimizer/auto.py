@@ -11,8 +11,11 @@ from the first iteration and only ever spends a bounded share of the run on anyt
 2. The η ramp (`optimizer.ramp`): windows of w iterations, one at the prior's η, then η × 4 and
    doublings while a window beats what the previous η would have done at the same loss level; the
    first worse, rising or non-finite window is undone (the run before it is the start of the next)
-   and the previous η kept (an undone × 4 step tries × 2 next). Every run asks the loop's loss
-   limit (`NextRun.loss_limit`): a window that blows the loss up is rolled back, never kept.
+   and the previous η kept (an undone × 4 step tries × 2 next; one that blew the loss up ends the
+   ramp one step lower, `ramp.end_rate`). Every run asks the loop's loss limit
+   (`NextRun.loss_limit`): a window that blows the loss up is rolled back, never kept, and the
+   run after it restarts momentum; a training window rolled back is retried at η ÷ 4 before a
+   span at that η, ÷ 3 after (`decide.back_off`).
 3. Training windows, each judged by the plateau rule (`optimizer.plateau`: η ÷ 3 when progress
    falls below a tenth of the first span's at that η carried to the loss level now, as the ramp
    carries it, for two spans in a row; the fit stops on convergence after `max_drops` drops
