@@ -11,8 +11,11 @@ from the first iteration and only ever spends a bounded share of the run on anyt
 2. The η ramp (`optimizer.ramp`): windows of w iterations, one at the prior's η, then η × 4 and
    doublings while a window beats what the previous η would have done at the same loss level; the
    first worse, rising or non-finite window is undone (the run before it is the start of the next)
-   and the previous η kept (an undone × 4 step tries × 2 next). Every run asks the loop's loss
-   limit (`NextRun.loss_limit`): a window that blows the loss up is rolled back, never kept.
+   and the previous η kept (an undone × 4 step tries × 2 next; one that blew the loss up ends the
+   ramp one step lower, `ramp.end_rate`). Every run asks the loop's loss limit
+   (`NextRun.loss_limit`): a window that blows the loss up is rolled back, never kept, and the
+   run after it restarts momentum; a training window rolled back is retried at η ÷ 4 before a
+   span at that η, ÷ 3 after (`decide.back_off`).
 3. Training windows, each judged by the plateau rule (`optimizer.plateau`: η ÷ 3 when progress
    falls below a tenth of the first span's at that η carried to the loss level now, as the ramp
    carries it, for two spans in a row; the fit stops on convergence after `max_drops` drops
@@ -312,8 +315,8 @@ class AutoPolicy(Tuner):
             s.phase, s.trial = "train", None
         s.before, s.before_se, s.before_n = rate, rate_se, n
         observe_plateau(self, config, p, level, last)
-        if s.stopped:
-            return
+        if s.stopped or isinstance(last.config.momentum, Schedule):
+            return  # a restarted run's updates regress to a low total momentum: no feedback on them
         adjust_momentum(self, s.config, trace)
 
     def _observe_ramp(self, last: Outcome, config: RunConfig, p, se, level, loss_now) -> None:
@@ -321,8 +324,10 @@ class AutoPolicy(Tuner):
         s, log, n = self.s, self.fit.log, len(last.trace)
         ramp = LrRamp.from_dict(s.ramp)
         before_window, loss_before = s.last_kept or START, s.eval_loss
+        blown = last.diverged or not math.isfinite(p)
         step = ramp.judge(p if not last.diverged else -math.inf, se, level, n)
         s.ramp = ramp.to_dict()
+        s.restart = step.restore and blown  # the next run leaves the blown window's momentum behind
         s.config = config.with_(lr=step.lr)
         if step.restore and not last.diverged:
             log.kept.discard(last.run)  # the window is undone: its run is not in the model
@@ -371,16 +376,10 @@ class AutoPolicy(Tuner):
                 seconds=last.seconds,
             )
         else:
-            s.config = config.with_(lr=config.lr / 3)
-            log.record(
-                "train",
-                "rollback",
-                s.config,
-                "diverged: back to the window's start, η ÷ 3",
-                diverged=True,
-                run=last.run,
-                chosen=True,
-            )
+            settled = s.plateau is not None and Plateau.from_dict(s.plateau).reference > 0
+            lr, why = decide.back_off(config.lr, settled)
+            s.config, s.restart = config.with_(lr=lr), True
+            log.record("train", "rollback", s.config, why, diverged=True, run=last.run, chosen=True)
 
     def _measure(self, last: Outcome) -> tuple[float, float, float, float | None]:
         """(progress per iteration, its standard error, loss level, the evaluation loss after it).
@@ -435,12 +434,13 @@ class AutoPolicy(Tuner):
             ramp = s.ramp
             first_look = ramp["steps"] >= 1 and not ramp["second_look"]
             held = (s.look or {}).get("start")  # the ramp may still restore it
+            config = restarted(self, config, start)
             return self._run(config, self.look if first_look else self.w, "ramp", start, hold=held)
-        if s.phase == "train":
+        if s.phase == "train" and not s.restart:
             trial = self._trial(config)
             if trial is not None:
                 return trial
-        return self._run(config, self.run_length, "train", start)
+        return self._run(restarted(self, config, start), self.run_length, "train", start)
 
     def _trial(self, config: RunConfig) -> NextRun | None:
         """A trial when the cap allows one of at least half a window, cut to what is left of it."""
@@ -556,7 +556,7 @@ def observe_range(policy: AutoPolicy, last: Outcome, loss_now: float | None) -> 
     if last.diverged:  # rolled back by the loop's loss limit: a blow-up whatever the batch losses say
         lrs, losses = [*lrs, test.end_lr], [*losses, math.inf]
     verdict = test.observe(lrs, losses)
-    s.range = test.to_dict()
+    s.range, s.restart = test.to_dict(), verdict.restore  # the next run leaves its momentum behind
     s.config = s.config.with_(lr=verdict.lr)
     if verdict.restore and not last.diverged:
         log.kept.discard(last.run)  # the segment is undone: its run is not in the model
@@ -572,6 +572,19 @@ def observe_range(policy: AutoPolicy, last: Outcome, loss_now: float | None) -> 
         s.phase, s.peak_lr = "train", verdict.lr
         s.plateau = new_plateau(policy).to_dict()
         log.record("range", "end", s.config, f"η = {verdict.lr:g}", chosen=True)
+
+
+def restarted(policy: AutoPolicy, config: RunConfig, start: str) -> RunConfig:
+    """`config`, with momentum restarted when the run follows one that blew the loss up
+    (`AutoState.restart`): µ = 0 for the run's first update, which drops the momentum buffers the
+    start state carries (built on the way to the blow-up, at a rate on the edge), then µ
+    (`decide.back_off`: adaptive restart)."""
+    s = policy.s
+    if not s.restart:
+        return config
+    s.restart = False
+    begin = policy.fit.snapshot(start).iterations_done
+    return config.with_(momentum=Schedule.steps_of(0.0, {begin + 1: float(config.momentum)}))
 
 
 def new_plateau(policy: AutoPolicy, gamma: float = 1.0) -> Plateau:

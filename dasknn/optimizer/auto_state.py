@@ -43,7 +43,9 @@ class AutoState:
     the last run; `last_kept`: the snapshot of the last kept window; `look`: a raised rate's first
     window kept for a second look (its run, start and loss); `range`: the range test's state
     (`RangeTest.to_dict`, with `lr_search="range"`); `unresolvable`: the last trial
-    skipped as too noisy to judge; `finished`: the session of a fit that ended.
+    skipped as too noisy to judge; `restart`: the next run restarts momentum (µ = 0 for its first
+    update: the run before it blew the loss up, `decide.back_off`); `finished`: the session of a
+    fit that ended.
     """
 
     phase: str
@@ -72,6 +74,7 @@ class AutoState:
     look: dict[str, Any] | None = None
     range: dict[str, Any] | None = None
     unresolvable: bool = False
+    restart: bool = False
     finished: bool = False
 
     def to_dict(self) -> dict[str, Any]:

@@ -14,6 +14,8 @@ number. Each returns its choice and a reason naming the numbers that drove it.
   batch S times larger; the per-update rate becomes η·r/S (g updates share the window).
 - `judge_trial`, `explore_allowed`, `diverging`: when a trial run wins, when one may be run,
   when one is abandoned.
+- `back_off`: η after a training window diverged and was rolled back, and whether the retry
+  restarts momentum (O'Donoghue & Candès 2015's adaptive restart).
 - `regroup`: g again when the cluster's size changed (docs/architecture.md, "Elastic clusters"):
   the prior's rule (`optimizer.prior.groups_prior`) on HE(g) at the new worker count.
 """
@@ -24,6 +26,7 @@ import math
 from collections.abc import Mapping
 
 __all__ = [
+    "back_off",
     "choose_groups",
     "diverging",
     "efficiency",
@@ -161,6 +164,35 @@ def explore_allowed(explored: float, trial_seconds: float, time_to_target: float
 def diverging(score_start: float, score_end: float, limit: float = 2.0) -> bool:
     """A run diverges when its end score is not finite or `limit` times its start score."""
     return not math.isfinite(score_end) or (math.isfinite(score_start) and score_end > limit * score_start)
+
+
+ROLLBACK_FACTOR = 3.0
+"""η's divisor after a training window diverged once the fit has trained at that η for a span."""
+EDGE_FACTOR = 4.0
+"""η's divisor after a training window diverged before the plateau rule measured a span at that η
+(right after the ramp, or after a drop): the range test's margin below a rate that blew up."""
+
+
+def back_off(lr: float, settled: bool) -> tuple[float, str]:
+    """(η for the retry, why) after a training window at `lr` diverged and the loop rolled it back.
+
+    `settled`: the fit trained a whole span at `lr` before (the plateau rule measured it). Then a
+    divergence is late (the loss sharpened under the rate): η ÷ `ROLLBACK_FACTOR`. Before that, the
+    rate was on the edge from the start (the ramp judged it on windows too short to see it diverge),
+    so the retry goes a margin below it, η ÷ `EDGE_FACTOR`, as the range test ends below a blow-up:
+    one rollback at a rate on the edge, not a rollback for each ÷ 3.
+
+    Either way the retry restarts momentum (its first update at µ = 0, the adaptive restart of
+    O'Donoghue & Candès 2015: momentum reset when the objective rises): the rolled-back window
+    starts from a state whose momentum buffers were built at the rate on the edge; kept, they carry
+    about µ/(1 − µ) more of its updates into the retry at any η (9 at µ = 0.9), so that every retry
+    from that state diverged on the simulated main job, η ÷ 3 at a time down to 1e-4.
+    """
+    factor = ROLLBACK_FACTOR if settled else EDGE_FACTOR
+    new = float(lr) / factor
+    when = "after a span at this η" if settled else "before a span at this η: it was on the edge"
+    why = f"diverged {when}: back to the window's start, η {lr:g} ÷ {factor:g} = {new:g}"
+    return new, f"{why}, momentum restarted"
 
 
 def regroup(

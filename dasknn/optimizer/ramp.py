@@ -3,7 +3,9 @@
 An LR range test throws its iterations away; this ramp trains with every window it keeps. From the
 first iteration it runs windows of w iterations: while a window at 2η makes more progress than the
 rate before it would have made there, η doubles again; at the first worse window, or a rise, or a
-non-finite loss, that window is undone (its start snapshot restored) and the previous η kept.
+non-finite loss, that window is undone (its start snapshot restored) and the previous η kept; when
+that window blew the loss up, the ramp ends one step further down (`end_rate`): the previous η was
+at the edge of stability.
 
 The confound: early in training the loss falls fast at any η, and the fall slows as the loss gets
 lower, so a plain "faster than the window before" would judge every doubling against the steep
@@ -49,6 +51,7 @@ import numpy as np
 __all__ = [
     "LrRamp",
     "RampStep",
+    "end_rate",
     "expected_ratio",
     "loss_exponent",
     "progress_and_error",
@@ -99,6 +102,18 @@ def loss_exponent(p0: float, p1: float, level0: float, level1: float) -> float:
     if not (p0 > 0 and p1 > 0 and level0 > level1 > 0):
         return 0.0
     return float(min(MAX_GAMMA, max(0.0, math.log(p0 / p1) / math.log(level0 / level1))))
+
+
+def end_rate(lr: float, factor: float, blown: bool) -> float:
+    """The η a ramp ends at when the window at `lr` (one step of `factor` above the last kept η)
+    is undone: the last kept η, lr ÷ factor, when the window only made less progress than it (the
+    loss stopped falling faster there: the range test's "below where the loss stopped falling");
+    when it blew the loss up (a loss not finite, or the loop rolled it back), one step further
+    down, lr ÷ factor²: the last kept η is then itself at the edge of stability (its window's
+    progress did not tell it: a rate just below the divergence point still falls fast in a short
+    window, then diverges in longer training as the loss sharpens), and the range test ends a
+    margin (× 4) below the rate where the loss blew up (Smith 2017; `range_test.judge_range`)."""
+    return lr / factor**2 if blown else lr / factor
 
 
 def expected_ratio(gamma: float, level_before: float, level_now: float) -> float:
@@ -279,8 +294,12 @@ class LrRamp:
                 False,
                 f"{why}: window restored, η {start:g} × {self.factor:g} = {self.lr:g} next",
             )
-        self.lr /= self.factor
+        blown, top = not math.isfinite(p), self.lr
+        self.lr = end_rate(top, self.factor, blown)
         self.done = True
+        if blown:
+            why = f"{why}: window restored, ramp ends a margin below it, at η = {top:g} ÷ {top / self.lr:g}"
+            return RampStep(self.lr, True, True, f"{why} = {self.lr:g}")
         return RampStep(self.lr, True, True, f"{why}: window restored, ramp ends at η = {self.lr:g}")
 
     def _finish(self, why: str) -> RampStep:

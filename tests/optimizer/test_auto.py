@@ -11,6 +11,7 @@ from dasknn.engine.simulated import SimulatedEngine
 from dasknn.fitting import run_policy
 from dasknn.nn import zoo
 from dasknn.optimizer.auto import AutoPolicy
+from dasknn.optimizer.decide import back_off
 from dasknn.optimizer.prior import PriorCache
 from dasknn.tradeoff.hardware import HEModel
 from tests.planted import RaisingEngine, small_net
@@ -154,3 +155,34 @@ def test_a_rate_whose_first_window_rose_and_second_look_failed_leaves_no_trace_i
     assert kept["lr"].max() < 0.04  # nothing trained at η × 4 stayed in the model
     iterations = np.sort(kept["iteration"].to_numpy())
     assert (iterations == np.arange(1, len(iterations) + 1)).all()  # the next rate went on from before it
+
+
+def test_back_off_goes_a_margin_below_a_rate_on_the_edge_and_divides_by_three_once_settled():
+    assert back_off(0.08, settled=False)[0] == pytest.approx(0.02)
+    assert back_off(0.09, settled=True)[0] == pytest.approx(0.03)
+    assert "momentum restarted" in back_off(0.08, settled=False)[1]
+
+
+def test_a_training_window_diverging_after_the_ramp_is_retried_a_margin_below_momentum_restarted(digits8):
+    # the first training run (24 iterations; the ramp's windows are 16 or 8) overflows once
+    blown = []
+
+    def raises(config, budget):
+        if budget.iterations == 24 and not blown:
+            blown.append(config.lr)
+            return True
+        return False
+
+    engine = RaisingEngine(TIMING, verbose=0, raises=raises)
+    result = fit(digits8, budget=120.0, engine=engine, run_iterations=24)
+    d = result.decisions
+    rollback = d[(d["phase"] == "train") & (d["action"] == "rollback")]
+    assert len(blown) == 1 and len(rollback) == 1  # one rollback, not one per ÷ 3
+    assert rollback["lr"].iloc[0] == pytest.approx(blown[0] / 4)  # no span at that η yet: ÷ 4
+    assert "momentum restarted" in rollback["reason"].iloc[0]
+    trace = result.trace
+    retry = trace[trace["run"] == int(rollback["run"].iloc[0]) + 1].sort_values("iteration")
+    assert len(retry) == 24 and np.allclose(retry["lr"], blown[0] / 4)
+    mu = d[d["action"] == "start"]["momentum"].iloc[0]
+    assert retry["momentum"].iloc[0] == 0.0 and (retry["momentum"].iloc[1:] == mu).all()
+    assert (trace[trace["run"] > retry["run"].iloc[0]]["momentum"] > 0).all()  # one update at µ = 0

@@ -8,7 +8,14 @@ import math
 import numpy as np
 import pytest
 
-from dasknn.optimizer.ramp import LrRamp, expected_ratio, loss_exponent, window_level, window_progress
+from dasknn.optimizer.ramp import (
+    LrRamp,
+    end_rate,
+    expected_ratio,
+    loss_exponent,
+    window_level,
+    window_progress,
+)
 
 BEST = 0.4
 """The planted curve's best η: progress grows with η up to it, falls above, diverges past 2·BEST."""
@@ -305,3 +312,30 @@ def test_a_ramp_dict_from_before_the_undone_first_window_loads():
     assert LrRamp.from_dict(ramp.to_dict()) == ramp
     old = {k: v for k, v in ramp.to_dict().items() if k not in ("look_rose", "look_iterations")}
     assert LrRamp.from_dict(old).look_rose is False
+
+
+def climb_to(top: float) -> LrRamp:
+    """A ramp from 0.01 (× 4, then doublings, γ = 1) fed falling planted losses up to η = `top`:
+    every window's loss falls 4% an iteration from where the last one ended (clear wins)."""
+    ramp, level = LrRamp(0.01, window=8, calibrations=1, first_factor=4.0), 2.3
+    while ramp.lr < top:
+        losses = [level * 0.96**i for i in range(1, 9)]
+        step = ramp.observe(losses)
+        assert not step.restore and not step.done
+        level = losses[-1]
+    return ramp
+
+
+def test_a_window_that_blows_up_ends_the_ramp_a_margin_below_it_one_that_only_rises_at_the_rate_before():
+    # the planted main-job case: 0.04 and 0.08 fell fast, 0.16 overflowed within its window
+    ramp = climb_to(0.16)
+    assert ramp.lr == pytest.approx(0.16)
+    blown = ramp.observe([0.9, 1.4, 3.0, 40.0, math.inf])
+    assert blown.restore and blown.done and blown.lr == pytest.approx(0.04)  # 0.16 ÷ 4, not ÷ 2
+    assert "margin below" in blown.reason and "0.16 ÷ 4" in blown.reason
+    # the same climb, where 0.16 only made the loss rise (finite): the rate before it is kept
+    ramp = climb_to(0.16)
+    rose = ramp.observe([0.9 * 1.05**i for i in range(1, 9)])
+    assert rose.restore and rose.done and rose.lr == pytest.approx(0.08)
+    assert end_rate(0.16, 2.0, blown=True) == pytest.approx(0.04)
+    assert end_rate(0.16, 2.0, blown=False) == pytest.approx(0.08)
