@@ -29,6 +29,7 @@ ALLOWED = {
             "start_range",
             "range_run",
             "observe_range",
+            "restarted",
         )
     },
     "dasknn.nn.export": "one emitter per Caffe layer type, looked up by type in `EMITTERS`; the graph is "
