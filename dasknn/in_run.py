@@ -11,7 +11,9 @@ needed to evaluate, so a policy's runs can be as long as its knobs stay the same
 
 The cadence follows the scoring's measured cost `c` (wall seconds of the last score): a snapshot
 when `c / share` seconds of the fit's clock have passed since the last one and the evaluations so
-far, with one more, stay within `share` of the clock; while the running training accuracy is within
+far, with one more, stay within `share` of the clock, or at the latest once the clock has grown by
+`GROWTH` since the last evaluation (so a short fit is not left unevaluated until the share allows
+one); while the running training accuracy is within
 `NEAR_MARGIN` of the fit's target (the held-out score may reach it any moment) the share is
 `NEAR_SHARE` instead, so that the target is seen soon after it is reached. A run whose recent
 training losses are not finite or have blown up (the loss limit and `fitting.DIVERGED_LOSS` × its
@@ -47,6 +49,11 @@ NEAR_SHARE = 0.25
 """The evaluations' share of the fit's clock while the running training accuracy is near the target."""
 RECENT = 32
 """The iterations the running training figures of the cadence and the divergence check look at."""
+GROWTH = 0.5
+"""A snapshot is due at the latest when the fit's clock has grown by this fraction since the last
+evaluation (and by one evaluation's cost): so a target reached at clock t is seen by about
+(1 + GROWTH) t, however slow the scoring, and a fit of T seconds pays about log(T) / log(1 + GROWTH)
+such evaluations (a short fit a larger share than `eval_share`, a long one less)."""
 FIRST_AFTER = 1.0
 """Seconds of a run before its first snapshot when no evaluation has been timed yet."""
 
@@ -186,9 +193,13 @@ class InRunEvaluations:
             return False
         if not costs:
             return now - self.clock0 >= FIRST_AFTER
-        share = max(self.share, NEAR_SHARE) if self.near() else self.share
+        history = self.loop.history
+        last = max(self.last, float(history[-1]["time"]) if history else 0.0)
         cost = costs[-1]
-        if now - self.last < cost / share:
+        if now >= last * (1 + GROWTH) and now - last >= cost:
+            return True  # the time to target is never seen later than GROWTH × the clock then
+        share = max(self.share, NEAR_SHARE) if self.near() else self.share
+        if now - last < cost / share:
             return False
         return share > self.share or sum(costs) + cost <= share * now
 
