@@ -199,7 +199,7 @@ def _wall_time(value) -> bool:
 
 
 def _wall_time_word(text: str):
-    return None if text == "none" else Number(0, low_open=True, also=("auto",)).parse(text)
+    return None if text.lower() == "none" else Number(0, low_open=True, also=("auto",)).parse(text)
 
 
 def _is_tuner(value) -> bool:

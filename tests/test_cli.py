@@ -188,3 +188,11 @@ def test_a_finished_command_ends_its_process_at_once_unless_something_still_runs
     assert busy.returncode == 0  # a thread still ran: the normal exit, which waits for it
     lines = ["written before the end / normal exit", "thread finished", "atexit ran", ""]
     assert busy.stdout.split("\n") == lines
+
+
+def test_max_wall_time_none_is_read_in_any_case():
+    from dasknn.cli.app import build_parser
+
+    for word in ("none", "None", "NONE"):
+        assert build_parser().parse_args(["train", "--max-wall-time", word]).max_wall_time is None
+    assert build_parser().parse_args(["train", "--max-wall-time", "30"]).max_wall_time == 30
