@@ -92,3 +92,42 @@ def test_a_run_that_blows_up_is_ended_at_once_and_rolled_back(fits):
     assert (first["phase"] == "rolled_back").all()
     rollbacks = result.decisions[result.decisions["action"] == "rollback"]
     assert len(rollbacks) >= 1 and math.isclose(rollbacks["lr"].iloc[0], 10.0)
+
+
+def cadence_at(now: float, last: float, cost: float, accuracy: float, target: float | None = 0.9) -> bool:
+    """Whether `InRunEvaluations.due()` asks for a snapshot when the fit's clock reads `now`, the last
+    evaluation was at `last` and cost `cost` s, and the last 32 iterations' training accuracy is
+    `accuracy` (a real loop on the simulated engine; the control's clock set, not waited for)."""
+    import time
+
+    from dasknn.engine.simulated import SimulatedEngine
+    from dasknn.engine.trace import Budget
+    from dasknn.in_run import InRunEvaluations
+    from dasknn.policy import EVAL_SHARE, NextRun
+
+    X, y = task()
+    net = tiny_net()
+    loop = Loop(SimulatedEngine(t_conv=0.02, t_fc=0.005, verbose=0), net, X[:300], y[:300], batch_size=8,
+                max_iterations=10, target_accuracy=target, evaluate=Evaluator(net, X[300:], y[300:]),
+                n_classes=3)  # fmt: skip
+    loop.history = [{"time": last}]
+    loop.cadence.seconds = [cost]
+    step = NextRun(RunConfig(n_groups=1, lr=0.05, batch_size=8), Budget(iterations=10), eval_share=EVAL_SHARE)
+    watch = InRunEvaluations(loop, step, clock0=now, wall0=time.perf_counter(), fields={})
+    watch.recent.extend([(1.0, accuracy)] * 32)
+    return watch.due()
+
+
+def test_the_cadence_follows_the_cost_the_clock_and_the_training_accuracy():
+    # far from the target: a gap of cost / 5% (0.2 s → 4 s), or the clock grown by half
+    assert not cadence_at(now=10.0, last=9.0, cost=0.2, accuracy=0.5)
+    assert cadence_at(now=13.2, last=9.0, cost=0.2, accuracy=0.5)  # 4.2 s after: the share allows it
+    assert cadence_at(now=3.1, last=2.0, cost=0.2, accuracy=0.5)  # +55%: never later than 1.5× the clock
+    assert not cadence_at(now=2.9, last=2.0, cost=0.2, accuracy=0.5)
+    # within 2 points of the target by the training batches: a gap of cost / 25% (0.8 s)
+    assert cadence_at(now=9.9, last=9.0, cost=0.2, accuracy=0.89)
+    assert not cadence_at(now=9.6, last=9.0, cost=0.2, accuracy=0.89)
+    assert not cadence_at(now=9.9, last=9.0, cost=0.2, accuracy=0.89, target=None)  # no target: the share
+    # a slow evaluation comes less often (1 s → 20 s apart by the share), but by 1.5× the clock at the latest
+    assert not cadence_at(now=13.0, last=9.0, cost=1.0, accuracy=0.5)
+    assert cadence_at(now=13.6, last=9.0, cost=1.0, accuracy=0.5)
