@@ -2,7 +2,8 @@
 cost"): on the Dask engine, fixed knobs train in one run and the loop scores snapshots fetched from
 the servers beside the running groups; the row of each is stamped with the fit's clock at its
 snapshot, a score that reaches the target ends the run and is the model returned, and a run that
-blows up is ended at once. One LocalCluster of one worker for the module (≈ 10 s)."""
+blows up is ended at once. One LocalCluster of one worker for the module (≈ 10 s); the cadence's
+rules on a loop whose clock the test sets (< 1 s)."""
 
 from __future__ import annotations
 
