@@ -30,6 +30,7 @@ def test_train_with_fixed_knobs_reaches_its_target_and_writes_the_report(tmp_pat
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "time to held-out accuracy (20% of digits" in out.stdout
+    assert "iterations (" in out.stdout and "search time included" not in out.stdout  # fixed knobs: no search
     assert "time to training accuracy" in out.stdout
     report = pd.read_csv(run / "report.csv")
     assert list(report["threshold"]) == [0.9, 0.95, 0.98, 0.99] * 2
@@ -196,3 +197,16 @@ def test_max_wall_time_none_is_read_in_any_case():
     for word in ("none", "None", "NONE"):
         assert build_parser().parse_args(["train", "--max-wall-time", word]).max_wall_time is None
     assert build_parser().parse_args(["train", "--max-wall-time", "30"]).max_wall_time == 30
+
+
+def test_the_final_line_counts_a_search_only_when_a_tuner_searched(capsys):
+    import pandas as pd
+
+    from dasknn.cli.report import _print_final
+
+    row = {"time": 3.0, "iteration": 90, "epoch": 1.5, "accuracy": 0.9, "val_accuracy": 0.8}
+    history = pd.DataFrame([row])
+    assert _print_final(history, "s", searched=True) == "val_accuracy"
+    assert capsys.readouterr().out.strip().endswith("90 iterations (1.5 epochs), search time included")
+    _print_final(history, "s", searched=False)
+    assert capsys.readouterr().out.strip().endswith("90 iterations (1.5 epochs)")

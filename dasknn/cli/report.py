@@ -48,7 +48,8 @@ def write_run(est, args, out: Path, held_out: str) -> float:
     with written(out / "run.json") as tmp:
         tmp.write_text(json.dumps({k: v for k, v in vars(args).items() if k != "func"}, indent=2))
     unit = est.report_.attrs["time_unit"]
-    metric = _print_final(history, unit)
+    searched = "auto" in (est.n_groups, est.learning_rate, est.momentum)  # a tuner's search on the clock
+    metric = _print_final(history, unit, searched)
     augmented = f"; augmented on the workers: {est.augment_}" if est.augment_ is not None else ""
     print(f"data: {est.data_} ({DATA_WORDS[est.data_]}){augmented}")
     _print_times(est.report_, held_out)
@@ -66,16 +67,16 @@ def write_run(est, args, out: Path, held_out: str) -> float:
     return float(history[metric].max())
 
 
-def _print_final(history: pd.DataFrame, unit: str) -> str:
-    """Print the final accuracies, their time in the fit's clock `unit`; returns the metric a target
-    is judged on."""
+def _print_final(history: pd.DataFrame, unit: str, searched: bool) -> str:
+    """Print the final accuracies, their time in the fit's clock `unit` (`searched`: a tuner's
+    search is in that time); returns the metric a target is judged on."""
     metric = "val_accuracy" if "val_accuracy" in history else "accuracy"
     final = history.iloc[-1]
     held = f"held-out accuracy {final['val_accuracy']:.2%}, " if metric == "val_accuracy" else ""
     print(
         f"\nfinal {held}training accuracy {final['accuracy']:.2%} after {final['time']:.1f} "
-        f"{unit}, {int(final['iteration'])} iterations ({final['epoch']:.1f} epochs), "
-        "search time included"
+        f"{unit}, {int(final['iteration'])} iterations ({final['epoch']:.1f} epochs)"
+        + (", search time included" if searched else "")
     )
     return metric
 
