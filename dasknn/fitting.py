@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -188,12 +188,7 @@ class EvaluationCadence:
         figures = training_scores(pd.concat(since, ignore_index=True) if len(since) > 1 else since[0])
         loop.figures.unrecorded = []
 
-        def score() -> tuple[dict[str, float], float]:
-            with self.lock, np.errstate(over="ignore", invalid="ignore"):
-                t0 = time.perf_counter()
-                return loop.evaluator(state), time.perf_counter() - t0
-
-        self.pending = (state, loop._trace_end(), figures, fields, self.executor().submit(score))
+        self.pending = (state, loop._trace_end(), figures, fields, self.score_beside(loop, state))
 
     def begin(self, loop: Loop, state: TrainState, fields: dict[str, Any]) -> None:
         """The fit's start `state` is scored beside the first run, once its groups train
@@ -205,13 +200,7 @@ class EvaluationCadence:
         """Start scoring the start state on the evaluation thread (once)."""
         if self.start is None or self.start[3] is not None:
             return
-        state = self.start[0]
-
-        def score() -> dict[str, float]:
-            with self.lock, np.errstate(over="ignore", invalid="ignore"):
-                return loop.evaluator(state)
-
-        self.start = (*self.start[:3], self.executor().submit(score))
+        self.start = (*self.start[:3], self.score_beside(loop, self.start[0]))
 
     def flush_start(self, loop: Loop, wait: bool = True) -> bool:
         """Write the start row scored beside the first run, if any (only once it is done, unless
@@ -221,14 +210,22 @@ class EvaluationCadence:
         self.score_start(loop)
         state, t, fields, future = self.start
         self.start = None
-        return loop.record(state, t, {**training_scores(make_trace([], "unknown")), **future.result()},
+        return loop.record(state, t, {**training_scores(make_trace([], "unknown")), **future.result()[0]},
                            phase="start", **fields)  # fmt: skip
 
-    def executor(self) -> ThreadPoolExecutor:
-        """The thread the evaluations beside the groups score on (one: they share the scorer's nets)."""
+    def score_beside(self, loop: Loop, state: TrainState) -> Future:
+        """Score `state` with the loop's evaluator on the evaluation thread (one: the scores share
+        the scorer's nets, and `lock` keeps the loop's own scoring off them meanwhile); the future
+        gives (scores, the score's wall seconds)."""
         if self.pool is None:
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="dasknn-evaluation")
-        return self.pool
+
+        def score() -> tuple[dict[str, float], float]:
+            with self.lock, np.errstate(over="ignore", invalid="ignore"):
+                t0 = time.perf_counter()
+                return loop.evaluator(state), time.perf_counter() - t0
+
+        return self.pool.submit(score)
 
     def collect(self, loop: Loop, last: bool = False) -> bool:
         """Write the row of the score pending (waiting for it); True when it stops the fit, which

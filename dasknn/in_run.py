@@ -126,15 +126,8 @@ class InRunEvaluations:
 
     def fetched(self, name: str, state: TrainState) -> None:
         """Score `state` on the loop's evaluation thread, its row stamped with the fit's clock now."""
-        loop, t = self.loop, self.clock()
-        cadence = loop.cadence
-
-        def score() -> tuple[dict[str, float], float]:
-            with cadence.lock, np.errstate(over="ignore", invalid="ignore"):
-                t0 = time.perf_counter()
-                return loop.evaluator(state), time.perf_counter() - t0
-
-        self.pending = (state, t, cadence.executor().submit(score))
+        t = self.clock()
+        self.pending = (state, t, self.loop.cadence.score_beside(self.loop, state))
         self.last = t
 
     def collect(self) -> bool:
