@@ -143,6 +143,10 @@ def finish(proc: subprocess.Popen) -> tuple[int, str, float]:
     return proc.returncode, err, time.monotonic() - t0
 
 
+# In the default run: the driver's error on a lost worker (test_driver's
+# test_losing_a_worker_raises_a_clear_error_within_bounded_time) and the CLI's one-line cluster
+# failure (test_a_closed_port_is_a_cluster_failure_named_in_one_line).
+@pytest.mark.slow
 def test_killed_workers_are_a_cluster_failure_named_in_one_line(deployment, tmp_path):
     address, procs = deployment
     proc = train_until_first_checkpoint(address, tmp_path)
@@ -156,6 +160,9 @@ def test_killed_workers_are_a_cluster_failure_named_in_one_line(deployment, tmp_
     assert TRACEBACK not in err
 
 
+# In the default run: the watch that closes a client when its scheduler is lost
+# (test_a_call_to_a_lost_scheduler_fails_at_once_not_after_the_reconnection_window, below).
+@pytest.mark.slow
 def test_a_killed_scheduler_is_a_cluster_failure_naming_it_within_bounded_time(deployment, tmp_path):
     """Named at once, not after the client's reconnection window (`--connect-timeout`, dask's
     distributed.comm.timeouts.connect: 30 s by default), which a dask call would wait out. The

@@ -183,8 +183,8 @@ def _leave(role: str, how: str, digits, data: str = "persist"):
     [
         # `Segment.hand_off` is one path whichever role leaves (it stops every server and re-plans);
         # the trigger only changes how ElasticPlugin reads the retirement's workers. In the default
-        # run: adapt here, client.retire_workers (addresses) in test_gpu_elastic's cpu-cpu-servers,
-        # cluster.scale (names) in test_when_every_worker_is_retired_the_state_waits_for_a_new_one
+        # run: adapt here, client.retire_workers (addresses) in
+        # test_a_worker_retired_between_two_runs_leaves_when_the_next_run_starts_without_it
         pytest.param("shard server", "client.retire_workers", marks=pytest.mark.slow),
         pytest.param("group lead", "cluster.scale", marks=pytest.mark.slow),
         ("servers", "adapt"),
