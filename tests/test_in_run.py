@@ -59,7 +59,9 @@ def test_the_fit_trains_in_one_run_evaluated_from_snapshots_and_returns_the_stat
     assert result.stopped_by.startswith("target_accuracy=0.6 reached")
     # the start row, scored while the run trained, comes first, stamped at the fit's start
     assert result.history[0]["phase"] == "start" and result.history[0]["time"] == 0.0
-    assert trace["run"].nunique() == 1 and len(rows) >= 2  # no run boundary to evaluate
+    # no run boundary to evaluate; how many evaluations came before the target depends on the
+    # machine's speed (the cadence is on the clock: cadence_at below checks its rules)
+    assert trace["run"].nunique() == 1 and len(rows) >= 1
     applied = loop.log.traces[0].attrs["control"]
     fetched = [a["iteration"] for a in applied if a["command"] == "TakeSnapshot" and a.get("fetch")]
     assert [h["iteration"] for h in rows] == fetched  # each row scored one fetched snapshot
