@@ -282,13 +282,19 @@ def cpu_table(case, g: int, runs: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     cli = parser(__doc__, quick="fewer iterations and 2 repetitions", reps=(3, 2))
     cli.add_argument("--net", choices=("lenet", "cifar10_quick"), help="only this net")
+    cli.add_argument(
+        "--dask-diagnostics",
+        action="store_true",
+        help="dask's default diagnostics (profiler on, 20 ms tick) instead of local_client's quiet ones",
+    )
     args = cli.parse_args(argv)
     reps = repetitions(args)
     out = []
     # the timers by reference (run as __main__, cloudpickle would send copies of their globals)
     from experiments.bench_breakdown import install_timers, thread_pools
 
-    with local_client(n_workers=2, threads_per_worker=1) as client:
+    quiet = not args.dask_diagnostics
+    with local_client(n_workers=2, threads_per_worker=1, quiet_diagnostics=quiet) as client:
         client.run(install_timers)
         client.run(count_requests)
         engine = DaskEngine(client, blas_threads=1, timeout=120)
