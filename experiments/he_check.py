@@ -29,6 +29,11 @@ For each of LeNet (b = 64, digits 28×28) and CIFAR-10 quick (b = 128, synthetic
   other (`call_seconds`, a small payload): what each round trip of a group's iteration adds to it
   beyond its bytes (`HEModel.round_trips`: the remote shard's forward and backward at k = 2, the
   FC step and the push for the group whose lead is not the servers' worker, `local_groups=1`);
+- the CPU bound (`HEModel.t_cpu`), for processes that outnumber the cores: cpu_work = the thread
+  CPU time of the calibration's conv and FC compute; cpu_background = the CPU-s per s of the
+  driver and the workers with a sleeping task on each worker; cpu_call = the CPU of all processes
+  per t_call round trip beyond that; cores = the CPU-s per s two spinning worker tasks get (the
+  machine's cores, or fewer while other jobs share it);
 - measured: `time_per_iteration(trace, warmup=2)` of DaskEngine runs, g = 1 and g = 2 interleaved,
   median over repetitions.
 
