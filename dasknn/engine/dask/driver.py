@@ -108,19 +108,62 @@ def local_client(
     >>> with local_client(n_workers=2) as client:                 # doctest: +SKIP
     ...     DistributedCNN(max_epochs=1, time_budget=None).fit(X, y)
     """
-    import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
+
+    security = _security(security)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n_workers = n_workers or max(1, min(cores, 4))
+    cluster = _start_cluster(
+        n_workers,
+        threads_per_worker,
+        processes,
+        security,
+        cores,
+        tune_malloc,
+        quiet_diagnostics,
+        cluster_kwargs,
+    )
+    client = Client(cluster, security=security) if security is not None else Client(cluster)
+    try:
+        if processes:
+            share_cores(client, cores)
+            client.register_plugin(QuietClose(), name=QuietClose.name)
+        yield client
+    finally:
+        if processes:  # nothing left to tell the workers while they close
+            unshare_cores(client)
+        client.close()
+        cluster.close()
+
+
+def _security(security):
+    """`local_client`'s TLS credentials: a Security, throwaway ones for True, None for None or False."""
     from distributed.security import Security
 
     if security is True:
-        security = Security.temporary()
-    elif security is False:
-        security = None
+        return Security.temporary()
+    if security is False:
+        return None
     if security is not None and not isinstance(security, Security):
         raise TypeError(f"security must be a distributed.security.Security, True or None, got {security!r}")
+    return security
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n_workers = n_workers or max(1, min(cores, 4))
+
+def _start_cluster(
+    n_workers: int,
+    threads_per_worker: int,
+    processes: bool,
+    security,
+    cores: int,
+    tune_malloc: bool,
+    quiet_diagnostics: bool,
+    cluster_kwargs: dict[str, Any],
+):
+    """`local_client`'s LocalCluster: its workers' BLAS threads (cores // workers), malloc settings
+    and dask diagnostics, for the first workers and those the cluster adds later."""
+    import dask
+    from distributed import LocalCluster
+
     blas = str(max(1, cores // n_workers))
     worker_env = {k: blas for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     if tune_malloc:
@@ -138,17 +181,7 @@ def local_client(
         cluster = LocalCluster(
             n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes, **kwargs
         )
-    client = Client(cluster, security=security) if security is not None else Client(cluster)
-    try:
-        if processes:
-            share_cores(client, cores)
-            client.register_plugin(QuietClose(), name=QuietClose.name)
-        yield client
-    finally:
-        if processes:  # nothing left to tell the workers while they close
-            unshare_cores(client)
-        client.close()
-        cluster.close()
+    return cluster
 
 
 QUIET_DIAGNOSTICS = {
