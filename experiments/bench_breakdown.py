@@ -14,8 +14,8 @@ Messages: every request a worker answers (`engine.dask.messages`: actor calls by
 counted over a run and divided by its iterations; `progress` (the stop check, every 0.5 s) and
 `drain` (the driver's poll) are time-driven and listed apart.
 
-CPU: the CPU-seconds (user + system) of every process over each run, by thread (/proc via
-psutil: the driver, whose event loop also runs LocalCluster's scheduler and nannies, and each
+CPU: the CPU-seconds (user + system) of every process over each run, by thread (/proc: the
+driver, whose event loop also runs LocalCluster's scheduler and nannies, and each
 worker: its event loop, the actor thread that runs the servers' calls from other workers, the
 shard server's thread, and the group's task thread, which ends with the run), per iteration,
 against the wall time of the run times the cores; and the thread pools (OpenBLAS, OpenMP, oneDNN)
@@ -92,27 +92,28 @@ def install_timers() -> bool:
 
 def cpu_by_thread() -> dict:
     """This process's CPU seconds (user + system) so far: {"pid", "process": total, "threads":
-    {thread id: (label, seconds)}}; Python threads labelled by their name (pool numbers dropped),
-    the others (OpenMP, OpenBLAS) by their OS name."""
+    {thread id: (label, seconds)}}, from /proc; Python threads labelled by their name (pool
+    numbers dropped), the others (OpenMP, OpenBLAS) by their OS name."""
     import threading
 
-    import psutil
-
     names = {t.native_id: re.sub(r"(-\d+)+$", "", t.name) for t in threading.enumerate()}
-    proc = psutil.Process()
     threads = {}
-    for th in proc.threads():
-        label = names.get(th.id) or _os_thread_name(th.id) + " (no Python thread)"
-        threads[th.id] = (label, th.user_time + th.system_time)
-    times = proc.cpu_times()
-    return {"pid": proc.pid, "process": times.user + times.system, "threads": threads}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            seconds = _stat_seconds(task / "stat")
+            comm = (task / "comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        tid = int(task.name)
+        threads[tid] = (names.get(tid) or f"{comm} (no Python thread)", seconds)
+    times = os.times()
+    return {"pid": os.getpid(), "process": times.user + times.system, "threads": threads}
 
 
-def _os_thread_name(tid: int) -> str:
-    try:
-        return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
-    except OSError:
-        return "?"
+def _stat_seconds(path: Path) -> float:
+    """utime + stime of a /proc stat file, in seconds (fields 14 and 15, after the command)."""
+    fields = path.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def thread_pools() -> dict[str, int]:
