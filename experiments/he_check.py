@@ -29,6 +29,11 @@ For each of LeNet (b = 64, digits 28×28) and CIFAR-10 quick (b = 128, synthetic
   other (`call_seconds`, a small payload): what each round trip of a group's iteration adds to it
   beyond its bytes (`HEModel.round_trips`: the remote shard's forward and backward at k = 2, the
   FC step and the push for the group whose lead is not the servers' worker, `local_groups=1`);
+- the CPU bound (`HEModel.t_cpu`), for processes that outnumber the cores: cpu_work = the thread
+  CPU time of the calibration's conv and FC compute; cpu_background = the CPU-s per s of the
+  driver and the workers with a sleeping task on each worker; cpu_call = the CPU of all processes
+  per t_call round trip beyond that; cores = the CPU-s per s two spinning worker tasks get (the
+  machine's cores, or fewer while other jobs share it);
 - measured: `time_per_iteration(trace, warmup=2)` of DaskEngine runs, g = 1 and g = 2 interleaved,
   median over repetitions.
 
@@ -131,8 +136,9 @@ def phase_seconds(case: Case, X: np.ndarray, y: np.ndarray, threads: int) -> dic
     """t_conv(1) and t_fc on one device: medians over batches, the engine's servers and shard code.
 
     t_conv(1) = pull + conv forward + conv backward + push (what a one-worker group does besides
-    the FC call); t_fc = one `FCServer.step` (FC forward, loss, FC backward, FC update). The first
-    batch warms up and is not counted.
+    the FC call); t_fc = one `FCServer.step` (FC forward, loss, FC backward, FC update); cpu_work:
+    the CPU time of both (their wall time on an idle core). The first batch warms up and is not
+    counted.
     """
     from threadpoolctl import threadpool_limits
 
@@ -142,12 +148,12 @@ def phase_seconds(case: Case, X: np.ndarray, y: np.ndarray, threads: int) -> dic
     fc_server = FCServer(fc.copy(), config.weight_decay, config.seed)
     run_id = f"he-check-{os.getpid()}"
     b = case.batch_size
-    t_conv, t_fc = [], []
+    t_conv, t_fc, cpu = [], [], []
     try:
         with threadpool_limits(limits=threads):
             for i in range(X.shape[0] // b):
                 xb, yb = X[i * b : (i + 1) * b], y[i * b : (i + 1) * b]
-                t0 = time.perf_counter()
+                c0, t0 = time.thread_time(), time.perf_counter()
                 version, weights = conv_server.pull()
                 acts = tasks.conv_forward(run_id, "bench", 0, conv, weights, xb, "cpu", (config.seed, 0))
                 t1 = time.perf_counter()
@@ -156,11 +162,16 @@ def phase_seconds(case: Case, X: np.ndarray, y: np.ndarray, threads: int) -> dic
                 grads = tasks.conv_backward(run_id, "bench", 0, conv, weights, None, out["dacts"], "cpu")
                 conv_server.push(grads, version, config.lr, config.momentum)
                 t3 = time.perf_counter()
+                cpu.append(time.thread_time() - c0)
                 t_conv.append((t1 - t0) + (t3 - t2))
                 t_fc.append(t2 - t1)
     finally:
         tasks.forget_run(run_id)
-    return {"t_conv_1": float(np.median(t_conv[1:])), "t_fc": float(np.median(t_fc[1:]))}
+    return {
+        "t_conv_1": float(np.median(t_conv[1:])),
+        "t_fc": float(np.median(t_fc[1:])),
+        "cpu_work": float(np.median(cpu[1:])),
+    }
 
 
 def network_seconds(client, worker: str, weights: dict[str, np.ndarray], reps: int = 7) -> float:
@@ -193,16 +204,68 @@ def _round_trip_seconds(actor, reps: int) -> float:
     return float(np.median(times[1:]))
 
 
-def call_seconds(client, reps: int = 30) -> float:
+def call_seconds(client, background: float, reps: int = 60) -> tuple[float, float]:
     """t_call: the median round trip of an actor call from a task on one worker to an actor on the
-    other, as a group's lead calls a server or a shard server (its bytes aside: a small payload)."""
+    other, as a group's lead calls a server or a shard server (its bytes aside: a small payload);
+    and cpu_call: the CPU all the cluster's processes spent per call, beyond `background` (CPU-s
+    per s), the task's own submission included."""
     lead, other = sorted(cluster_workers(client))[:2]
     actor = client.submit(Echo, workers=[other], actor=True, pure=False).result(timeout=60)
+    cpu0, t0 = cluster_cpu_seconds(client), time.perf_counter()
     task = client.submit(_round_trip_seconds, actor, reps, workers=[lead], pure=False)
     seconds = task.result(timeout=600)
+    cpu = cluster_cpu_seconds(client) - cpu0 - background * (time.perf_counter() - t0)
     client.cancel([task])
     del actor
-    return seconds
+    return seconds, max(0.0, cpu / (reps + 1))
+
+
+def process_cpu_seconds() -> float:
+    """This process's CPU seconds so far, user + system, all its threads."""
+    t = os.times()
+    return t.user + t.system
+
+
+def cluster_cpu_seconds(client) -> float:
+    """The CPU seconds so far of this process (with a LocalCluster's scheduler and nannies) and of
+    every worker."""
+    return process_cpu_seconds() + sum(client.run(process_cpu_seconds).values())
+
+
+def _spin(seconds: float) -> float:
+    """Compute for `seconds` of wall time; the CPU seconds this thread got meanwhile."""
+    t0, cpu0 = time.perf_counter(), time.thread_time()
+    while time.perf_counter() - t0 < seconds:
+        pass
+    return time.thread_time() - cpu0
+
+
+def available_cores(client, seconds: float = 1.0) -> float:
+    """cores: the CPU-s per s the workers get when each computes on one thread at once, at most the
+    machine's cores (fewer when other jobs share the machine)."""
+    workers = cluster_workers(client)
+    spins = [client.submit(_spin, seconds, workers=[w], pure=False) for w in workers]
+    got = sum(client.gather(spins)) / seconds
+    client.cancel(spins)
+    return min(got, float(len(os.sched_getaffinity(0))))
+
+
+def background_cpu(client, seconds: float = 2.0) -> float:
+    """cpu_background: CPU-s per s the cluster's processes spend with a task running on every
+    worker (a sleeping one: dask's profiler, when on, samples it as it samples a group's loop)."""
+    from distributed import wait
+
+    busy = [
+        client.submit(time.sleep, seconds + 1.0, workers=[w], pure=False) for w in cluster_workers(client)
+    ]
+    time.sleep(0.5)
+    cpu0, t0 = cluster_cpu_seconds(client), time.perf_counter()
+    time.sleep(seconds)
+    cpu = cluster_cpu_seconds(client) - cpu0
+    rate = cpu / (time.perf_counter() - t0)
+    wait(busy)
+    client.cancel(busy)
+    return rate
 
 
 def calibrate(client, case: Case, X: np.ndarray, y: np.ndarray) -> dict[str, float]:
@@ -215,10 +278,15 @@ def calibrate(client, case: Case, X: np.ndarray, y: np.ndarray) -> dict[str, flo
     client.cancel([Xf, yf, on_worker])
     here = phase_seconds(case, X[:n], y[:n], BLAS_THREADS)
     conv, _ = case.make_net().split_phases()
+    background = background_cpu(client)
+    t_call, cpu_call = call_seconds(client, background)
     return {
         **measured,
         "T_nc": network_seconds(client, workers[0], conv.get_params()),
-        "t_call": call_seconds(client),
+        "t_call": t_call,
+        "cpu_call": cpu_call,
+        "cpu_background": background,
+        "cores": available_cores(client),
         "conv_model_bytes": phase_costs(case.make_net(), case.batch_size)["conv_model_bytes"],
         "t_conv_1_in_process": here["t_conv_1"],
         "t_fc_in_process": here["t_fc"],
@@ -237,6 +305,10 @@ def model_of(cal: dict[str, float], in_process: bool = False) -> HEModel:
         bandwidth_bytes_per_s=2.0 * cal["conv_model_bytes"] / cal["T_nc"],
         t_call=cal["t_call"],
         local_groups=1,
+        cores=cal["cores"],
+        cpu_call=cal["cpu_call"],
+        cpu_background=cal["cpu_background"],
+        cpu_work=cal["cpu_work"],
     )
 
 
@@ -286,7 +358,10 @@ def run(quick: bool, reps: int, gpu: bool = False) -> xr.Dataset:
             print(
                 f"{case.name}: t_conv(1) = {cal_rows[-1]['t_conv_1'] * 1e3:.1f} ms, "
                 f"t_fc = {cal_rows[-1]['t_fc'] * 1e3:.2f} ms, T_nc = {cal_rows[-1]['T_nc'] * 1e3:.2f} ms, "
-                f"t_call = {cal_rows[-1]['t_call'] * 1e3:.2f} ms "
+                f"t_call = {cal_rows[-1]['t_call'] * 1e3:.2f} ms, "
+                f"cpu_call = {cal_rows[-1]['cpu_call'] * 1e3:.2f} ms, "
+                f"cpu_background = {cal_rows[-1]['cpu_background'] * 1e3:.0f} CPU-ms/s, "
+                f"cores = {cal_rows[-1]['cores']:.2f} "
                 f"(worker); in this process t_conv(1) = {cal_rows[-1]['t_conv_1_in_process'] * 1e3:.1f} ms",
                 flush=True,
             )
@@ -362,6 +437,22 @@ def run(quick: bool, reps: int, gpu: bool = False) -> xr.Dataset:
             "t_fc": (nets, per_net("t_fc"), {"units": "s", "description": "FC step, on a worker"}),
             "T_nc": (nets, per_net("T_nc"), {"units": "s", "description": "conv weights out and back"}),
             "t_call": (nets, per_net("t_call"), {"units": "s", "description": "an actor call's round trip"}),
+            "cpu_call": (
+                nets,
+                per_net("cpu_call"),
+                {"units": "s", "description": "CPU of all processes per actor call's round trip"},
+            ),
+            "cpu_background": (
+                nets,
+                per_net("cpu_background"),
+                {"units": "s/s", "description": "CPU of all processes per second, a task on each worker"},
+            ),
+            "cores": (nets, per_net("cores"), {"units": "cores", "description": "CPU-s/s busy workers get"}),
+            "t_cpu": (
+                ng,
+                np.array([[m.t_cpu(g) for g in GROUPS] for m in models]),
+                {"units": "s", "description": "CPU bound: CPU per iteration / (cores - cpu_background)"},
+            ),
             "t_conv_1_in_process": (nets, per_net("t_conv_1_in_process"), {"units": "s"}),
             "t_fc_in_process": (nets, per_net("t_fc_in_process"), {"units": "s"}),
             "conv_model_bytes": (nets, per_net("conv_model_bytes"), {"units": "bytes"}),
@@ -402,15 +493,15 @@ def table(ds: xr.Dataset) -> str:
         return f"{float(value) * 1e3:.1f}"
 
     lines = [
-        "| net | g | k | t_conv(k) (ms) | t_fc (ms) | HE predicted (ms) | measured (ms) | "
+        "| net | g | k | t_conv(k) (ms) | t_fc (ms) | t_cpu (ms) | HE predicted (ms) | measured (ms) | "
         "measured / predicted | FC saturated | predicted, in-process calibration (ms) | "
         "to device per iteration (copies / KiB) | to host (copies / KiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for net in ds["net"].values:
         for g in ds["groups"].values:
             s = ds.sel(net=net, groups=g)
-            cells = [net, str(g), str(int(s["k"])), ms(s["t_conv"]), ms(s["t_fc"])]
+            cells = [net, str(g), str(int(s["k"])), ms(s["t_conv"]), ms(s["t_fc"]), ms(s["t_cpu"])]
             cells += [ms(s["time_per_iter_predicted"]), ms(s["time_per_iter_measured"])]
             cells += [f"{float(s['ratio']):.2f}", "yes" if int(s["fc_saturated"]) else "no"]
             cells += [ms(s["time_per_iter_predicted_in_process"])]
@@ -421,9 +512,10 @@ def table(ds: xr.Dataset) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| net | b | t_conv(1) worker (ms) | t_fc worker (ms) | T_nc (ms) | t_call (ms) | conv model (KiB) | "
-        "t_conv(1) in-process (ms) | t_fc in-process (ms) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| net | b | t_conv(1) worker (ms) | t_fc worker (ms) | T_nc (ms) | t_call (ms) | cpu_call (ms) | "
+        "cpu_background (CPU-ms/s) | cores | conv model (KiB) | t_conv(1) in-process (ms) | "
+        "t_fc in-process (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for net in ds["net"].values:
         s = ds.sel(net=net)
@@ -434,6 +526,9 @@ def table(ds: xr.Dataset) -> str:
             ms(s["t_fc"]),
             f"{float(s['T_nc']) * 1e3:.2f}",
             f"{float(s['t_call']) * 1e3:.2f}",
+            f"{float(s['cpu_call']) * 1e3:.2f}",
+            f"{float(s['cpu_background']) * 1e3:.0f}",
+            f"{float(s['cores']):.2f}",
         ]
         cells += [f"{float(s['conv_model_bytes']) / 1024:.0f}", ms(s["t_conv_1_in_process"])]
         cells += [ms(s["t_fc_in_process"])]

@@ -9,8 +9,10 @@ k = N/g devices sharing one merged FC server that serves one batch at a time, so
 and the FC server is saturated when t_conv(k) + t_fc < g · t_fc. An engine also pays a fixed cost
 per round trip between two processes (messages, serialisation, thread hops), which neither T_nc's
 bytes nor the compute times hold: `t_call`, times the round trips of one group's iteration
-(`HEModel.round_trips`), added to each group's iteration. FireCaffe §6 (Iandola et al.) gives the
-gradient-communication time of a parameter server and of a reduction tree.
+(`HEModel.round_trips`), added to each group's iteration. Where the processes outnumber the cores
+they share (workers, servers, driver, scheduler), the iterations are also bound by the CPU work
+they need: `cores`, `cpu_call` and `cpu_background` (see `HEModel.t_cpu`). FireCaffe §6 (Iandola
+et al.) gives the gradient-communication time of a parameter server and of a reduction tree.
 """
 
 from __future__ import annotations
@@ -68,11 +70,19 @@ class HEModel:
     t_call: the fixed cost of one round trip between two processes, its bytes aside (s; 0: the
     paper's model);
     local_groups: how many groups' leads share the servers' process, so that their pull, FC step
-    and push are calls in that process (the Dask engine places the servers on group 0's lead: 1).
+    and push are calls in that process (the Dask engine places the servers on group 0's lead: 1);
+    cores: the CPU cores all the run's processes share (0: as many as they need, the paper's model);
+    cpu_call: the CPU time one round trip costs all processes together (s: serialisation, both
+    event loops, thread hops);
+    cpu_background: the CPU the processes spend per second whatever the iterations do (s/s: the
+    cluster's event loops, heartbeats and monitors);
+    cpu_work: the CPU time of one batch's conv and FC compute (s; 0: T_cc + t_fc, which is their
+    CPU time where single-threaded kernels ran on an idle core).
 
     With t_call = 0 every group's iteration takes t_conv(k) + t_fc and HE(g) is Omnivore's. Else
     group i's takes t_i = t_conv(k) + t_fc + round_trips(k, local) · t_call, the g groups together
-    complete 1 / Σ 1/t_i iterations per second, and HE(g) = max{t_fc, 1 / Σ_i 1/t_i}.
+    complete 1 / Σ 1/t_i iterations per second, and HE(g) = max{t_fc, 1 / Σ_i 1/t_i, t_cpu(g)}
+    (t_cpu = 0 when cores = 0).
     """
 
     T_cc: float
@@ -81,16 +91,25 @@ class HEModel:
     n_workers: int
     t_call: float = 0.0
     local_groups: int = 0
+    cores: float = 0.0
+    cpu_call: float = 0.0
+    cpu_background: float = 0.0
+    cpu_work: float = 0.0
 
     def __post_init__(self) -> None:
         if int(self.local_groups) < 0:
             raise ValueError(f"local_groups must be >= 0, got {self.local_groups}")
-        for key in ("T_cc", "T_nc", "t_fc", "t_call"):
+        for key in ("T_cc", "T_nc", "t_fc", "t_call", "cores", "cpu_call", "cpu_background", "cpu_work"):
             value = getattr(self, key)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{key} must be a finite number >= 0, got {value}")
         if int(self.n_workers) < 1:
             raise ValueError(f"n_workers must be >= 1, got {self.n_workers}")
+        if self.cores and self.cpu_background >= self.cores:
+            raise ValueError(
+                f"cpu_background ({self.cpu_background}) must be below cores ({self.cores}): "
+                "no CPU would be left for the iterations"
+            )
 
     # -- constructors ----------------------------------------------------------------------------
     @classmethod
@@ -103,9 +122,13 @@ class HEModel:
         bandwidth_bytes_per_s: float,
         t_call: float = 0.0,
         local_groups: int = 0,
+        cores: float = 0.0,
+        cpu_call: float = 0.0,
+        cpu_background: float = 0.0,
+        cpu_work: float = 0.0,
     ) -> HEModel:
         """The model from calibration: measured t_conv(1) and t_fc, conv model bytes, network speed,
-        and the measured cost of one round trip `t_call` (see the class).
+        the measured cost of one round trip `t_call`, and the CPU terms (see the class).
 
         Omnivore appendix D-D: T_cc = t_conv(1) (one device is compute-bound), and
         T_nc = 2 · conv_model_bytes / bandwidth: the conv model server sends the model to each
@@ -120,6 +143,10 @@ class HEModel:
             n_workers=int(n_workers),
             t_call=float(t_call),
             local_groups=int(local_groups),
+            cores=float(cores),
+            cpu_call=float(cpu_call),
+            cpu_background=float(cpu_background),
+            cpu_work=float(cpu_work),
         )
 
     @classmethod
@@ -190,10 +217,24 @@ class HEModel:
         local = min(int(self.local_groups), g)
         return 1.0 / (local / self.t_group(k, True) + (g - local) / self.t_group(k, False))
 
+    def t_cpu(self, g: int) -> float:
+        """The CPU bound on the time per iteration: the CPU one iteration needs over the cores left
+        by the background, (cpu_work + trips · cpu_call) / (cores − cpu_background), trips the
+        groups' mean `round_trips`; 0 when cores = 0.
+
+        Whatever the processes do besides the compute comes out of the same cores."""
+        if not self.cores:
+            return 0.0
+        g, k = int(g), self.group_size(g)
+        local = min(int(self.local_groups), g)
+        trips = (local * self.round_trips(k, True) + (g - local) * self.round_trips(k, False)) / g
+        work = (self.cpu_work or self.T_cc + self.t_fc) + trips * self.cpu_call
+        return work / (self.cores - self.cpu_background)
+
     def he(self, g: int) -> float:
         """Predicted time per iteration HE(g) = max{t_fc, (t_conv(N/g) + t_fc) / g} (§IV-B), each
-        group's iteration with its round trips' `t_call` (see the class)."""
-        return max(self.t_fc, self._conv_bound(g))
+        group's iteration with its round trips' `t_call`, and at least `t_cpu(g)` (see the class)."""
+        return max(self.t_fc, self._conv_bound(g), self.t_cpu(g))
 
     def saturates(self, g: int) -> bool:
         """True when g groups saturate the FC server: t_conv(k) + t_fc < g · t_fc (Omnivore appendix D-D),

@@ -85,6 +85,31 @@ def test_each_round_trip_adds_t_call_to_its_groups_iteration():
         HEModel(T_cc=1.0, T_nc=0.1, t_fc=0.1, n_workers=2, t_call=-1.0)
 
 
+def test_the_cpu_the_iterations_need_bounds_them_where_the_processes_share_few_cores():
+    # T_cc = 8, t_fc = 2, T_nc = 0.5, N = 2, t_call = 1, group 0 local; 2 cores, a round trip
+    # costs 2 CPU-s. g = 2 (k = 1): critical paths 10 and 10 + 2·1 = 12, together 60/11; the CPU:
+    # one round trip per iteration on average, (8 + 2 + 2) / 2 = 6: CPU-bound. g = 1 (k = 2):
+    # path 4 + 2 + 2·1 = 8; CPU (10 + 2·2) / 2 = 7: the path. A background of 0.5 CPU-s per s
+    # leaves 1.5 cores: g = 2 12 / 1.5 = 8, g = 1 14 / 1.5 = 28/3.
+    kw = {"T_cc": 8.0, "T_nc": 0.5, "t_fc": 2.0, "n_workers": 2, "t_call": 1.0, "local_groups": 1}
+    m = HEModel(**kw, cores=2, cpu_call=2.0)
+    assert (m.t_cpu(2), m.he(2)) == (pytest.approx(6.0), pytest.approx(6.0))
+    assert (m.t_cpu(1), m.he(1)) == (pytest.approx(7.0), pytest.approx(8.0))
+    busy = HEModel(**kw, cores=2, cpu_call=2.0, cpu_background=0.5)
+    assert busy.he(2) == pytest.approx(8.0) and busy.he(1) == pytest.approx(28 / 3)
+    assert HEModel(**kw, cores=2, cpu_call=2.0, cpu_work=6.0).t_cpu(2) == pytest.approx(4.0)  # (6 + 2) / 2
+    free = HEModel(**kw)  # cores = 0: no CPU bound, the model as it was
+    assert free.t_cpu(2) == 0.0 and free.he(2) == pytest.approx(60 / 11)
+    f = HEModel.from_measurements(
+        8.0, 2.0, 2, 1e6, 1e8, cores=2, cpu_call=2.0, cpu_background=0.5, cpu_work=9.0
+    )
+    assert (f.cores, f.cpu_call, f.cpu_background, f.cpu_work) == (2.0, 2.0, 0.5, 9.0)
+    with pytest.raises(ValueError, match="cpu_background .* below cores"):
+        HEModel(**kw, cores=1, cpu_background=1.0)
+    with pytest.raises(ValueError, match="cpu_call"):
+        HEModel(**kw, cpu_call=-1.0)
+
+
 def test_lenet_phase_costs_by_hand():
     c = phase_costs(zoo.lenet(), batch_size=64)
     conv_fwd = 2 * 20 * 25 * 24 * 24 + 20 * 12 * 12 * 4 + 2 * 50 * 20 * 25 * 8 * 8 + 50 * 4 * 4 * 4

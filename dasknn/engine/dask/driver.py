@@ -65,6 +65,7 @@ def local_client(
     processes: bool = True,
     security=None,
     tune_malloc: bool = True,
+    quiet_diagnostics: bool = True,
     **cluster_kwargs,
 ) -> Iterator[Any]:
     """A LocalCluster sized to this machine and a Client on it, closed on exit (a context manager).
@@ -89,6 +90,11 @@ def local_client(
         Start the workers with glibc's mmap and trim thresholds at 32 and 64 MiB. Dask's nanny
         sets a trim threshold of 64 KiB, which turns off glibc's dynamic mmap threshold, so every
         large temporary of a training step would be mapped and faulted in afresh.
+    quiet_diagnostics : bool, default True
+        Run the cluster with dask's own diagnostics at `QUIET_DIAGNOSTICS`: no statistical
+        profiler (every 10 ms it walks the stack of each running task, a group's loop included,
+        under the GIL), the event-loop tick and the system monitor less often. Their CPU is
+        taken from the cores the groups compute on (experiments/README.md, bench_breakdown).
     **cluster_kwargs
         Passed on to ``distributed.LocalCluster``.
 
@@ -102,31 +108,20 @@ def local_client(
     >>> with local_client(n_workers=2) as client:                 # doctest: +SKIP
     ...     DistributedCNN(max_epochs=1, time_budget=None).fit(X, y)
     """
-    from distributed import Client, LocalCluster
-    from distributed.security import Security
+    from distributed import Client
 
-    if security is True:
-        security = Security.temporary()
-    elif security is False:
-        security = None
-    if security is not None and not isinstance(security, Security):
-        raise TypeError(f"security must be a distributed.security.Security, True or None, got {security!r}")
-
+    security = _security(security)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n_workers = n_workers or max(1, min(cores, 4))
-    blas = str(max(1, cores // n_workers))
-    worker_env = {k: blas for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-    if tune_malloc:
-        worker_env["MALLOC_MMAP_THRESHOLD_"] = str(32 * 2**20)
-        worker_env["MALLOC_TRIM_THRESHOLD_"] = str(64 * 2**20)
-    kwargs = {"dashboard_address": ":0", **cluster_kwargs}  # a free port: 8787 may be taken
-    if security is not None:
-        kwargs["security"] = security
-        kwargs.setdefault("protocol", "tls://")
-    if processes:  # the first workers and those the cluster adds later (`nanny.TunedNanny`)
-        kwargs = {"worker_class": TunedNanny, "pre_spawn_environ": worker_env, **kwargs}
-    cluster = LocalCluster(
-        n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes, **kwargs
+    cluster = _start_cluster(
+        n_workers,
+        threads_per_worker,
+        processes,
+        security,
+        cores,
+        tune_malloc,
+        quiet_diagnostics,
+        cluster_kwargs,
     )
     client = Client(cluster, security=security) if security is not None else Client(cluster)
     try:
@@ -139,6 +134,64 @@ def local_client(
             unshare_cores(client)
         client.close()
         cluster.close()
+
+
+def _security(security):
+    """`local_client`'s TLS credentials: a Security, throwaway ones for True, None for None or False."""
+    from distributed.security import Security
+
+    if security is True:
+        return Security.temporary()
+    if security is False:
+        return None
+    if security is not None and not isinstance(security, Security):
+        raise TypeError(f"security must be a distributed.security.Security, True or None, got {security!r}")
+    return security
+
+
+def _start_cluster(
+    n_workers: int,
+    threads_per_worker: int,
+    processes: bool,
+    security,
+    cores: int,
+    tune_malloc: bool,
+    quiet_diagnostics: bool,
+    cluster_kwargs: dict[str, Any],
+):
+    """`local_client`'s LocalCluster: its workers' BLAS threads (cores // workers), malloc settings
+    and dask diagnostics, for the first workers and those the cluster adds later."""
+    import dask
+    from distributed import LocalCluster
+
+    blas = str(max(1, cores // n_workers))
+    worker_env = {k: blas for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    if tune_malloc:
+        worker_env["MALLOC_MMAP_THRESHOLD_"] = str(32 * 2**20)
+        worker_env["MALLOC_TRIM_THRESHOLD_"] = str(64 * 2**20)
+    kwargs = {"dashboard_address": ":0", **cluster_kwargs}  # a free port: 8787 may be taken
+    if security is not None:
+        kwargs["security"] = security
+        kwargs.setdefault("protocol", "tls://")
+    diagnostics = QUIET_DIAGNOSTICS if quiet_diagnostics else {}
+    if processes:  # the first workers and those the cluster adds later (`nanny.TunedNanny`)
+        tuned = {"pre_spawn_environ": worker_env, "worker_config": diagnostics}
+        kwargs = {"worker_class": TunedNanny, **tuned, **kwargs}
+    with dask.config.set(diagnostics):  # the scheduler, the nannies and the first workers
+        cluster = LocalCluster(
+            n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes, **kwargs
+        )
+    return cluster
+
+
+QUIET_DIAGNOSTICS = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.tick.interval": "1s",
+    "distributed.admin.system-monitor.interval": "2s",
+}
+"""dask's diagnostics in `local_client`'s cluster (dask's defaults: the profiler on, sampling every
+10 ms; the tick every 20 ms; the system monitor every 500 ms). A late tick is still reported (dask
+warns past `distributed.admin.tick.limit`, 3 s)."""
 
 
 DATA_MODES = ("persist", "stream")

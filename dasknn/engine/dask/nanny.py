@@ -7,6 +7,7 @@ workers join and leave (docs/architecture.md, "Layers").
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 
@@ -28,7 +29,8 @@ warning. A close that waits is quiet, and takes no longer where the process ends
 
 
 class TunedNanny(Nanny):
-    """A Nanny whose worker processes start with `pre_spawn_environ` (variable → value) set.
+    """A Nanny whose worker processes start with `pre_spawn_environ` (variable → value) set and
+    the dask config keys of `worker_config` ("a.b.c" → value) over the driver's.
 
     distributed reads `distributed.nanny.pre-spawn-environ` while a Nanny is made, lets the
     driver's own environment win over it, and writes it into the driver's `os.environ` when it
@@ -39,11 +41,25 @@ class TunedNanny(Nanny):
     spawning = 0  # nannies of this process starting a worker now
     driver_env: dict[str, str | None] = {}  # the driver's values, put back when none is
 
-    def __init__(self, *args, pre_spawn_environ: dict[str, str] | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        pre_spawn_environ: dict[str, str] | None = None,
+        worker_config: dict[str, object] | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.tuned = dict(pre_spawn_environ or {})
         self.pre_spawn_env.update(self.tuned)
         self.env.update(self.tuned)
+        if worker_config:  # dask's merge shares nested dicts with the driver's config: copy first
+            self.config = copy.deepcopy(self.config)
+        for key, value in (worker_config or {}).items():  # dask config keys, "a.b.c": value
+            *path, last = key.split(".")
+            node = self.config
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = value
 
     async def close(self, timeout: float = 5, reason: str = "nanny-close"):
         """Close the worker process, waiting up to `CLOSE_TIMEOUT` s for it to end by itself."""

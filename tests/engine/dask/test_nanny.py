@@ -1,7 +1,7 @@
 """`local_client`'s workers, the first ones and those `cluster.scale` adds later, start with the
-same BLAS-thread and malloc settings (`engine.dask.nanny.TunedNanny`), and the driver's own
-environment is left as it was; as workers join and leave, every worker's BLAS threads follow
-cores // workers (`engine.dask.nanny.SharedCores`)."""
+same BLAS-thread and malloc settings and dask diagnostics (`engine.dask.nanny.TunedNanny`), and
+the driver's own environment and dask config are left as they were; as workers join and leave,
+every worker's BLAS threads follow cores // workers (`engine.dask.nanny.SharedCores`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import time
 import pytest
 
 from dasknn.engine.dask import local_client
-from dasknn.engine.dask.nanny import SharedCores, share_cores
+from dasknn.engine.dask.driver import QUIET_DIAGNOSTICS
+from dasknn.engine.dask.nanny import SharedCores, TunedNanny, share_cores
 
 KEYS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_",
         "MALLOC_TRIM_THRESHOLD_")  # fmt: skip
@@ -19,6 +20,28 @@ KEYS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "MALLOC_MM
 
 def _settings() -> dict[str, str | None]:
     return {k: os.environ.get(k) for k in KEYS}
+
+
+def _diagnostics(dask_worker) -> dict:
+    import dask
+
+    return {
+        "profiler": "profile" in dask_worker.periodic_callbacks,
+        "tick": dask.config.get("distributed.admin.tick.interval"),
+    }
+
+
+def test_a_nanny_hands_its_worker_the_quiet_diagnostics_and_leaves_the_driver_config_alone():
+    import dask
+
+    driver = dask.config.get("distributed.admin.tick.interval")
+    nanny = TunedNanny("tcp://127.0.0.1:1", worker_config=QUIET_DIAGNOSTICS)  # made, never started
+    assert nanny.config["distributed"]["worker"]["profile"]["enabled"] is False
+    assert nanny.config["distributed"]["admin"]["event-loop"] == dask.config.get(
+        "distributed.admin.event-loop"
+    )
+    assert dask.config.get("distributed.admin.tick.interval") == driver
+    assert dask.config.get("distributed.worker.profile.enabled") is True
 
 
 @pytest.mark.slow
@@ -31,7 +54,9 @@ def test_a_worker_added_by_scale_gets_the_settings_of_the_first(monkeypatch):
         client.cluster.scale(3)
         client.wait_for_workers(3, timeout=60)
         every = client.run(_settings)
+        diagnostics = client.run(_diagnostics)
         assert _settings() == driver
+    assert set(map(str, diagnostics.values())) == {str({"profiler": False, "tick": "1s"})}
     (added,) = set(every) - set(first)  # three workers answered, one of them new
     (one,) = {tuple(sorted(s.items())) for s in first.values()}
     assert every[added] == dict(one)
