@@ -31,7 +31,7 @@ def test_he_check_phase_seconds_measure_t_conv_and_t_fc():
     case = he_check.CASES[True][0]
     X, y = digits_arrays(case, 3 * case.batch_size)
     seconds = he_check.phase_seconds(case, X, y, threads=1)
-    assert set(seconds) == {"t_conv_1", "t_fc"}
-    assert seconds["t_conv_1"] > 0 and seconds["t_fc"] > 0
+    assert set(seconds) == {"t_conv_1", "t_fc", "cpu_work"}
+    assert seconds["t_conv_1"] > 0 and seconds["t_fc"] > 0 and seconds["cpu_work"] > 0
     # LeNet's conv phase holds most of its FLOPs: t_conv(1) exceeds the FC server's step
     assert seconds["t_conv_1"] > seconds["t_fc"]
