@@ -56,9 +56,6 @@ def run(args) -> int:
     # every option checked before the data is read or a cluster started
     check_params({**defaults(), **params})
     dataset_options(args, args.dataset)
-    import dask
-    import distributed  # noqa: F401  (defines the config key below; a simulated fit may not import it)
-
     ahead = ClusterAhead.wanted(params["scheduler"], params["engine"], params["security"])
     with ClusterAhead(params["n_workers"]) if ahead else nullcontext() as cluster:
         X, y = load_dataset(args)
@@ -74,6 +71,9 @@ def run(args) -> int:
         logger.info(f"held out: {held_out}")
         if cluster is not None:
             announce(cluster.client())
+        import dask
+        import distributed  # noqa: F401  (defines the config key below; a simulated fit may not import it)
+
         with dask.config.set({"distributed.comm.timeouts.connect": f"{args.connect_timeout:g}s"}):
             est.fit(X, y)
         if cluster is not None:
