@@ -376,6 +376,10 @@ class ClusterAhead:
         except BaseException as err:  # raised again in the caller's thread by client()
             self._error = err
 
+    def ready(self) -> bool:
+        """Whether the start is over (`client()` would not wait)."""
+        return not self._start.is_alive()
+
     def client(self):
         """The started cluster's Client (waits for the start)."""
         self._start.join()

@@ -19,6 +19,24 @@ DATA_WORDS = {
 """Where the fit kept its data (`DistributedCNN.data_`), in a reader's words."""
 
 
+PLOT_MODULES = ("matplotlib.figure", "matplotlib.backends.backend_agg")
+"""What the run's plot imports (`reports.plot_accuracy` writing a PNG from a bare Figure)."""
+
+
+def import_plot_ahead() -> None:
+    """Import `PLOT_MODULES` on a daemon thread: `dasknn train` calls it as it starts waiting for
+    its cluster, when a core would otherwise idle, so that the report's plot finds them loaded
+    (an import still running then is waited for by the import system's own lock)."""
+    import importlib
+    import threading
+
+    def load() -> None:
+        for name in PLOT_MODULES:
+            importlib.import_module(name)
+
+    threading.Thread(target=load, name="dasknn-plot-import", daemon=True).start()
+
+
 def write_run(est, args, out: Path, held_out: str) -> float:
     """Write a fitted run's files to `out`, print its decisions, final accuracies and time to
     accuracy; returns the best accuracy it reached (held-out when there is validation data)."""

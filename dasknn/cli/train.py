@@ -15,7 +15,7 @@ from dasknn import __version__
 from dasknn.cli.datasets import DATASETS, add_dataset_flags, dataset_options, default_dataset, load_dataset
 from dasknn.cli.exits import EXIT_BUDGET_OUT, EXIT_TARGET_REACHED
 from dasknn.cli.options import positive
-from dasknn.cli.report import write_run
+from dasknn.cli.report import import_plot_ahead, write_run
 from dasknn.engine.trace import time_unit
 from dasknn.estimator_params import BY_NAME, add_flags, flag_values
 from dasknn.written import check_writable, new_folder
@@ -70,6 +70,8 @@ def run(args) -> int:
         logger.info(f"device: {describe_device()}")
         logger.info(f"held out: {held_out}")
         if cluster is not None:
+            if not cluster.ready():
+                import_plot_ahead()
             announce(cluster.client())
         import dask
         import distributed  # noqa: F401  (defines the config key below; a simulated fit may not import it)
