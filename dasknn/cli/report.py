@@ -23,10 +23,10 @@ PLOT_MODULES = ("matplotlib.figure", "matplotlib.backends.backend_agg")
 """What the run's plot imports (`reports.plot_accuracy` writing a PNG from a bare Figure)."""
 
 
-def import_plot_ahead() -> None:
-    """Import `PLOT_MODULES` on a daemon thread: `dasknn train` calls it as it starts waiting for
-    its cluster, when a core would otherwise idle, so that the report's plot finds them loaded
-    (an import still running then is waited for by the import system's own lock)."""
+def import_plot_ahead():
+    """Import `PLOT_MODULES` on a daemon thread, returned: `dasknn train` starts it as it begins
+    waiting for its cluster, when a core would otherwise idle, and joins it before the fit, so the
+    import never runs beside the training loop and the report's plot finds the modules loaded."""
     import importlib
     import threading
 
@@ -34,7 +34,9 @@ def import_plot_ahead() -> None:
         for name in PLOT_MODULES:
             importlib.import_module(name)
 
-    threading.Thread(target=load, name="dasknn-plot-import", daemon=True).start()
+    thread = threading.Thread(target=load, name="dasknn-plot-import", daemon=True)
+    thread.start()
+    return thread
 
 
 def write_run(est, args, out: Path, held_out: str) -> float:

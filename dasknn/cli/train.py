@@ -27,10 +27,12 @@ def run(args) -> int:
     """Train a net with DistributedCNN and report time to accuracy.
 
     Where the fit would start a LocalCluster, the command starts it first, on a thread
-    (`cluster.ClusterAhead`), as soon as the options are checked: the scheduler and the workers
-    start while the command reads the data and imports the estimator, and the fit uses it as its
-    default client; it closes on a thread while the report is written, and on every way out of the
-    block (a dataset that fails to load: the cluster closes, then the one line and exit 2)."""
+    (`cluster.ClusterAhead`), as soon as the options are checked: the fork server its workers come
+    from, the scheduler and the workers start while the command reads the data and imports the
+    estimator (and, while it then waits for them, the plot's modules: `import_plot_ahead`, done
+    before the fit begins), and the fit uses it as its default client; it closes on a thread while
+    the report is written, and on every way out of the block (a dataset that fails to load: the
+    cluster closes, then the one line and exit 2)."""
     from dasknn.backend import describe_device
     from dasknn.cluster import ClusterAhead, announce
     from dasknn.estimator_params import check_params, defaults
@@ -69,13 +71,16 @@ def run(args) -> int:
         )
         logger.info(f"device: {describe_device()}")
         logger.info(f"held out: {held_out}")
+        plot_import = None
         if cluster is not None:
             if not cluster.ready():
-                import_plot_ahead()
+                plot_import = import_plot_ahead()
             announce(cluster.client())
         import dask
         import distributed  # noqa: F401  (defines the config key below; a simulated fit may not import it)
 
+        if plot_import is not None:
+            plot_import.join()
         with dask.config.set({"distributed.comm.timeouts.connect": f"{args.connect_timeout:g}s"}):
             est.fit(X, y)
         if cluster is not None:
