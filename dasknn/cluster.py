@@ -319,9 +319,10 @@ def stop_forkserver() -> None:
 
 class ClusterAhead:
     """The LocalCluster a fit would start (`dask_client`'s last case), started on a thread now, so
-    that the scheduler and the workers start, and the workers import `WARM_MODULES`, while this
-    process goes on with what comes before the fit (`dasknn train` imports the estimator, reads the
-    data and checks it meanwhile). Its Client becomes the default client, which the fit then uses.
+    that the scheduler and the workers start (forked from a fork server that imports
+    `WARM_MODULES` once: `start_forkserver`), while this process goes on with what comes before
+    the fit (`dasknn train` imports the estimator, reads the data and checks it meanwhile). Its
+    Client becomes the default client, which the fit then uses.
 
     `client()` waits for the start (raising what it raised); `close_behind()` closes the cluster on
     a thread, while the caller writes its report; leaving the `with` block waits for the close (and
@@ -365,8 +366,10 @@ class ClusterAhead:
         from dasknn.engine.dask import local_client
 
         try:
-            if self._forked:  # the cluster's workers, those it restarts or adds later too; the
-                self._stack.callback(stop_forkserver)  # server ends once the cluster has closed
+            if self._forked:
+                # every worker of the cluster (those it restarts or adds later too) comes from the
+                # fork server, which ends once the cluster has closed
+                self._stack.callback(stop_forkserver)
                 self._stack.enter_context(
                     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
                 )
