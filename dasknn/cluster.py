@@ -250,9 +250,48 @@ def scheduler_lost(client, err: BaseException):
     )
 
 
-WARM_MODULES = ("dask.array",)
-"""What a fit's first computation on a fresh worker imports (dask.array and what it brings, scipy
-and pandas among them: 1-2 s on 2 cores): a `ClusterAhead` has its workers import them at once."""
+WARM_MODULES = (
+    "distributed",
+    "dask.array",
+    "dasknn.engine.dask.tasks",
+    "dasknn.engine.dask.iteration",
+    "dasknn.estimator_data",
+)
+"""What a fit's worker process imports before its first iteration (distributed; dask.array and what
+it brings, scipy and pandas among them; the worker side of the Dask engine): a `ClusterAhead`'s
+fork server imports them once, before any worker exists, and every worker is forked from it."""
+
+
+def start_forkserver(n_workers: int | None) -> bool:
+    """Start multiprocessing's fork server now, importing `WARM_MODULES`, with the environment of
+    the workers of a LocalCluster of `n_workers` (`engine.dask.environ`: BLAS threads, malloc
+    thresholds, hash seed); False where the platform has no fork server.
+
+    The fork server is a process of its own: its imports run on another core while this process
+    goes on, and each worker forked from it starts with them done, rather than every spawned
+    worker importing them again. The environment is this process's again once the server runs."""
+    import multiprocessing
+    import os
+    from multiprocessing import forkserver
+
+    from dasknn.engine.dask.environ import HASH_SEED, local_cores, local_workers, worker_environ
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return False
+    cores = local_cores()
+    env = {**worker_environ(local_workers(n_workers, cores), cores), "PYTHONHASHSEED": HASH_SEED}
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(WARM_MODULES))
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        forkserver.ensure_running()
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return True
 
 
 def _import(names: tuple[str, ...]) -> None:
@@ -262,11 +301,28 @@ def _import(names: tuple[str, ...]) -> None:
         importlib.import_module(name)
 
 
+def stop_forkserver() -> None:
+    """End the fork server `start_forkserver` started, once no worker of it is left: at once, not
+    through its interpreter's teardown of the modules it imported, which would run after the
+    command's end, holding its output open. multiprocessing has no public call for this; `_stop`
+    is the one its own tests use (it closes the server's pipe, waits for it and forgets it)."""
+    import os
+    import signal
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server._forkserver_pid, signal.SIGTERM)
+    server._stop()
+
+
 class ClusterAhead:
     """The LocalCluster a fit would start (`dask_client`'s last case), started on a thread now, so
-    that the scheduler and the workers start, and the workers import `WARM_MODULES`, while this
-    process goes on with what comes before the fit (`dasknn train` imports the estimator, reads the
-    data and checks it meanwhile). Its Client becomes the default client, which the fit then uses.
+    that the scheduler and the workers start (forked from a fork server that imports
+    `WARM_MODULES` once: `start_forkserver`), while this process goes on with what comes before
+    the fit (`dasknn train` imports the estimator, reads the data and checks it meanwhile). Its
+    Client becomes the default client, which the fit then uses.
 
     `client()` waits for the start (raising what it raised); `close_behind()` closes the cluster on
     a thread, while the caller writes its report; leaving the `with` block waits for the close (and
@@ -283,15 +339,22 @@ class ClusterAhead:
             target=self._started, args=(n_workers,), name="dasknn-cluster-start", daemon=True
         )
         self._closing: threading.Thread | None = None
+        self._forked = start_forkserver(n_workers)
         self._start.start()
 
     @staticmethod
     def wanted(scheduler, engine: str, security) -> bool:
-        from distributed import default_client
+        import sys
 
         if scheduler is not None or engine != "dask" or security is not None:
             return False
-        if in_dask_task() or in_daemon_process():
+        if in_daemon_process():
+            return False
+        if "distributed" not in sys.modules:
+            return True  # nothing of distributed's runs in this process: no task, no default client
+        from distributed import default_client
+
+        if in_dask_task():
             return False
         try:
             default_client()
@@ -303,11 +366,22 @@ class ClusterAhead:
         from dasknn.engine.dask import local_client
 
         try:
+            if self._forked:
+                # every worker of the cluster (those it restarts or adds later too) comes from the
+                # fork server, which ends once the cluster has closed
+                self._stack.callback(stop_forkserver)
+                self._stack.enter_context(
+                    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+                )
             client = self._stack.enter_context(local_client(n_workers=n_workers, dashboard_address=":0"))
             client.run(_import, WARM_MODULES)
             self._client = client
         except BaseException as err:  # raised again in the caller's thread by client()
             self._error = err
+
+    def ready(self) -> bool:
+        """Whether the start is over (`client()` would not wait)."""
+        return not self._start.is_alive()
 
     def client(self):
         """The started cluster's Client (waits for the start)."""

@@ -203,9 +203,11 @@ def _wall_time_word(text: str):
 
 
 def _is_tuner(value) -> bool:
+    if isinstance(value, str):  # a name: no need to import the tuners (and scikit-learn) to check it
+        return value in TUNERS
     from dasknn.optimizer.tuner import Tuner
 
-    return (isinstance(value, str) and value in TUNERS) or isinstance(value, Tuner)
+    return isinstance(value, Tuner)
 
 
 def _check_tuner(value) -> None:

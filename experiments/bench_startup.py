@@ -25,7 +25,8 @@ wall-clock numbers: compare only numbers of the same rounds; the machine's load 
   model and plot), `close_wait` (waiting for the cluster's close after the report), `exit_s` (from
   `os._exit` to the process's end), and `rest` (outside less the main thread's parts: what
   lies between them). Also the CPU-seconds of each process (its tree's, for `dasknn train`: the
-  workers' too), which a busy machine moves less than wall time.
+  workers' and a fork server's too, reaped by the benchmark as their subreaper), which a busy
+  machine moves less than wall time.
 
 Every process runs with a bytecode cache of the benchmark's own (PYTHONPYCACHEPREFIX, written
 whatever PYTHONDONTWRITEBYTECODE says, filled by a first round, -1, which is not counted): an
@@ -136,7 +137,8 @@ POINTS = {  # module: (its attribute (a class's too), mark at the call, mark at 
         ("ClusterAhead.close_behind", "close_start", None), ("ClusterAhead._close", None, "cluster_closed"),
         ("ClusterAhead.__exit__", None, "close_waited"),
     ],
-    "dasknn.estimator": [("DistributedCNN.fit", "fit_start", "fit_end"), ("build_loop", "loop_built", None)],
+    "dasknn.estimator": [("DistributedCNN.fit", "fit_start", "fit_end")],
+    "dasknn.estimator_fit": [("FitSettings.build_loop", "loop_built", None)],
 }
 
 
@@ -210,6 +212,28 @@ def parts(marks: dict[str, float], start: float, end: float, loop: float) -> dic
     return row
 
 
+def adopt_orphans() -> None:
+    """Make this process the reaper of its descendants' orphans (Linux's child subreaper): a fork
+    server that `dasknn train` started, and the workers forked from it, outlive the command by a
+    moment and are no child of it; reaped here, their CPU-seconds count in RUSAGE_CHILDREN."""
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+
+
+def reap_orphans(within: float = 30.0) -> None:
+    """Wait (at most `within` seconds) for the orphans `adopt_orphans` made this process's children."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.05)
+
+
 def train_once(env: dict[str, str], flags: list[str], folder: Path) -> dict:
     """One `dasknn train` process of the main job (`env`: `environment`) through `PROBE`: its
     wall, CPU-seconds, the loop's wall and the parts of the rest (`parts`)."""
@@ -220,6 +244,7 @@ def train_once(env: dict[str, str], flags: list[str], folder: Path) -> dict:
     start = time.time()
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=folder.parent)
     end = time.time()
+    reap_orphans()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
     row = {"exit": done.returncode, "process_wall": end - start, "cpu_seconds": cpu}
@@ -239,6 +264,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     cli.add_argument("--no-train", action="store_true", help="the import only")
     cli.add_argument("--flags", default=MAIN_JOB, help=f"dasknn train's flags (default {MAIN_JOB!r})")
     args = cli.parse_args(argv)
+    adopt_orphans()
     trees = {"this": ROOT, **({"base": args.base.resolve()} if args.base else {})}
     print(machine_line(), flush=True)
     rows = []

@@ -3,6 +3,8 @@ whose workers have imported what the first computation needs, closed when the bl
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from distributed import default_client
 
@@ -27,6 +29,48 @@ def test_the_cluster_started_ahead_is_the_default_client_with_warm_workers_and_c
     assert client.status == "closed"
     with pytest.raises(ValueError):
         default_client()
+
+
+def _origin() -> dict:
+    """A worker's parent process and the environment it was started (exec'd) with."""
+    import os
+    from pathlib import Path
+
+    started = dict(
+        entry.split("=", 1) for entry in Path("/proc/self/environ").read_text().split("\0") if "=" in entry
+    )
+    return {"parent": os.getppid(), "malloc": started.get("MALLOC_MMAP_THRESHOLD_")}
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc")
+def test_the_workers_come_from_a_fork_server_that_ends_with_the_cluster():
+    """The workers are forked from one fork server (which imported `WARM_MODULES` once), a process
+    started with the workers' environment, so glibc's malloc read their tuned thresholds; it ends
+    once the cluster has closed."""
+    import os
+
+    from dasknn.engine.dask.environ import MMAP_THRESHOLD, worker_environ
+
+    keys = [*worker_environ(2, 2), "PYTHONHASHSEED"]
+    before = {k: os.environ.get(k) for k in keys}
+    with ClusterAhead(n_workers=2) as cluster:
+        assert {k: os.environ.get(k) for k in keys} == before  # this process's own, again
+        origins = list(cluster.client().run(_origin).values())
+        server = origins[0]["parent"]
+        assert server != os.getpid() and _alive(server)
+        assert origins == [{"parent": server, "malloc": str(MMAP_THRESHOLD)}] * 2
+        cluster.close_behind()
+    assert not _alive(server)
 
 
 def test_no_cluster_ahead_where_the_fit_would_not_start_a_local_one():

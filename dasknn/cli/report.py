@@ -19,6 +19,26 @@ DATA_WORDS = {
 """Where the fit kept its data (`DistributedCNN.data_`), in a reader's words."""
 
 
+PLOT_MODULES = ("matplotlib.figure", "matplotlib.backends.backend_agg")
+"""What the run's plot imports (`reports.plot_accuracy` writing a PNG from a bare Figure)."""
+
+
+def import_plot_ahead():
+    """Import `PLOT_MODULES` on a daemon thread, returned: `dasknn train` starts it as it begins
+    waiting for its cluster, when a core would otherwise idle, and joins it before the fit, so the
+    import never runs beside the training loop and the report's plot finds the modules loaded."""
+    import importlib
+    import threading
+
+    def load() -> None:
+        for name in PLOT_MODULES:
+            importlib.import_module(name)
+
+    thread = threading.Thread(target=load, name="dasknn-plot-import", daemon=True)
+    thread.start()
+    return thread
+
+
 def write_run(est, args, out: Path, held_out: str) -> float:
     """Write a fitted run's files to `out`, print its decisions, final accuracies and time to
     accuracy; returns the best accuracy it reached (held-out when there is validation data)."""

@@ -15,7 +15,7 @@ from dasknn import __version__
 from dasknn.cli.datasets import DATASETS, add_dataset_flags, dataset_options, default_dataset, load_dataset
 from dasknn.cli.exits import EXIT_BUDGET_OUT, EXIT_TARGET_REACHED
 from dasknn.cli.options import positive
-from dasknn.cli.report import write_run
+from dasknn.cli.report import import_plot_ahead, write_run
 from dasknn.engine.trace import time_unit
 from dasknn.estimator_params import BY_NAME, add_flags, flag_values
 from dasknn.written import check_writable, new_folder
@@ -27,10 +27,12 @@ def run(args) -> int:
     """Train a net with DistributedCNN and report time to accuracy.
 
     Where the fit would start a LocalCluster, the command starts it first, on a thread
-    (`cluster.ClusterAhead`), as soon as the options are checked: the scheduler and the workers
-    start while the command reads the data and imports the estimator, and the fit uses it as its
-    default client; it closes on a thread while the report is written, and on every way out of the
-    block (a dataset that fails to load: the cluster closes, then the one line and exit 2)."""
+    (`cluster.ClusterAhead`), as soon as the options are checked: the fork server its workers come
+    from, the scheduler and the workers start while the command reads the data and imports the
+    estimator (and, while it then waits for them, the plot's modules: `import_plot_ahead`, done
+    before the fit begins), and the fit uses it as its default client; it closes on a thread while
+    the report is written, and on every way out of the block (a dataset that fails to load: the
+    cluster closes, then the one line and exit 2)."""
     from dasknn.backend import describe_device
     from dasknn.cluster import ClusterAhead, announce
     from dasknn.estimator_params import check_params, defaults
@@ -56,9 +58,6 @@ def run(args) -> int:
     # every option checked before the data is read or a cluster started
     check_params({**defaults(), **params})
     dataset_options(args, args.dataset)
-    import dask
-    import distributed  # noqa: F401  (defines the config key below; a simulated fit may not import it)
-
     ahead = ClusterAhead.wanted(params["scheduler"], params["engine"], params["security"])
     with ClusterAhead(params["n_workers"]) if ahead else nullcontext() as cluster:
         X, y = load_dataset(args)
@@ -72,8 +71,16 @@ def run(args) -> int:
         )
         logger.info(f"device: {describe_device()}")
         logger.info(f"held out: {held_out}")
+        plot_import = None
         if cluster is not None:
+            if not cluster.ready():
+                plot_import = import_plot_ahead()
             announce(cluster.client())
+        import dask
+        import distributed  # noqa: F401  (defines the config key below; a simulated fit may not import it)
+
+        if plot_import is not None:
+            plot_import.join()
         with dask.config.set({"distributed.comm.timeouts.connect": f"{args.connect_timeout:g}s"}):
             est.fit(X, y)
         if cluster is not None:

@@ -35,3 +35,29 @@ def test_a_checkout_that_reads_the_data_before_its_cluster_counts_options_up_to_
     row = parts(marks, start=100.0, end=117.5, loop=10.0)
     assert row["options"] == pytest.approx(0.6, abs=1e-9)  # imported → the load's start
     assert math.isnan(row["cluster_start"]) and math.isnan(row["cluster_wait"])
+
+
+def test_every_point_the_parts_need_is_a_function_of_this_checkout():
+    """The probe wraps its points by name (skipping names a checkout lacks, for older ones): each
+    mark `parts` reads is set by a point that exists here, or its part would silently be NaN."""
+    import ast
+    import importlib
+
+    from experiments.bench_startup import PROBE
+
+    tree = ast.parse(PROBE)
+    points = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "POINTS"
+    )
+    found = set()
+    for module, entries in points.items():
+        for where, before, after in entries:
+            owner = importlib.import_module(module)
+            for name in where.split("."):
+                owner = getattr(owner, name, None)
+            if owner is not None:
+                found |= {before, after} - {None}
+    needed = {m for m in MARKS if m not in ("imported", "exit_called")}  # set by the probe itself
+    assert needed <= found, sorted(needed - found)

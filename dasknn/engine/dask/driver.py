@@ -14,7 +14,6 @@ the last snapshot on the survivors (`recovery`). Every wait is bounded.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.control import RunControl
 from dasknn.engine.dask import elastic, tasks
 from dasknn.engine.dask.control import DaskControl
+from dasknn.engine.dask.environ import local_cores, local_workers, worker_environ
 from dasknn.engine.dask.kept import Kept, knobs_of, release_kept, take_kept
 from dasknn.engine.dask.nanny import QuietClose, TunedNanny, share_cores, unshare_cores
 from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
@@ -111,8 +111,8 @@ def local_client(
     from distributed import Client
 
     security = _security(security)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n_workers = n_workers or max(1, min(cores, 4))
+    cores = local_cores()
+    n_workers = local_workers(n_workers, cores)
     cluster = _start_cluster(
         n_workers,
         threads_per_worker,
@@ -164,11 +164,7 @@ def _start_cluster(
     import dask
     from distributed import LocalCluster
 
-    blas = str(max(1, cores // n_workers))
-    worker_env = {k: blas for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-    if tune_malloc:
-        worker_env["MALLOC_MMAP_THRESHOLD_"] = str(32 * 2**20)
-        worker_env["MALLOC_TRIM_THRESHOLD_"] = str(64 * 2**20)
+    worker_env = worker_environ(n_workers, cores, tune_malloc)
     kwargs = {"dashboard_address": ":0", **cluster_kwargs}  # a free port: 8787 may be taken
     if security is not None:
         kwargs["security"] = security
