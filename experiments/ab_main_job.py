@@ -23,9 +23,10 @@ process's wall outside the loop (imports, data, cluster start, the fit's set-up,
 η 0.01 with the inv policy, µ 0.9) on the same split and initial weights, as its own process
 (`torch_once`; its clock is its training time, scoring excluded, as the fit's clock).
 
-`--base DIR` adds, for each fixed contender, a contender "base:g,η,µ" running the same knobs with
-the code of another checkout (DIR first on PYTHONPATH, e.g. the main branch's worktree), in the
-same rounds: before and after a change. `--no-auto` leaves "auto" out.
+`--base DIR` adds, for "auto" and each fixed contender, a contender "base:auto" or "base:g,η,µ"
+running the same knobs with the code of another checkout (DIR first on PYTHONPATH, e.g. the main
+branch's worktree), in the same rounds: before and after a change. `--no-auto` leaves "auto" (and
+"base:auto") out.
 
     python -m experiments.ab_main_job [--rounds 3] [--targets 0.95 0.96] [--fixed 2,0.03,0.9 ...] [--torch]
         [--base DIR] [--no-auto]
@@ -118,8 +119,8 @@ def torch_once(folder: str, budget: float = 60.0) -> None:
 
 
 def flags_of(name: str) -> list[str]:
-    """The `dasknn train` flags of a contender: "auto" (the default) or "[base:]g,η,µ"."""
-    if name in ("auto", "pytorch"):
+    """The `dasknn train` flags of a contender: "[base:]auto" (the default) or "[base:]g,η,µ"."""
+    if name in ("auto", "base:auto", "pytorch"):
         return []
     g, lr, mu = name.removeprefix("base:").split(",")
     return ["--n-groups", g, "--lr", lr, "--momentum", mu]
@@ -180,7 +181,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.base is not None and not (args.base / "dasknn" / "__init__.py").is_file():
         parser.error(f"--base {args.base}: no dasknn package there")
-    bases = [f"base:{name}" for name in args.fixed] if args.base is not None else []
+    bases = [f"base:{name}" for name in [*([] if args.no_auto else ["auto"]), *args.fixed]]
+    bases = bases if args.base is not None else []
     contenders = [*([] if args.no_auto else ["auto"]), *args.fixed, *bases]
     contenders += ["pytorch"] if args.torch else []
     print(machine_line(), flush=True)
