@@ -128,3 +128,35 @@ def test_dasknn_train_fits_on_the_cluster_it_started_ahead(tmp_path):
     with pytest.raises(ValueError):
         default_client()
     assert _children() <= before
+
+
+HEAVY = ("dask.array", "pandas", "scipy", "sklearn", "matplotlib", "xarray", "zarr", "torch")
+"""What `dasknn train` leaves to its fork server and to after its start: the fork server's own
+imports (`WARM_MODULES`) run on another core only once it has started."""
+
+UP_TO_THE_FORK_SERVER = """
+import json, os, runpy, sys
+from multiprocessing import forkserver
+
+def reached():  # the fork server's start: say what the command had loaded, and end here
+    print(json.dumps([name for name in {heavy!r} if name in sys.modules]), flush=True)
+    os._exit(0)
+
+forkserver.ensure_running = reached
+sys.argv = ["dasknn", "train", "--n-groups", "2", "--lr", "0.03", "--momentum", "0.9", "--output", {out!r}]
+runpy.run_module("dasknn", run_name="__main__")
+"""
+
+
+def test_dasknn_train_starts_its_fork_server_before_loading_dask_array_pandas_scipy_or_sklearn(tmp_path):
+    """`python -m dasknn train` (the main job's options) reaches the fork server's start having
+    imported none of `HEAVY`: those imports would hold the fork server back while the second core
+    idles. The process ends there (nothing started, nothing written)."""
+    import subprocess
+    import sys
+
+    code = UP_TO_THE_FORK_SERVER.format(heavy=HEAVY, out=str(tmp_path / "run"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines() == ["[]"], done.stdout  # reached, with none loaded
+    assert not (tmp_path / "run").exists()

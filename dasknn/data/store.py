@@ -13,13 +13,13 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
 from .chunks import sample_chunks
 
 if TYPE_CHECKING:
+    import dask.array as da
     import zarr
 
 __all__ = [
@@ -122,6 +122,8 @@ def read_store(path: str | Path, *, batch_size: int = 64) -> tuple[da.Array, da.
 
 
 def _from_store(array: CheckedArray, chunks: tuple, index: Any) -> da.Array:
+    import dask.array as da  # imported on use: `data_home` and `is_complete` need no dask array
+
     token = tokenize(array.where, array.name, array.shape, str(array.dtype), index)
     meta = np.empty((0,) * array.ndim, dtype=array.dtype)
     return da.from_array(array, chunks=chunks, name=f"from-zarr-{array.name}-{token}", meta=meta, fancy=False)
@@ -242,6 +244,7 @@ def write_store(
     FileExistsError unless `overwrite`, in which case it is replaced only once the new one is
     complete. On any error the temporary folder is removed.
     """
+    import dask.array as da
     import zarr
 
     path = Path(path)

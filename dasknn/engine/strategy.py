@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from dasknn.nn.net import Net
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "AGGREGATIONS",
@@ -102,6 +104,8 @@ def layer_costs(net: Net, batch_size: int) -> pd.DataFrame:
     Layer-placement §3 Step 2: cost_i = O_i + Σ_{x≤i} P_x, the bytes a worker sends one way per
     iteration when the net is split after layer i. Index: layer name, in net order.
     """
+    import pandas as pd  # imported on use: checking a Strategy (`dasknn train`, early) needs none
+
     b = int(batch_size)
     if b < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
