@@ -23,6 +23,7 @@ import numpy as np
 __all__ = [
     "array_module",
     "blas_threads",
+    "cpu_cores",
     "cupy_available",
     "describe_device",
     "device_info",
@@ -217,7 +218,7 @@ def blas_threads(n: int | None = 1):
     """
     from threadpoolctl import threadpool_limits
 
-    limit = _cpu_cores() if n is None else int(n)
+    limit = cpu_cores() if n is None else int(n)
     if limit < 1:
         raise ValueError(f"BLAS threads must be >= 1; got {n}")
     return threadpool_limits(limits=limit)
@@ -234,7 +235,8 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cpu_cores() -> int:
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the platform has one)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
@@ -247,7 +249,7 @@ def device_info(device: str = "cpu") -> dict[str, Any]:
         return {
             "kind": "cpu",
             "model": _cpu_model(),
-            "cores": _cpu_cores(),
+            "cores": cpu_cores(),
             "machine": platform.machine(),
             "numpy": np.__version__,
         }

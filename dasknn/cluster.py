@@ -274,11 +274,12 @@ def start_forkserver(n_workers: int | None) -> bool:
     import os
     from multiprocessing import forkserver
 
-    from dasknn.engine.dask.environ import HASH_SEED, local_cores, local_workers, worker_environ
+    from dasknn.backend import cpu_cores
+    from dasknn.engine.dask.environ import HASH_SEED, local_workers, worker_environ
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
-    cores = local_cores()
+    cores = cpu_cores()
     env = {**worker_environ(local_workers(n_workers, cores), cores), "PYTHONHASHSEED": HASH_SEED}
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(WARM_MODULES))
     before = {k: os.environ.get(k) for k in env}
@@ -374,7 +375,8 @@ class ClusterAhead:
                     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
                 )
             client = self._stack.enter_context(local_client(n_workers=n_workers, dashboard_address=":0"))
-            client.run(_import, WARM_MODULES)
+            if not self._forked:  # a forked worker has them from the fork server
+                client.run(_import, WARM_MODULES)
             self._client = client
         except BaseException as err:  # raised again in the caller's thread by client()
             self._error = err

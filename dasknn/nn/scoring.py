@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dasknn.backend import _cpu_cores, array_module, to_device
+from dasknn.backend import array_module, cpu_cores, to_device
 from dasknn.nn.loss import softmax_with_loss
 from dasknn.nn.net import Net
 
@@ -55,7 +55,7 @@ def process_threads() -> int:
     from threadpoolctl import threadpool_info
 
     blas = [info["num_threads"] for info in threadpool_info() if info.get("user_api") == "blas"]
-    return max(1, int(blas[0])) if blas else _cpu_cores()
+    return max(1, int(blas[0])) if blas else cpu_cores()
 
 
 def threads_per_batch(threads: int, n_batches: int) -> tuple[int, int]:

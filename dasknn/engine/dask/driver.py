@@ -22,13 +22,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from dasknn.backend import cpu_cores
 from dasknn.data.augment import Augment
 from dasknn.data.batching import check_window
 from dasknn.engine.autotune import run_auto_learners
 from dasknn.engine.control import RunControl
 from dasknn.engine.dask import elastic, tasks
 from dasknn.engine.dask.control import DaskControl
-from dasknn.engine.dask.environ import local_cores, local_workers, worker_environ
+from dasknn.engine.dask.environ import local_workers, worker_environ
 from dasknn.engine.dask.kept import Kept, knobs_of, release_kept, take_kept
 from dasknn.engine.dask.nanny import QuietClose, TunedNanny, share_cores, unshare_cores
 from dasknn.engine.dask.placement import Placement, plan, replan, worker_devices
@@ -111,7 +112,7 @@ def local_client(
     from distributed import Client
 
     security = _security(security)
-    cores = local_cores()
+    cores = cpu_cores()
     n_workers = local_workers(n_workers, cores)
     cluster = _start_cluster(
         n_workers,

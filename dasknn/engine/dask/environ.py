@@ -5,9 +5,7 @@ come from before it imports dask (`cluster.ClusterAhead`)."""
 
 from __future__ import annotations
 
-import os
-
-__all__ = ["HASH_SEED", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "local_cores", "local_workers", "worker_environ"]
+__all__ = ["HASH_SEED", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "local_workers", "worker_environ"]
 
 MMAP_THRESHOLD = 32 * 2**20
 TRIM_THRESHOLD = 64 * 2**20
@@ -15,11 +13,6 @@ TRIM_THRESHOLD = 64 * 2**20
 
 HASH_SEED = "6640"
 """PYTHONHASHSEED of every worker process: the value dask's nanny sets where none is set."""
-
-
-def local_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def local_workers(n_workers: int | None, cores: int) -> int:

@@ -11,6 +11,7 @@ import copy
 import logging
 import os
 
+import dask
 from distributed import Nanny
 from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
@@ -54,12 +55,7 @@ class TunedNanny(Nanny):
         self.env.update(self.tuned)
         if worker_config:  # dask's merge shares nested dicts with the driver's config: copy first
             self.config = copy.deepcopy(self.config)
-        for key, value in (worker_config or {}).items():  # dask config keys, "a.b.c": value
-            *path, last = key.split(".")
-            node = self.config
-            for part in path:
-                node = node.setdefault(part, {})
-            node[last] = value
+            dask.config.set(worker_config, config=self.config)  # "a.b.c" keys, into this copy only
 
     async def close(self, timeout: float = 5, reason: str = "nanny-close"):
         """Close the worker process, waiting up to `CLOSE_TIMEOUT` s for it to end by itself."""
