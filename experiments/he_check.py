@@ -20,22 +20,28 @@ g = 1 is one group of k = 2 (its lead's shard inline, the other on that worker's
 one push); g = 2 is two groups of one worker.
 For each of LeNet (b = 64, digits 28×28) and CIFAR-10 quick (b = 128, synthetic 3×32×32):
 
-- calibration, on one of the cluster's workers (the runs' own process environment) and, for
-  comparison, in this process: t_conv(1) = pull + conv forward + conv backward + push and t_fc = the
-  FC step, timed with the engine's server classes and shard functions, medians over batches;
-  T_nc = median round trip of the conv weights to the other worker and back over dask's TCP comms;
-  `HEModel.from_measurements(t_conv(1), t_fc, 2, conv model bytes, 2 · bytes / T_nc)`;
+- calibration before each repetition, on the cluster's workers, every worker computing at once as
+  the groups do (the runs' own process environment), and, for comparison, in this process alone:
+  t_conv(1) = pull + conv forward + conv backward + push and t_fc = the FC step, timed with the
+  engine's server classes and shard functions, medians over batches and workers; t_conv at the
+  shard b/2 gives t_conv_fixed, the per-batch part of T_cc that a device pays whatever its shard
+  (t(b/k) = (T_cc − c)/k + c); T_nc = median round trip of the conv weights to the other worker
+  and back over dask's TCP comms; `HEModel.from_measurements(t_conv(1), t_fc, 2, conv model
+  bytes, 2 · bytes / T_nc)`;
 - t_call = the median round trip of an actor call from a task on one worker to an actor on the
   other (`call_seconds`, a small payload): what each round trip of a group's iteration adds to it
-  beyond its bytes (`HEModel.round_trips`: the remote shard's forward and backward at k = 2, the
-  FC step and the push for the group whose lead is not the servers' worker, `local_groups=1`);
+  beyond its bytes (`HEModel.round_trips`: the FC step and the push for the group whose lead is
+  not the servers' worker, `local_groups=1`); t_shard_call = the same with a remote shard's bytes
+  (weights and images out, activations back; activations' gradient out, weights' gradient back)
+  while both cores compute (`shard_call_seconds`): the shard's forward and backward at k = 2;
 - the CPU bound (`HEModel.t_cpu`), for processes that outnumber the cores: cpu_work = the thread
   CPU time of the calibration's conv and FC compute; cpu_background = the CPU-s per s of the
   driver and the workers with a sleeping task on each worker; cpu_call = the CPU of all processes
   per t_call round trip beyond that; cores = the CPU-s per s two spinning worker tasks get (the
   machine's cores, or fewer while other jobs share it);
 - measured: `time_per_iteration(trace, warmup=2)` of DaskEngine runs, g = 1 and g = 2 interleaved,
-  median over repetitions.
+  median over repetitions; measured ÷ predicted is the median of each repetition's ratio to the
+  HE(g) of its own calibration (the machine's speed drifts between repetitions).
 
 What it found (2 shared AMD EPYC cores, load 0-1.2, medians of 3, malloc-tuned workers): with one
 worker per group (g = 2) the model holds where compute dominates, measured / predicted 1.04 on
@@ -68,7 +74,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -268,20 +274,118 @@ def background_cpu(client, seconds: float = 2.0) -> float:
     return rate
 
 
-def calibrate(client, case: Case, X: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    """The HE model's parameters on a worker of the cluster, and t_conv(1), t_fc in this process."""
+def busy_phase_seconds(client, case: Case, X: np.ndarray, y: np.ndarray, batch: int) -> dict[str, float]:
+    """`phase_seconds` at `batch` images on every worker at once (as the groups compute: every core
+    busy), each worker on its own copy of the data; the medians over the workers."""
     workers = sorted(cluster_workers(client))
+    shard = replace(case, batch_size=int(batch))
+    n = case.calibration_batches * int(batch)
+    futures, runs = [], []
+    for w in workers:
+        Xf, yf = client.scatter([X[:n], y[:n]], workers=[w])
+        futures += [Xf, yf]
+        runs.append(client.submit(phase_seconds, shard, Xf, yf, BLAS_THREADS, workers=[w], pure=False))
+    results = client.gather(runs)
+    client.cancel(futures + runs)
+    return {key: float(np.median([r[key] for r in results])) for key in results[0]}
+
+
+class Carrier:
+    """An actor that answers a call with as many bytes as it is told: a remote shard's call, its
+    compute aside."""
+
+    def call(self, payload, n_back: int):
+        return np.ones(max(1, int(n_back) // 4), dtype=np.float32)
+
+
+def _compute(stop, seconds: float | None = None) -> None:
+    """Single-thread SGEMM until `stop` is set (or for `seconds`): a core kept busy as a group's
+    conv kernels keep it (BLAS releases the GIL, as they do)."""
+    from threadpoolctl import threadpool_limits
+
+    a = np.ones((256, 256), dtype=np.float32)
+    t0 = time.perf_counter()
+    with threadpool_limits(limits=1):
+        while not stop.is_set() and (seconds is None or time.perf_counter() - t0 < seconds):
+            a @ a
+
+
+def _busy_for(seconds: float) -> None:
+    """A task computing on its worker's core for `seconds`."""
+    import threading
+
+    _compute(threading.Event(), seconds)
+
+
+def _carried_round_trip(actor, n_out: int, n_back: int, reps: int) -> float:
+    """Median round trip of `reps` calls carrying `n_out` bytes out and `n_back` back (the first
+    not counted), while a thread of this process computes (the lead computes its own shard while
+    the remote one's call is out)."""
+    import threading
+
+    payload = np.ones(max(1, int(n_out) // 4), dtype=np.float32)
+    stop = threading.Event()
+    busy = threading.Thread(target=_compute, args=(stop,), daemon=True)
+    busy.start()
+    times = []
+    try:
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            actor.call(payload, n_back).result(timeout=60)
+            times.append(time.perf_counter() - t0)
+    finally:
+        stop.set()
+        busy.join()
+    return float(np.median(times[1:]))
+
+
+def shard_call_seconds(client, case: Case, X: np.ndarray, reps: int = 30) -> float:
+    """t_shard_call: the mean of a remote shard's forward and backward round trip, from a task on
+    one worker to an actor on the other, with the bytes each carries (forward: the conv weights and
+    the shard's images out, its activations back; backward: the activations' gradient out, the
+    weights' gradient back), every core computing meanwhile as in a group's iteration."""
+    b = case.batch_size // N_WORKERS
+    net = case.make_net()
+    conv, _ = net.split_phases()
+    weights = sum(int(v.nbytes) for v in conv.get_params().values())
+    acts = int(phase_costs(net, b)["split_activation_bytes"])
+    images = int(X[:b].nbytes)
+    lead, other = sorted(cluster_workers(client))[:2]
+    actor = client.submit(Carrier, workers=[other], actor=True, pure=False).result(timeout=60)
+    seconds = []
+    for out, back in ((weights + images, acts), (acts, weights)):
+        busy = client.submit(_busy_for, 0.6 + reps * 0.02, workers=[other], pure=False)
+        trip = client.submit(_carried_round_trip, actor, out, back, reps, workers=[lead], pure=False)
+        seconds.append(trip.result(timeout=600))
+        busy.result(timeout=600)
+        client.cancel([busy, trip])
+    del actor
+    return float(np.mean(seconds))
+
+
+def conv_fixed(t_conv_1: float, t_conv_shard: float, k: int) -> float:
+    """The per-batch part c of T_cc from t_conv at b and at b/k: t(b/k) = (T_cc − c)/k + c, so
+    c = (k · t(b/k) − T_cc) / (k − 1), held within [0, T_cc]."""
+    c = (k * t_conv_shard - t_conv_1) / (k - 1)
+    return float(min(max(c, 0.0), t_conv_1))
+
+
+def calibrate(client, case: Case, X: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """The HE model's parameters on the cluster's workers, every worker computing at once (as the
+    groups do), at the batch and at a shard of it; and t_conv(1), t_fc in this process, alone."""
+    measured = busy_phase_seconds(client, case, X, y, case.batch_size)
+    shard = busy_phase_seconds(client, case, X, y, case.batch_size // N_WORKERS)
     n = case.calibration_batches * case.batch_size
-    Xf, yf = client.scatter([X[:n], y[:n]], workers=[workers[-1]])
-    on_worker = client.submit(phase_seconds, case, Xf, yf, BLAS_THREADS, workers=[workers[-1]], pure=False)
-    measured = on_worker.result(timeout=600)
-    client.cancel([Xf, yf, on_worker])
     here = phase_seconds(case, X[:n], y[:n], BLAS_THREADS)
     conv, _ = case.make_net().split_phases()
     background = background_cpu(client)
     t_call, cpu_call = call_seconds(client, background)
+    workers = sorted(cluster_workers(client))
     return {
         **measured,
+        "t_conv_shard": shard["t_conv_1"],
+        "t_conv_fixed": conv_fixed(measured["t_conv_1"], shard["t_conv_1"], N_WORKERS),
+        "t_shard_call": shard_call_seconds(client, case, X),
         "T_nc": network_seconds(client, workers[0], conv.get_params()),
         "t_call": t_call,
         "cpu_call": cpu_call,
@@ -309,13 +413,15 @@ def model_of(cal: dict[str, float], in_process: bool = False) -> HEModel:
         cpu_call=cal["cpu_call"],
         cpu_background=cal["cpu_background"],
         cpu_work=cal["cpu_work"],
+        t_conv_fixed=0.0 if in_process else cal["t_conv_fixed"],
+        t_shard_call=cal["t_shard_call"],
     )
 
 
 TRANSFERS = ("to_device", "to_device_bytes", "to_host", "to_host_bytes")
 
 
-def measure(client, case: Case, X, y, reps: int) -> tuple[np.ndarray, np.ndarray]:
+def measure(client, case: Case, X, y, reps: int, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Measured time per iteration, shape (len(GROUPS), reps), g values interleaved per repetition;
     and the workers' host↔device transfers per iteration (`cluster_transfers`), (len(GROUPS), 4)."""
     engine = DaskEngine(client, blas_threads=BLAS_THREADS, timeout=120)
@@ -333,12 +439,25 @@ def measure(client, case: Case, X, y, reps: int) -> tuple[np.ndarray, np.ndarray
             moved[i] = [(after[k] - before[k]) / len(trace) for k in TRANSFERS]
             assert engine.placement_ is not None and engine.placement_.n_groups == g
             print(
-                f"  {case.name} g={g} rep {r}: {out[i, r] * 1e3:.1f} ms/iteration; per iteration "
+                f"  {case.name} g={g} rep {first + r}: {out[i, r] * 1e3:.1f} ms/iteration; per iteration "
                 f"{moved[i, 0]:.1f} copies ({moved[i, 1] / 1024:.0f} KiB) to device, "
                 f"{moved[i, 2]:.1f} ({moved[i, 3] / 1024:.0f} KiB) to host",
                 flush=True,
             )
     return out, moved
+
+
+def calibration_line(case: Case, cal: dict[str, float]) -> str:
+    """One repetition's calibration, in ms."""
+    ms = {key: value * 1e3 for key, value in cal.items()}
+    return (
+        f"{case.name}: t_conv(1) = {ms['t_conv_1']:.1f} ms (b/{N_WORKERS}: {ms['t_conv_shard']:.1f}, "
+        f"t_conv_fixed {ms['t_conv_fixed']:.1f}), t_fc = {ms['t_fc']:.2f} ms, T_nc = {ms['T_nc']:.2f} ms, "
+        f"t_call = {ms['t_call']:.2f} ms, t_shard_call = {ms['t_shard_call']:.2f} ms, "
+        f"cpu_call = {ms['cpu_call']:.2f} ms, cpu_background = {ms['cpu_background']:.0f} CPU-ms/s, "
+        f"cores = {cal['cores']:.2f} (workers, all computing); in this process, alone, "
+        f"t_conv(1) = {ms['t_conv_1_in_process']:.1f} ms"
+    )
 
 
 def run(quick: bool, reps: int, gpu: bool = False) -> xr.Dataset:
@@ -348,32 +467,30 @@ def run(quick: bool, reps: int, gpu: bool = False) -> xr.Dataset:
     cases = CASES[quick]
     info = device_info()
     load_start = os.getloadavg()[0]
-    cal_rows, measured, transfers = [], [], []
+    cal_reps, measured, transfers = [], [], []
     resources = {"GPU": 1} if gpu else {}
     with local_client(n_workers=N_WORKERS, threads_per_worker=1, resources=resources) as client:
         for case in cases:
             X, y = client.persist(list(case.data()))
             Xn, yn = X.compute(), y.compute()
-            cal_rows.append(calibrate(client, case, Xn, yn))
-            print(
-                f"{case.name}: t_conv(1) = {cal_rows[-1]['t_conv_1'] * 1e3:.1f} ms, "
-                f"t_fc = {cal_rows[-1]['t_fc'] * 1e3:.2f} ms, T_nc = {cal_rows[-1]['T_nc'] * 1e3:.2f} ms, "
-                f"t_call = {cal_rows[-1]['t_call'] * 1e3:.2f} ms, "
-                f"cpu_call = {cal_rows[-1]['cpu_call'] * 1e3:.2f} ms, "
-                f"cpu_background = {cal_rows[-1]['cpu_background'] * 1e3:.0f} CPU-ms/s, "
-                f"cores = {cal_rows[-1]['cores']:.2f} "
-                f"(worker); in this process t_conv(1) = {cal_rows[-1]['t_conv_1_in_process'] * 1e3:.1f} ms",
-                flush=True,
-            )
-            times, moved = measure(client, case, X, y, reps)
-            measured.append(times)
+            cals, times, moved = [], [], None
+            for r in range(reps):  # each repetition calibrated just before its runs
+                cals.append(calibrate(client, case, Xn, yn))
+                print(calibration_line(case, cals[-1]), flush=True)
+                t, moved = measure(client, case, X, y, 1, first=r)
+                times.append(t[:, 0])
+            cal_reps.append(cals)
+            measured.append(np.stack(times, axis=-1))
             transfers.append(moved)
             client.cancel([X, y])
+    cal_rows = [{key: float(np.median([c[key] for c in cals])) for key in cals[0]} for cals in cal_reps]
     models = [model_of(c) for c in cal_rows]
     models_here = [model_of(c, in_process=True) for c in cal_rows]
     measured_arr = np.stack(measured)
     median = np.median(measured_arr, axis=-1)
-    predicted = np.array([[m.he(g) for g in GROUPS] for m in models])
+    predicted_rep = np.array([[[model_of(c).he(g) for c in cals] for g in GROUPS] for cals in cal_reps])
+    predicted = np.median(predicted_rep, axis=-1)
+    ratio = np.median(measured_arr / predicted_rep, axis=-1)
     ng, nets = ("net", "groups"), ("net",)
 
     def per_net(key: str) -> np.ndarray:
@@ -408,7 +525,19 @@ def run(quick: bool, reps: int, gpu: bool = False) -> xr.Dataset:
                 measured_arr,
                 {"units": "s", "description": "every repetition"},
             ),
-            "ratio": (ng, median / predicted, {"units": "1", "description": "measured / predicted"}),
+            "time_per_iter_predicted_rep": (
+                (*ng, "rep"),
+                predicted_rep,
+                {"units": "s", "description": "HE(g) of each repetition's own calibration"},
+            ),
+            "ratio": (
+                ng,
+                ratio,
+                {
+                    "units": "1",
+                    "description": "median over repetitions of measured / that repetition's prediction",
+                },
+            ),
             "transfers_per_iter": (
                 (*ng, "transfer"),
                 np.stack(transfers),
@@ -437,6 +566,24 @@ def run(quick: bool, reps: int, gpu: bool = False) -> xr.Dataset:
             "t_fc": (nets, per_net("t_fc"), {"units": "s", "description": "FC step, on a worker"}),
             "T_nc": (nets, per_net("T_nc"), {"units": "s", "description": "conv weights out and back"}),
             "t_call": (nets, per_net("t_call"), {"units": "s", "description": "an actor call's round trip"}),
+            "t_shard_call": (
+                nets,
+                per_net("t_shard_call"),
+                {
+                    "units": "s",
+                    "description": "a remote shard's call with its bytes (forward, backward: mean)",
+                },
+            ),
+            "t_conv_shard": (
+                nets,
+                per_net("t_conv_shard"),
+                {"units": "s", "description": f"t_conv at b / {N_WORKERS}, every worker computing"},
+            ),
+            "t_conv_fixed": (
+                nets,
+                per_net("t_conv_fixed"),
+                {"units": "s", "description": "the per-batch part of T_cc, from t_conv at b and b / k"},
+            ),
             "cpu_call": (
                 nets,
                 per_net("cpu_call"),
@@ -512,10 +659,10 @@ def table(ds: xr.Dataset) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| net | b | t_conv(1) worker (ms) | t_fc worker (ms) | T_nc (ms) | t_call (ms) | cpu_call (ms) | "
-        "cpu_background (CPU-ms/s) | cores | conv model (KiB) | t_conv(1) in-process (ms) | "
-        "t_fc in-process (ms) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| net | b | t_conv(1) workers (ms) | t_conv(b/k) (ms) | t_conv_fixed (ms) | t_fc workers (ms) | "
+        "T_nc (ms) | t_call (ms) | t_shard_call (ms) | cpu_call (ms) | cpu_background (CPU-ms/s) | cores | "
+        "conv model (KiB) | t_conv(1) in-process (ms) | t_fc in-process (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for net in ds["net"].values:
         s = ds.sel(net=net)
@@ -523,9 +670,12 @@ def table(ds: xr.Dataset) -> str:
             net,
             str(int(s["batch_size"])),
             ms(s["t_conv_1"]),
+            ms(s["t_conv_shard"]),
+            ms(s["t_conv_fixed"]),
             ms(s["t_fc"]),
             f"{float(s['T_nc']) * 1e3:.2f}",
             f"{float(s['t_call']) * 1e3:.2f}",
+            f"{float(s['t_shard_call']) * 1e3:.2f}",
             f"{float(s['cpu_call']) * 1e3:.2f}",
             f"{float(s['cpu_background']) * 1e3:.0f}",
             f"{float(s['cores']):.2f}",
@@ -537,8 +687,17 @@ def table(ds: xr.Dataset) -> str:
         "",
         f"Device: {ds.attrs['device']}; {ds.attrs['cluster']}; BLAS threads {ds.attrs['blas_threads']}; "
         f"load average {ds.attrs['load_average_start']:.2f} → {ds.attrs['load_average_end']:.2f} "
-        f"(shared machine); measured = median of {ds.sizes['rep']} runs.",
+        f"(shared machine); measured = median of {ds.sizes['rep']} runs, each calibrated just before "
+        "it; measured / predicted = the median of each run's ratio to its own calibration's HE(g); "
+        "the calibration columns are medians over the runs.",
     ]
+    ceilings = {k.removeprefix("ceiling "): v for k, v in ds.attrs.items() if k.startswith("ceiling ")}
+    if ceilings:
+        lines.append(
+            f"The machine's ceiling, {ds.attrs['n_workers']} processes computing the phases at once ÷ one: "
+            + ", ".join(f"{net} {value:.2f}×" for net, value in ceilings.items())
+            + "."
+        )
     return "\n".join(lines)
 
 
@@ -560,14 +719,61 @@ def plot(ds: xr.Dataset, fig) -> None:
         ax.legend(fontsize=7)
 
 
+def _phases_per_second(net: str, quick: bool, start: float, seconds: float) -> float:
+    """Batches per second of `phase_seconds` (conv and FC phases, no engine) in this process, from
+    the wall-clock time `start` for `seconds`."""
+    case = next(c for c in CASES[quick] if c.net == net)
+    X, y = (np.asarray(a.compute()) for a in case.data())
+    n = 4 * case.batch_size
+    phase_seconds(case, X[:n], y[:n], BLAS_THREADS)  # warm-up
+    while time.time() < start:
+        time.sleep(0.001)
+    t0, done = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        phase_seconds(case, X[:n], y[:n], BLAS_THREADS)
+        done += 4
+    return done / (time.perf_counter() - t0)
+
+
+def parallel_ceiling(quick: bool, seconds: float = 4.0, reps: int = 3) -> dict[str, float]:
+    """The machine's ceiling for "2 workers ÷ 1 process": N_WORKERS processes computing the conv
+    and FC phases at once (no engine, no messages) over one alone, batches per second, medians of
+    `reps`. Cores that share a physical core or memory bandwidth give less than N_WORKERS here."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    out = {}
+    with ProcessPoolExecutor(N_WORKERS, mp_context=get_context("spawn")) as pool:
+        for case in CASES[quick]:
+            one, many = [], []
+            for _ in range(reps):
+                start = time.time() + 8.0  # every process has loaded its data by then
+                one.append(pool.submit(_phases_per_second, case.net, quick, start, seconds).result())
+                start = time.time() + 8.0
+                runs = [
+                    pool.submit(_phases_per_second, case.net, quick, start, seconds) for _ in range(N_WORKERS)
+                ]
+                many.append(sum(r.result() for r in runs))
+            out[case.name] = float(np.median(many) / np.median(one))
+            print(f"{case.name}: {N_WORKERS} processes at once ÷ one: {out[case.name]:.2f}×", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> xr.Dataset:
     cli = parser(__doc__, quick="fewer iterations and 2 repetitions (~1 min)", reps=(3, 2))
     cli.add_argument("--gpu", action="store_true", help="GPU=1 workers computing with CuPy")
+    cli.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also time the phases in 2 processes at once against 1 (the machine's ceiling, ~1 min)",
+    )
     args = cli.parse_args(argv)
     if args.gpu and not cupy_available():
         cli.error("--gpu needs CuPy and a CUDA GPU on this machine")
     t0 = time.perf_counter()
     ds = run(args.quick, repetitions(args), gpu=args.gpu)
+    if args.ceiling:
+        ds.attrs.update({f"ceiling {net}": value for net, value in parallel_ceiling(args.quick).items()})
     text = table(ds)
     result = Experiment(ds, text, plot, figsize=(4.5 * ds.sizes["net"], 3.6))
     paths = write(NAME, result, title="HE model vs measured Dask-engine runs")

@@ -9,10 +9,14 @@ k = N/g devices sharing one merged FC server that serves one batch at a time, so
 and the FC server is saturated when t_conv(k) + t_fc < g · t_fc. An engine also pays a fixed cost
 per round trip between two processes (messages, serialisation, thread hops), which neither T_nc's
 bytes nor the compute times hold: `t_call`, times the round trips of one group's iteration
-(`HEModel.round_trips`), added to each group's iteration. Where the processes outnumber the cores
-they share (workers, servers, driver, scheduler), the iterations are also bound by the CPU work
-they need: `cores`, `cpu_call` and `cpu_background` (see `HEModel.t_cpu`). FireCaffe §6 (Iandola
-et al.) gives the gradient-communication time of a parameter server and of a reduction tree.
+(`HEModel.round_trips`), added to each group's iteration; a remote shard's call carries its
+images, the weights and the activations, and costs `t_shard_call`. Part of a device's conv time
+per batch does not shrink with its shard (each layer's kernel calls, lowering set-up and Python
+per call): `t_conv_fixed`, so that T_cc / k becomes (T_cc − t_conv_fixed) / k + t_conv_fixed.
+Where the processes outnumber the cores they share (workers, servers, driver, scheduler), the
+iterations are also bound by the CPU work they need: `cores`, `cpu_call` and `cpu_background`
+(see `HEModel.t_cpu`). FireCaffe §6 (Iandola et al.) gives the gradient-communication time of a
+parameter server and of a reduction tree.
 """
 
 from __future__ import annotations
@@ -37,6 +41,19 @@ CONV_EFFICIENCY = 0.5
 
 FWD_BWD_FACTOR = 3
 """FLOPs of forward + backward over forward alone: backward costs about twice the forward."""
+
+FIELDS_AT_LEAST_ZERO = (
+    "T_cc",
+    "T_nc",
+    "t_fc",
+    "t_call",
+    "cores",
+    "cpu_call",
+    "cpu_background",
+    "cpu_work",
+    "t_conv_fixed",
+    "t_shard_call",
+)
 
 
 def phase_costs(net, batch_size: int) -> dict[str, float]:
@@ -77,7 +94,11 @@ class HEModel:
     cpu_background: the CPU the processes spend per second whatever the iterations do (s/s: the
     cluster's event loops, heartbeats and monitors);
     cpu_work: the CPU time of one batch's conv and FC compute (s; 0: T_cc + t_fc, which is their
-    CPU time where single-threaded kernels ran on an idle core).
+    CPU time where single-threaded kernels ran on an idle core);
+    t_conv_fixed: the part of T_cc a device pays per batch whatever its shard's size (s; 0: the
+    paper's T_cc / k);
+    t_shard_call: one round trip of a remote shard's forward or backward call with the bytes it
+    carries (s; 0: `t_call`).
 
     With t_call = 0 every group's iteration takes t_conv(k) + t_fc and HE(g) is Omnivore's. Else
     group i's takes t_i = t_conv(k) + t_fc + round_trips(k, local) · t_call, the g groups together
@@ -95,14 +116,18 @@ class HEModel:
     cpu_call: float = 0.0
     cpu_background: float = 0.0
     cpu_work: float = 0.0
+    t_conv_fixed: float = 0.0
+    t_shard_call: float = 0.0
 
     def __post_init__(self) -> None:
         if int(self.local_groups) < 0:
             raise ValueError(f"local_groups must be >= 0, got {self.local_groups}")
-        for key in ("T_cc", "T_nc", "t_fc", "t_call", "cores", "cpu_call", "cpu_background", "cpu_work"):
+        for key in FIELDS_AT_LEAST_ZERO:
             value = getattr(self, key)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{key} must be a finite number >= 0, got {value}")
+        if self.t_conv_fixed > self.T_cc:
+            raise ValueError(f"t_conv_fixed ({self.t_conv_fixed}) cannot exceed T_cc ({self.T_cc})")
         if int(self.n_workers) < 1:
             raise ValueError(f"n_workers must be >= 1, got {self.n_workers}")
         if self.cores and self.cpu_background >= self.cores:
@@ -126,6 +151,8 @@ class HEModel:
         cpu_call: float = 0.0,
         cpu_background: float = 0.0,
         cpu_work: float = 0.0,
+        t_conv_fixed: float = 0.0,
+        t_shard_call: float = 0.0,
     ) -> HEModel:
         """The model from calibration: measured t_conv(1) and t_fc, conv model bytes, network speed,
         the measured cost of one round trip `t_call`, and the CPU terms (see the class).
@@ -147,6 +174,8 @@ class HEModel:
             cpu_call=float(cpu_call),
             cpu_background=float(cpu_background),
             cpu_work=float(cpu_work),
+            t_conv_fixed=float(t_conv_fixed),
+            t_shard_call=float(t_shard_call),
         )
 
     @classmethod
@@ -192,10 +221,19 @@ class HEModel:
         return self.n_workers // g
 
     def t_conv(self, k: int) -> float:
-        """Conv-phase time of a group of k devices: max(T_cc / k, T_nc · k) (Omnivore appendix D-D)."""
+        """Conv-phase time of a group of k devices: max(T_cc / k, T_nc · k) (Omnivore appendix D-D),
+        with the per-batch part `t_conv_fixed` paid whole by each device: (T_cc − t_conv_fixed) / k +
+        t_conv_fixed in place of T_cc / k."""
         if int(k) < 1:
             raise ValueError(f"group size k must be >= 1, got {k}")
-        return max(self.T_cc / k, self.T_nc * k)
+        fixed = self.t_conv_fixed
+        return max((self.T_cc - fixed) / k + fixed, self.T_nc * k)
+
+    @staticmethod
+    def shard_trips(k: int) -> int:
+        """The remote shards' round trips on a group's critical path: their forward and backward
+        (the k − 1 side by side), none when k = 1."""
+        return 2 if int(k) > 1 else 0
 
     @staticmethod
     def round_trips(k: int, local: bool = False) -> int:
@@ -203,16 +241,20 @@ class HEModel:
         and the push (whose reply is the next pull) unless the group is `local` to the servers,
         and with k > 1 the remote shards' forward and backward (the k − 1 run side by side; at
         k > 2 the reduction tree among the shard servers adds its levels, not counted here)."""
-        return (0 if local else 2) + (2 if int(k) > 1 else 0)
+        return (0 if local else 2) + HEModel.shard_trips(k)
 
     def t_group(self, k: int, local: bool = False) -> float:
-        """One group's time per iteration: t_conv(k) + t_fc + round_trips(k, local) · t_call."""
-        return self.t_conv(k) + self.t_fc + self.round_trips(k, local) * self.t_call
+        """One group's time per iteration: t_conv(k) + t_fc + round_trips(k, local) · t_call, the
+        shards' trips at `t_shard_call` when it is set."""
+        shard = self.shard_trips(k)
+        per_shard = self.t_shard_call or self.t_call
+        servers = self.round_trips(k, local) - shard
+        return self.t_conv(k) + self.t_fc + servers * self.t_call + shard * per_shard
 
     def _conv_bound(self, g: int) -> float:
         """1 / Σ 1/t_i over the g groups: (t_conv(k) + t_fc) / g when t_call = 0."""
         g, k = int(g), self.group_size(g)
-        if self.t_call == 0:
+        if self.t_call == 0 and self.t_shard_call == 0:
             return (self.t_conv(k) + self.t_fc) / g
         local = min(int(self.local_groups), g)
         return 1.0 / (local / self.t_group(k, True) + (g - local) / self.t_group(k, False))
@@ -239,7 +281,7 @@ class HEModel:
     def saturates(self, g: int) -> bool:
         """True when g groups saturate the FC server: t_conv(k) + t_fc < g · t_fc (Omnivore appendix D-D),
         each group's iteration with its round trips' `t_call`."""
-        if self.t_call == 0:
+        if self.t_call == 0 and self.t_shard_call == 0:
             return self.t_conv(self.group_size(g)) + self.t_fc < int(g) * self.t_fc
         return self._conv_bound(g) < self.t_fc
 

@@ -35,3 +35,11 @@ def test_he_check_phase_seconds_measure_t_conv_and_t_fc():
     assert seconds["t_conv_1"] > 0 and seconds["t_fc"] > 0 and seconds["cpu_work"] > 0
     # LeNet's conv phase holds most of its FLOPs: t_conv(1) exceeds the FC server's step
     assert seconds["t_conv_1"] > seconds["t_fc"]
+
+
+def test_he_check_splits_the_per_batch_conv_cost_from_two_shard_sizes():
+    # t(b) = 10, t(b/2) = 6: 6 = (10 − c)/2 + c gives c = 2; held within [0, T_cc]
+    assert he_check.conv_fixed(10.0, 6.0, 2) == 2.0
+    assert he_check.conv_fixed(10.0, 4.0, 2) == 0.0  # faster than linear: no per-batch part
+    assert he_check.conv_fixed(10.0, 11.0, 2) == 10.0  # a shard slower than the batch: all of it
+    assert he_check.conv_fixed(12.0, 4.5, 4) == 2.0  # (4·4.5 − 12) / 3

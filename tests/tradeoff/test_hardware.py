@@ -110,6 +110,29 @@ def test_the_cpu_the_iterations_need_bounds_them_where_the_processes_share_few_c
         HEModel(**kw, cpu_call=-1.0)
 
 
+def test_a_per_batch_conv_cost_and_the_shards_calls_with_their_bytes():
+    # T_cc = 8 with 2 of it per batch whatever the shard: t_conv(2) = 6/2 + 2 = 5, not 4. A remote
+    # shard's forward and backward cost t_shard_call = 0.5 each, the servers' trips t_call = 0.25.
+    # g = 1 (k = 2, local to the servers): 5 + 1 + 2·0.5 = 7; g = 2: group 0 (local) 8 + 1 = 9,
+    # group 1 9 + 2·0.25 = 9.5, together 1 / (1/9 + 1/9.5).
+    kw = {"T_cc": 8.0, "T_nc": 0.0, "t_fc": 1.0, "n_workers": 2, "t_call": 0.25, "local_groups": 1}
+    m = HEModel(**kw, t_conv_fixed=2.0, t_shard_call=0.5)
+    assert (m.t_conv(1), m.t_conv(2)) == (8.0, 5.0)
+    assert (HEModel.shard_trips(1), HEModel.shard_trips(2), HEModel.shard_trips(4)) == (0, 2, 2)
+    assert m.he(1) == pytest.approx(7.0)
+    assert m.he(2) == pytest.approx(1 / (1 / 9 + 1 / 9.5))
+    plain = HEModel(**kw)  # both 0: T_cc / k and t_call for every trip, the model as it was
+    assert plain.t_conv(2) == 4.0 and plain.he(1) == pytest.approx(4 + 1 + 2 * 0.25)
+    shard_only = HEModel(T_cc=8.0, T_nc=0.0, t_fc=1.0, n_workers=2, local_groups=1, t_shard_call=0.5)
+    assert shard_only.he(1) == pytest.approx(4 + 1 + 1.0)  # t_call = 0: the shards' trips still count
+    f = HEModel.from_measurements(8.0, 1.0, 2, 1e6, 1e8, t_conv_fixed=2.0, t_shard_call=0.5)
+    assert (f.t_conv_fixed, f.t_shard_call) == (2.0, 0.5)
+    with pytest.raises(ValueError, match="t_conv_fixed .* cannot exceed T_cc"):
+        HEModel(**kw, t_conv_fixed=9.0)
+    with pytest.raises(ValueError, match="t_shard_call"):
+        HEModel(**kw, t_shard_call=-1.0)
+
+
 def test_lenet_phase_costs_by_hand():
     c = phase_costs(zoo.lenet(), batch_size=64)
     conv_fwd = 2 * 20 * 25 * 24 * 24 + 20 * 12 * 12 * 4 + 2 * 50 * 20 * 25 * 8 * 8 + 50 * 4 * 4 * 4
