@@ -298,6 +298,8 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         self.max_wall_time_ = wall_bound(self.max_wall_time, self.engine, self.time_budget)
         with ExitStack() as stack:
             engine, client = self._engine(stack, net)
+            if callable(getattr(engine, "warm_up", None)):  # the workers' kernels, beside the set-up below
+                engine.warm_up(net, self.batch_size_)
             is_merged = merged(self.strategy, self.physical_map)
             self.data_ = choose_data(self.data, is_merged, engine, client, X)
             X, y_idx, train_from = placed(self.data_, client, X, y_idx, y_all, stored)

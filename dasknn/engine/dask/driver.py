@@ -213,6 +213,10 @@ the engine's `poll`: the control's commands (an evaluation's snapshot, an `End` 
 target) wait at most this long."""
 
 
+WARM_MAX_BYTES = 16 * 2**20
+"""The largest net (float32 parameters) `DaskEngine.warm_up` sends to every worker."""
+
+
 class DaskEngine:
     """Runs g compute groups on a dask cluster; `run(...)` follows the Engine contract (`engine.trace`).
 
@@ -340,6 +344,7 @@ class DaskEngine:
         self.max_recoveries = int(max_recoveries)
         self._stream_cache: _Streamed | None = None
         self._kept: Kept | None = None
+        self._warm: list = []  # the workers' warm-up tasks (`warm_up`), held until the fit ends
         self.keep_servers = bool(keep_servers)
         self.placement_: Placement | None = None
         self.workers_seen_: set[str] | None = None  # the usable workers when the last run ended
@@ -429,12 +434,36 @@ class DaskEngine:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_stream_cache"] = state["_kept"] = None  # a Future of this process's client
+        state["_warm"] = []
         return state
+
+    def warm_up(self, net: Net, batch_size: int) -> None:
+        """Have every worker run `net`'s forward and backward once at the batch sizes a fit of
+        `batch_size` meets (`tasks.warm_kernels`) without waiting for it: the kernels' first calls
+        then overlap the driver's set-up of the fit instead of slowing its first run's first
+        iterations (a worker's run tasks queue behind its warm-up). Skipped for nets over
+        `WARM_MAX_BYTES` of parameters (their iterations are long beside a first call's cost, and
+        the net travels to every worker) and when the cluster cannot be asked; a warm-up that fails
+        changes nothing."""
+        if net.n_params * 4 > WARM_MAX_BYTES:
+            return
+        try:
+            client = engine_client(self)
+            workers = cluster_workers(client)
+            devices = worker_devices(workers)
+            sizes = tasks.warm_sizes(batch_size, len(workers))
+            self._warm = [
+                client.submit(tasks.warm_kernels, net, sizes, devices[w], workers=[w], pure=False)
+                for w in sorted(workers)
+            ]
+        except Exception:  # a cluster that cannot be asked now: the first run pays the first calls
+            self._warm = []
 
     def close(self) -> None:
         """Let the servers kept between runs go (`release_kept`); the estimator calls it when a fit ends."""
         release_kept(self._kept)
         self._kept = None
+        self._warm = []
 
     def _run(
         self, net: Net, X, y, config: RunConfig, budget: Budget, start: TrainState | None, control=None

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from dasknn.engine.dask.runs import Data
     from dasknn.engine.schedule import Schedule
     from dasknn.engine.trace import RunConfig
+    from dasknn.nn.net import Net
 
 _NETS: dict[str, DeviceNet] = {}  # run → this worker's one device copy of its net
 _NETS_LOCK = threading.Lock()
@@ -441,6 +442,32 @@ def reduce_on_servers(shard_servers, token: str, spec, conv_server) -> list | No
 def shard_bounds(spec) -> np.ndarray:
     """Where each worker's shard of a group's batch starts and ends: k + 1 offsets, from 0 to B."""
     return np.cumsum([0, *shard_sizes(spec.batch_size, spec.shares)])
+
+
+def warm_kernels(net: Net, sizes: tuple[int, ...], device: str) -> float:
+    """One forward and backward of the whole net at each batch size in `sizes`, on zeros, in this
+    worker process: the kernels' first calls (oneDNN's primitives for each shape, BLAS's buffers,
+    first-touch of the activations' memory) are paid here, while the driver sets a fit up, and not
+    by a run's first iterations. Nothing of it is kept but those process-wide caches; returns its
+    seconds."""
+    t0 = time.perf_counter()
+    dnet = DeviceNet(net, device)
+    weights = net.get_params()
+    for b in sizes:
+        x = np.zeros((int(b), *net.input_shape), dtype=np.float32)
+        dnet.loss_and_grads(weights, x, np.zeros(int(b), dtype=np.int64), np.random.default_rng(0))
+    return time.perf_counter() - t0
+
+
+def warm_sizes(batch_size: int, n_workers: int, most: int = 4) -> tuple[int, ...]:
+    """The batch sizes a worker's kernels meet in a fit of `batch_size` on `n_workers` workers: the
+    batch (the FC server, groups of one) and the shards of groups of k = 2 .. `most` workers that
+    divide the workers, split evenly (the groups a tuner tries first)."""
+    sizes = {int(batch_size)}
+    for k in range(2, min(int(n_workers), most, int(batch_size)) + 1):
+        if n_workers % k == 0:
+            sizes.update(shard_sizes(int(batch_size), [1.0] * k))
+    return tuple(sorted(sizes, reverse=True))
 
 
 # -- the shard tasks of a group of k > 1 workers -------------------------------------------------

@@ -54,6 +54,41 @@ def test_one_group_one_worker_equals_in_process_training(client1, digits):
     assert result.state.iterations_done == 12 and result.state.batches_done == 12
 
 
+def test_a_warm_up_runs_on_every_worker_first_and_changes_no_weight(client2, digits):
+    # the batch and the halves of a group of 2 (k = 3 does not divide 4 workers; 4 does)
+    assert tasks.warm_sizes(64, 2) == (64, 32) and tasks.warm_sizes(64, 1) == (64,)
+    assert tasks.warm_sizes(63, 4) == (63, 32, 31, 16, 15)
+    X, y = digits
+    net = zoo.lenet(seed=0)
+    before = {k: v.copy() for k, v in net.params.items()}
+    engine = DaskEngine(client2)
+    engine.warm_up(net, 64)
+    assert len(engine._warm) == 2  # one task per worker, run before the run's own tasks
+    seconds = client2.gather(engine._warm)
+    assert all(s > 0 for s in seconds)
+    for k, v in before.items():  # the net sent is only read
+        np.testing.assert_array_equal(net.params[k], v, err_msg=k)
+    engine.run(net, X, y, CFG, Budget(iterations=8))
+    ref = zoo.lenet(seed=0)  # the same run on the same cluster without a warm-up: the same bits
+    DaskEngine(client2).run(ref, X, y, CFG, Budget(iterations=8))
+    for k, v in ref.params.items():
+        np.testing.assert_array_equal(net.params[k], v, err_msg=k)
+    engine.close()
+    assert engine._warm == []
+    big = zoo.lenet(seed=0)
+    engine.warm_up(big, 64)
+    assert len(engine._warm) == 2
+    from dasknn.engine.dask import driver
+
+    small_limit, driver.WARM_MAX_BYTES = driver.WARM_MAX_BYTES, 1024
+    try:
+        engine.close()
+        engine.warm_up(big, 64)  # over the limit: nothing sent
+        assert engine._warm == []
+    finally:
+        driver.WARM_MAX_BYTES = small_limit
+
+
 def test_shard_gradients_sum_to_the_full_batch_gradient(digits):
     X, y = digits
     xb, yb = dask.compute(X[:64], y[:64])
