@@ -411,7 +411,7 @@ PARAMS: tuple[Param, ...] = (
           "decay ramping up with the updates it took, min(0.999, (1 + t)/(10 + t)) (no horizon needed); "
           "the evaluations score the average, and the model a fit returns and saves is the average "
           "(`dasknn.engine.averaging`). engine=\"simulated\" with Omnivore's compute groups on the "
-          "merged map only."),
+          "merged map only.", flag=False),
 )  # fmt: skip
 """Every parameter of DistributedCNN, in `__init__`'s order."""
 

@@ -113,28 +113,9 @@ class Simulation:
         self.slices = shard_slices(config.batch_size, k)
         self.t_conv_mean = engine.conv_time(k)
         self.data = Batches(X, y, config.batch_size, config.seed, engine.shuffle_window, engine.augment)
-        averages = getattr(engine, "averaging", None) is not None
-        kept = state.extra.get("averaging") if averages else None
-        work = net.copy()
-        work.set_params(state.params if kept is None else kept["weights"])  # training goes on from these
-        conv, fc = work.split_phases(at=split)
-        self.split = fc.layers[0].name if fc is not None else None
-        if fc is None:
-            raise ValueError(f"net {net.name!r} has no FC phase; the simulator needs a merged FC server")
-        conv_keys = set(conv.params)
-        fc_keys = set(fc.params)
-        self.conv_server = ConvModelServer(
-            conv.get_params(),
-            conv.lr_mult,
-            conv.decay_mult,
-            weight_decay=config.weight_decay,
-            statistics=conv.statistics,
-        )
-        self.fc_server = FCServer(fc, weight_decay=config.weight_decay, seed=config.seed)
-        if averages:
-            self._average_from(state.params, kept)
-        self.group_nets = [conv.copy() for _ in range(config.n_groups)]
         sim = state.extra.get("simulator")
+        conv = self._servers(net, config, state, split)
+        self.group_nets = [conv.copy() for _ in range(config.n_groups)]
         signature = {
             "n_groups": config.n_groups,
             "group_size": k,
@@ -142,17 +123,6 @@ class Simulation:
             "seed": config.seed,
         }
         resume = sim is not None and sim["signature"] == signature
-        conv_mom = {key: v for key, v in state.momentum.items() if key in conv_keys}
-        fc_mom = {key: v for key, v in state.momentum.items() if key in fc_keys}
-        self.conv_server.solver.load_state_dict(
-            {"iter": sim["conv_iter"] if sim else state.iterations_done, "history": conv_mom}
-        )
-        self.conv_server.version = sim["conv_version"] if sim else state.iterations_done
-        if sim and "updates" in sim:  # the total-momentum measurement goes on where it was
-            self.conv_server.updates.load(sim["updates"])
-        self.fc_server.solver.load_state_dict(
-            {"iter": sim["fc_iter"] if sim else state.iterations_done, "history": fc_mom}
-        )
         self.signature = signature
         self.extra = {key: v for key, v in state.extra.items() if key not in ("simulator", "averaging")}
         self.iterations_done, self.cursor = state.iterations_done, state.batches_done
@@ -180,6 +150,41 @@ class Simulation:
             self.fc_queue, self.fc_busy = deque(), None
             for grp in range(config.n_groups):
                 self._schedule(self.clock, "start", grp)
+
+    def _servers(self, net: Net, config: RunConfig, state: TrainState, split: str | None) -> Net:
+        """The conv model server and the FC server at `state` (its weights, momentum and solver
+        iterations; with the engine's averaging, the average it kept); returns the conv phase."""
+        averages = getattr(self.engine, "averaging", None) is not None
+        kept = state.extra.get("averaging") if averages else None
+        work = net.copy()
+        work.set_params(state.params if kept is None else kept["weights"])  # training goes on from these
+        conv, fc = work.split_phases(at=split)
+        self.split = fc.layers[0].name if fc is not None else None
+        if fc is None:
+            raise ValueError(f"net {net.name!r} has no FC phase; the simulator needs a merged FC server")
+        self.conv_server = ConvModelServer(
+            conv.get_params(),
+            conv.lr_mult,
+            conv.decay_mult,
+            weight_decay=config.weight_decay,
+            statistics=conv.statistics,
+        )
+        self.fc_server = FCServer(fc, weight_decay=config.weight_decay, seed=config.seed)
+        if averages:
+            self._average_from(state.params, kept)
+        sim = state.extra.get("simulator")
+        conv_mom = {key: v for key, v in state.momentum.items() if key in conv.params}
+        fc_mom = {key: v for key, v in state.momentum.items() if key in fc.params}
+        self.conv_server.solver.load_state_dict(
+            {"iter": sim["conv_iter"] if sim else state.iterations_done, "history": conv_mom}
+        )
+        self.conv_server.version = sim["conv_version"] if sim else state.iterations_done
+        if sim and "updates" in sim:  # the total-momentum measurement goes on where it was
+            self.conv_server.updates.load(sim["updates"])
+        self.fc_server.solver.load_state_dict(
+            {"iter": sim["fc_iter"] if sim else state.iterations_done, "history": fc_mom}
+        )
+        return conv
 
     def _average_from(self, model: dict[str, Any], kept: dict[str, Any] | None) -> None:
         """Both servers keep an average of their weights: the state's `model` (its params) and its
