@@ -66,9 +66,14 @@ def contenders(w: bench_suite.Workload, best: tuple[int, float, float]) -> list[
 Point = tuple[int, float, float]
 
 
-def one_round(setting: str, name: str, best: Point, seed: int, rotation: int) -> list[dict]:
-    """Every contender once on workload `name` at `seed`, the order rotated by `rotation`."""
+def one_round(setting: str, name: str, best: Point, seed: int, rotation: int, out: Path) -> Path:
+    """Every contender once on workload `name` at `seed`, the order rotated by `rotation`; its rows
+    go to out/rounds/NAME-SEED.csv (written when the round ends: a round found there is not run
+    again, so a benchmark cut short goes on where it stopped)."""
     os.environ["DASKNN_PRIOR_CACHE"] = "off"
+    path = out / "rounds" / f"{name}-{seed}.csv"
+    if path.exists():
+        return path
     w = bench_suite.workloads(setting)[name]
     X, y = w.data()
     order = contenders(w, best)
@@ -78,7 +83,10 @@ def one_round(setting: str, name: str, best: Point, seed: int, rotation: int) ->
         row = bench_suite.fit_contender(w, X, y, contender, knobs, seed)
         point = best if contender.startswith("best") else w.solver
         rows.append({**row, "point": "" if contender.startswith("auto") else bench_suite.fixed_name(point)})
-    return rows
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(path.with_suffix(".part"), index=False)
+    path.with_suffix(".part").replace(path)
+    return path
 
 
 def summarise(runs: pd.DataFrame) -> pd.DataFrame:
@@ -124,10 +132,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     if args.select:
         for name in args.workloads:
             best[name], _ = bench_suite.select(suite[name], *suite[name].data(), setting)
-    jobs = [(setting, name, best[name], seed, r) for name in args.workloads for r, seed in enumerate(seeds)]
+    jobs = [
+        (setting, name, best[name], seed, r, out) for name in args.workloads for r, seed in enumerate(seeds)
+    ]
     with ProcessPoolExecutor(max(1, args.jobs)) as pool:
         rounds = list(pool.map(one_round, *zip(*jobs, strict=True)))
-    runs = pd.DataFrame([row for rows in rounds for row in rows])
+    runs = pd.concat([pd.read_csv(path) for path in rounds], ignore_index=True)
     table = summarise(runs)
     runs.to_csv(out / "runs.csv", index=False)
     table.to_csv(out / "table.csv", index=False)
