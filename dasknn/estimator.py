@@ -125,6 +125,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         augment: Any = None,
         shuffle_window: int = 1,
         backend: str | None = None,
+        averaging: str | None = None,
     ) -> None:
         self.net = net
         self.batch_size = batch_size
@@ -164,6 +165,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         self.augment = augment
         self.shuffle_window = shuffle_window
         self.backend = backend
+        self.averaging = averaging
 
     # -- validation ------------------------------------------------------------------------------
     def _check_params(self, partial: bool = False) -> None:

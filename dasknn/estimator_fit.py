@@ -116,7 +116,7 @@ class FitSettings:
             timing = HEModel.estimate(
                 net, self.batch_size, n_workers, self.simulated_gflops, bandwidth_bytes_per_s=1.25e9
             )
-            return SimulatedEngine(timing, **options), None
+            return SimulatedEngine(timing, averaging=self.averaging, **options), None
         from dasknn.cluster import dask_client
         from dasknn.engine.dask import DaskEngine
 

@@ -99,11 +99,13 @@ class GroupDevices:
     of `model` (Omnivore §IV-B): the clock of N workers, the maths of one batch per group (k shards'
     gradients sum to it), k times cheaper in real time. Traces record the N conv workers. `augment`
     (a name or `Augment`, as `DistributedCNN(augment=...)`) shapes the training batches as the
-    simulated engine does (`SimulatedEngine(augment=...)`)."""
+    simulated engine does (`SimulatedEngine(augment=...)`); `averaging` likewise
+    (`SimulatedEngine(averaging=...)`)."""
 
-    def __init__(self, model: HEModel, cv: float = 0.06, augment=None) -> None:
+    def __init__(self, model: HEModel, cv: float = 0.06, augment=None, averaging: str | None = None) -> None:
         self.timing, self.cv, self.n_workers, self.augment = model, cv, model.n_workers, as_augment(augment)
-        self.engines: dict[int, SimulatedEngine] = {}
+        self.averaging = averaging
+        self.engines: dict[tuple[int, str | None], SimulatedEngine] = {}
         self.wall_deadline = None
 
     def conv_worker_count(self) -> int:
@@ -111,9 +113,9 @@ class GroupDevices:
 
     def run(self, net, X, y, config, budget, start=None):
         g = int(config.n_groups)
-        if g not in self.engines:
+        if (g, self.averaging) not in self.engines:
             t_conv = self.timing.t_conv(self.timing.group_size(g))
-            self.engines[g] = SimulatedEngine(
+            self.engines[g, self.averaging] = SimulatedEngine(
                 t_conv=t_conv,
                 t_fc=self.timing.t_fc,
                 n_workers=g,
@@ -121,16 +123,19 @@ class GroupDevices:
                 cv=self.cv,
                 verbose=0,
                 augment=self.augment,
+                averaging=self.averaging,
             )
-        result = self.engines[g].run(net, X, y, config, budget, start=start)
+        result = self.engines[g, self.averaging].run(net, X, y, config, budget, start=start)
         result.trace.attrs["n_workers"] = self.n_workers
         return result
 
 
 class BenchCNN(DistributedCNN):
-    """DistributedCNN on the engine the benchmark built (`bench_engine`)."""
+    """DistributedCNN on the engine the benchmark built (`bench_engine`), averaging as the
+    estimator's `averaging` says."""
 
     def _engine(self, stack, net):
+        self.bench_engine.averaging = self.averaging
         return self.bench_engine, None
 
 

@@ -128,7 +128,7 @@ class SimulatedCNN(DistributedCNN):
         model = HEModel.estimate(
             net, self.batch_size, self.n_workers, self.simulated_gflops_, bandwidth_bytes_per_s=1.25e9
         )
-        return GroupDevices(model), None
+        return GroupDevices(model, averaging=self.averaging), None
 
 
 def estimator(w: Workload, seed: int, knobs: dict) -> DistributedCNN:

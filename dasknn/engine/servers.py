@@ -4,7 +4,9 @@ Plain classes, usable in one process (the simulator, tests) and wrapped as dask 
 engine. Both apply Caffe's SGD (`dasknn.nn.solver.SGD`), with the learning rate and momentum of
 each call, so the tuner can change them between probes. Each may be a `Schedule`, which the
 server evaluates at its solver's iteration index (the updates it applied before, over the fit), so
-η and µ change inside a run at the update the schedule says, on either engine.
+η and µ change inside a run at the update the schedule says, on either engine. Either may keep
+an exponential moving average of its weights beside them (`average_weights`,
+`engine.averaging.WeightAverage`), updated at each update and carried by its state and snapshots.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from dasknn.backend import device_scope, to_device, to_numpy
+from dasknn.engine.averaging import WeightAverage
 from dasknn.engine.schedule import Schedule, value_at
 from dasknn.nn.loss import softmax
 from dasknn.nn.net import Net
@@ -171,6 +174,13 @@ class ConvModelServer:
         self.knobs = Knobs()
         self.kept: dict[str, dict[str, Any]] = {}  # the run control's snapshots, by name
         self.pending: dict[str, int] = {}  # snapshots to take at an iteration still ahead
+        self.average: WeightAverage | None = None  # the weights' average, when the run keeps one
+
+    def average_weights(self, state: dict[str, Any] | None = None) -> None:
+        """Keep an average of the weights from now on: from the weights held now (count 0), or
+        continuing `state` (`WeightAverage.state()`)."""
+        with self._lock:
+            self.average = WeightAverage(self.params) if state is None else WeightAverage.from_state(state)
 
     def stop(self) -> None:
         """Tell every compute group to stop: later pushes are refused, so the weights stay as they are."""
@@ -218,6 +228,7 @@ class ConvModelServer:
             state = self.kept[name]
             self.params = {k: v.copy() for k, v in state["params"].items()}
             self.solver.load_state_dict(state["solver"])
+            self._load_average(state)
             self.updates = UpdateCorrelation(self.params)  # no update spans a restore
             return self.solver.iter, self.version
 
@@ -290,6 +301,8 @@ class ConvModelServer:
             host = {k: np.asarray(g) for k, g in grads.items()}  # the shards send host arrays
             lr, momentum = self.knobs.values(lr, momentum, self.solver.iter)
             self.solver.step(self.params, host, lr=lr, momentum=momentum)
+            if self.average is not None:
+                self.average.update(self.params)
             self.version += 1
             if self.pending:
                 self._take_pending()
@@ -324,21 +337,30 @@ class ConvModelServer:
             return (None, None) if out is None else (out, self.pull())
 
     def get_state(self) -> dict[str, Any]:
-        """Weights, momentum buffers and version (a snapshot for checkpoints and probes)."""
+        """Weights, momentum buffers, version and, when the server keeps one, the weights'
+        "average" (a snapshot for checkpoints and probes)."""
         with self._lock:
             return self._state()
 
     def _state(self) -> dict[str, Any]:
-        return {
+        state = {
             "params": {k: v.copy() for k, v in self.params.items()},
             "solver": self.solver.state_dict(),
             "version": self.version,
         }
+        if self.average is not None:
+            state["average"] = self.average.state()
+        return state
+
+    def _load_average(self, state: dict[str, Any]) -> None:
+        """The average a state holds (none when it holds none)."""
+        self.average = WeightAverage.from_state(state["average"]) if "average" in state else None
 
     def set_state(self, state: dict[str, Any]) -> None:
         with self._lock:
             self.params = {k: np.array(v, copy=True) for k, v in state["params"].items()}
             self.solver.load_state_dict(state["solver"])
+            self._load_average(state)
             self.version = int(state["version"])
             self.updates = UpdateCorrelation(self.params)  # no update spans a restore
 
@@ -401,6 +423,15 @@ class FCServer:
         self._lock = threading.Lock()
         self.knobs = Knobs()
         self.kept: dict[str, dict[str, Any]] = {}  # the run control's snapshots, by name
+        self.average: WeightAverage | None = None  # the FC weights' average, on the device
+
+    def average_weights(self, state: dict[str, Any] | None = None) -> None:
+        """As the conv model server's: an average of the FC weights from now on, or continuing `state`."""
+        with self._lock, device_scope(self.device):
+            if state is None:
+                self.average = WeightAverage(self.net.params)
+            else:
+                self.average = WeightAverage.from_state(state, self.xp)
 
     def stop(self) -> None:
         """Refuse later steps (the driver's signal before it reads the state to recover from)."""
@@ -424,6 +455,8 @@ class FCServer:
                 norms = grad_norms(self.net, dheads, caches, grads)
             lr, momentum = self.knobs.values(lr, momentum, self.solver.iter)
             self.solver.step(self.net.params, grads, lr=lr, momentum=momentum)
+            if self.average is not None:
+                self.average.update(self.net.params)
             self.version += 1
             return {
                 "dacts": to_numpy(dacts),
@@ -442,14 +475,18 @@ class FCServer:
             return to_numpy(softmax(logits))
 
     def get_state(self) -> dict[str, Any]:
-        """Weights, momentum buffers (numpy, on the host), version and the dropout rng's state."""
+        """Weights, momentum buffers (numpy, on the host), version, the dropout rng's state and,
+        when the server keeps one, the weights' "average" (`WeightAverage.state()`)."""
         with self._lock, device_scope(self.device):
-            return {
+            state = {
                 "params": self.net.get_params(),
                 "solver": self.solver.state_dict(),
                 "version": self.version,
                 "rng": self.rng.bit_generator.state,
             }
+            if self.average is not None:
+                state["average"] = self.average.state()
+            return state
 
     # -- a run control's commands (`engine.control`), as the conv model server's --------------------
     def reschedule(self, lr, momentum, at: int | None) -> int:
@@ -490,3 +527,5 @@ class FCServer:
             self.solver.load_state_dict(state["solver"], like=self.net.params)
             self.version = int(state["version"])
             self.rng.bit_generator.state = state["rng"]
+            average = state.get("average")
+            self.average = None if average is None else WeightAverage.from_state(average, self.xp)

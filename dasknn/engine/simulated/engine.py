@@ -20,6 +20,7 @@ from dasknn.backend import blas_threads
 from dasknn.data.augment import Augment
 from dasknn.data.batching import check_window
 from dasknn.engine.autotune import run_auto_learners
+from dasknn.engine.averaging import check_averaging
 from dasknn.engine.control import RunControl
 from dasknn.engine.simulated.events import Simulation
 from dasknn.engine.simulated.strategies import ReplicaSimulation, UnmergedSimulation
@@ -73,6 +74,11 @@ class SimulatedEngine:
     and 'sma' / 'model_averaging' train n_groups synchronised replicas (each iteration also takes
     `t_sync` simulated seconds when the replicas synchronise). `aggregation` does not change the
     simulated maths (a sum is a sum); model its time through t_conv.
+
+    `averaging` ("ema"; Omnivore's compute groups only): both servers keep an exponential moving
+    average of their weights (`engine.averaging`); the returned state's `params` are the average
+    (what a fit scores, returns and saves), and its `extra["averaging"]` the weights training goes
+    on from and the average's counts.
     """
 
     time_unit = SIMULATED_SECONDS
@@ -95,6 +101,7 @@ class SimulatedEngine:
         augment: Augment | None = None,
         shuffle_window: int = 1,
         worker_schedule: Sequence[tuple[float, int]] | None = None,
+        averaging: str | None = None,
     ) -> None:
         if timing is None and (t_conv is None or t_fc is None):
             raise ValueError("SimulatedEngine needs a timing model (e.g. an HEModel) or both t_conv and t_fc")
@@ -123,6 +130,13 @@ class SimulatedEngine:
         if self.worker_schedule is not None and self.strategy != Strategy():
             raise ValueError(
                 f"worker_schedule runs Omnivore's compute groups, not strategy {self.strategy.name!r}"
+            )
+        self.averaging = check_averaging(averaging)
+        groups = not self.strategy.synchronous and self.strategy.physical_map == "merged"
+        if self.averaging is not None and not groups:
+            raise ValueError(
+                f"averaging={averaging!r} runs on Omnivore's compute groups on the merged map; "
+                f"strategy {self.strategy.name!r} on the {self.strategy.physical_map} map keeps no average"
             )
         self.wall_deadline: float | None = None
         """A `time.perf_counter()` value after which every run ends at its next update, whatever

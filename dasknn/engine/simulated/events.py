@@ -113,24 +113,9 @@ class Simulation:
         self.slices = shard_slices(config.batch_size, k)
         self.t_conv_mean = engine.conv_time(k)
         self.data = Batches(X, y, config.batch_size, config.seed, engine.shuffle_window, engine.augment)
-        work = net.copy()
-        work.set_params(state.params)
-        conv, fc = work.split_phases(at=split)
-        self.split = fc.layers[0].name if fc is not None else None
-        if fc is None:
-            raise ValueError(f"net {net.name!r} has no FC phase; the simulator needs a merged FC server")
-        conv_keys = set(conv.params)
-        fc_keys = set(fc.params)
-        self.conv_server = ConvModelServer(
-            conv.get_params(),
-            conv.lr_mult,
-            conv.decay_mult,
-            weight_decay=config.weight_decay,
-            statistics=conv.statistics,
-        )
-        self.fc_server = FCServer(fc, weight_decay=config.weight_decay, seed=config.seed)
-        self.group_nets = [conv.copy() for _ in range(config.n_groups)]
         sim = state.extra.get("simulator")
+        conv = self._servers(net, config, state, split)
+        self.group_nets = [conv.copy() for _ in range(config.n_groups)]
         signature = {
             "n_groups": config.n_groups,
             "group_size": k,
@@ -138,19 +123,8 @@ class Simulation:
             "seed": config.seed,
         }
         resume = sim is not None and sim["signature"] == signature
-        conv_mom = {key: v for key, v in state.momentum.items() if key in conv_keys}
-        fc_mom = {key: v for key, v in state.momentum.items() if key in fc_keys}
-        self.conv_server.solver.load_state_dict(
-            {"iter": sim["conv_iter"] if sim else state.iterations_done, "history": conv_mom}
-        )
-        self.conv_server.version = sim["conv_version"] if sim else state.iterations_done
-        if sim and "updates" in sim:  # the total-momentum measurement goes on where it was
-            self.conv_server.updates.load(sim["updates"])
-        self.fc_server.solver.load_state_dict(
-            {"iter": sim["fc_iter"] if sim else state.iterations_done, "history": fc_mom}
-        )
         self.signature = signature
-        self.extra = {key: v for key, v in state.extra.items() if key != "simulator"}
+        self.extra = {key: v for key, v in state.extra.items() if key not in ("simulator", "averaging")}
         self.iterations_done, self.cursor = state.iterations_done, state.batches_done
         self.clock = float(sim["clock"]) if sim else 0.0
         self.rng = np.random.default_rng([config.seed, 3, state.iterations_done])
@@ -176,6 +150,54 @@ class Simulation:
             self.fc_queue, self.fc_busy = deque(), None
             for grp in range(config.n_groups):
                 self._schedule(self.clock, "start", grp)
+
+    def _servers(self, net: Net, config: RunConfig, state: TrainState, split: str | None) -> Net:
+        """The conv model server and the FC server at `state` (its weights, momentum and solver
+        iterations; with the engine's averaging, the average it kept); returns the conv phase."""
+        averages = getattr(self.engine, "averaging", None) is not None
+        kept = state.extra.get("averaging") if averages else None
+        work = net.copy()
+        work.set_params(state.params if kept is None else kept["weights"])  # training goes on from these
+        conv, fc = work.split_phases(at=split)
+        self.split = fc.layers[0].name if fc is not None else None
+        if fc is None:
+            raise ValueError(f"net {net.name!r} has no FC phase; the simulator needs a merged FC server")
+        self.conv_server = ConvModelServer(
+            conv.get_params(),
+            conv.lr_mult,
+            conv.decay_mult,
+            weight_decay=config.weight_decay,
+            statistics=conv.statistics,
+        )
+        self.fc_server = FCServer(fc, weight_decay=config.weight_decay, seed=config.seed)
+        if averages:
+            self._average_from(state.params, kept)
+        sim = state.extra.get("simulator")
+        conv_mom = {key: v for key, v in state.momentum.items() if key in conv.params}
+        fc_mom = {key: v for key, v in state.momentum.items() if key in fc.params}
+        self.conv_server.solver.load_state_dict(
+            {"iter": sim["conv_iter"] if sim else state.iterations_done, "history": conv_mom}
+        )
+        self.conv_server.version = sim["conv_version"] if sim else state.iterations_done
+        if sim and "updates" in sim:  # the total-momentum measurement goes on where it was
+            self.conv_server.updates.load(sim["updates"])
+        self.fc_server.solver.load_state_dict(
+            {"iter": sim["fc_iter"] if sim else state.iterations_done, "history": fc_mom}
+        )
+        return conv
+
+    def _average_from(self, model: dict[str, Any], kept: dict[str, Any] | None) -> None:
+        """Both servers keep an average of their weights: the state's `model` (its params) and its
+        counts when it kept one (`kept`: its `extra["averaging"]`), else from their weights now."""
+        if kept is None:
+            self.conv_server.average_weights()
+            self.fc_server.average_weights()
+            return
+        for server, keys, count in (
+            (self.conv_server, self.conv_server.params, kept["conv_count"]),
+            (self.fc_server, self.fc_server.net.params, kept["fc_count"]),
+        ):
+            server.average_weights({"params": {k: model[k] for k in keys}, "count": count})
 
     # -- events ----------------------------------------------------------------------------------
     def _schedule(self, t: float, kind: str, grp: int) -> None:
@@ -333,8 +355,18 @@ class Simulation:
 
     # -- state -----------------------------------------------------------------------------------
     def train_state(self) -> TrainState:
-        """Weights and momentum of both phases, the data cursor, and the in-flight iterations."""
+        """Weights and momentum of both phases, the data cursor, and the in-flight iterations; with
+        averaging, `params` are the average and `extra["averaging"]` the weights and the counts."""
         params = {**self.conv_server.params, **self.fc_server.net.get_params()}
+        extra = dict(self.extra)
+        if self.conv_server.average is not None:
+            conv, fc = self.conv_server.average.state(), self.fc_server.average.state()
+            extra["averaging"] = {
+                "weights": {key: np.array(v, copy=True) for key, v in params.items()},
+                "conv_count": conv["count"],
+                "fc_count": fc["count"],
+            }
+            params = {**conv["params"], **fc["params"]}
         momentum = {**self.conv_server.solver.history, **self.fc_server.solver.history}
         sim = {
             "signature": dict(self.signature),
@@ -356,5 +388,5 @@ class Simulation:
             momentum={key: np.array(v, copy=True) for key, v in momentum.items()},
             batches_done=self.cursor,
             iterations_done=self.iterations_done - self.rewound,
-            extra={**self.extra, "fc_rng": copy.deepcopy(sim["fc_rng"]), "simulator": copy.deepcopy(sim)},
+            extra={**extra, "fc_rng": copy.deepcopy(sim["fc_rng"]), "simulator": copy.deepcopy(sim)},
         )
