@@ -365,6 +365,11 @@ def measure_links(
                     transfer[n, ri, ki] = time_transfer(client, workers[:k], grad, repeats)
                     for ai, aggregation in enumerate(AGGREGATIONS):
                         sums[n, ri, ki, ai] = time_sum(client, workers[:k], grad, aggregation, repeats)
+                    print(
+                        f"  round {n + 1}, {rate:g} Mbit/s, k = {k}: t1 {transfer[n, ri, ki]:.2f} s, "
+                        + ", ".join(f"{a} {sums[n, ri, ki, ai]:.2f} s" for ai, a in enumerate(AGGREGATIONS)),
+                        flush=True,
+                    )
             load[n, 1] = os.getloadavg()[0]
             print(f"  round {n + 1}/{rounds} done, load {load[n, 0]:.1f} → {load[n, 1]:.1f}", flush=True)
     nbytes = float(_nbytes(grad))
