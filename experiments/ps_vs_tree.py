@@ -372,7 +372,15 @@ def measure_links(
                     )
             load[n, 1] = os.getloadavg()[0]
             print(f"  round {n + 1}/{rounds} done, load {load[n, 0]:.1f} → {load[n, 1]:.1f}", flush=True)
-    nbytes = float(_nbytes(grad))
+    ds = links_dataset(sums, transfer, load, ks, rates_mbit, float(_nbytes(grad)))
+    ds.attrs.update(repeats=repeats, rounds=rounds, links="network namespaces, veth pairs, tc tbf")
+    return ds
+
+
+def links_dataset(
+    sums, transfer, load, ks: Sequence[int], rates_mbit: Sequence[float], nbytes: float
+) -> xr.Dataset:
+    """The link sweep's measurements (rounds × rates × k) with the one-way model and Eq. 3 / 4."""
     bw = np.asarray(rates_mbit, float) * 1e6 / 8
     hops = {"ps": [k - 1 for k in ks], "tree": [tree_depth(k, 2) for k in ks]}
     oneway = np.stack([np.outer(nbytes / bw, hops[a]) for a in AGGREGATIONS], axis=-1)
@@ -405,7 +413,7 @@ def measure_links(
             ),
         },
         coords={
-            "round": np.arange(rounds, dtype=np.int64),
+            "round": np.arange(len(sums), dtype=np.int64),
             "rate_mbit": np.asarray(rates_mbit, float),
             "k": np.asarray(ks, np.int64),
             "aggregation": list(AGGREGATIONS),
@@ -416,7 +424,6 @@ def measure_links(
         "units": "Mbit/s",
         "description": "tc token-bucket rate of every link, both ways",
     }
-    ds.attrs.update(repeats=repeats, rounds=rounds, links="network namespaces, veth pairs, tc tbf")
     return ds
 
 

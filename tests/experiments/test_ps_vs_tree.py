@@ -84,3 +84,27 @@ def test_links_bad_input():
     with pytest.raises(ValueError, match="n_workers"):
         with netns_cluster.netns_client(0, 100.0):
             pass
+
+
+def test_link_rounds_give_a_spread_and_the_growth_in_k(tmp_path):
+    """Planted sums (ps ∝ k, tree ∝ log2 k, each round 10% slower): the table gives median [range]
+    over the rounds and `growth` the factor from the smallest k to the largest, Eq. 3/4's 4× and 3×."""
+    from experiments.common import save_figure
+
+    ks, rates, rounds = [2, 4, 8], [100.0, 400.0], 3
+    order = list(ps_vs_tree.AGGREGATIONS)
+    sums = np.empty((rounds, len(rates), len(ks), 2))
+    for n, ri, ki in np.ndindex(rounds, len(rates), len(ks)):
+        scale = (1 + 0.1 * n) * 100 / rates[ri]
+        sums[n, ri, ki, order.index("ps")] = scale * ks[ki]
+        sums[n, ri, ki, order.index("tree")] = scale * np.log2(ks[ki])
+    transfer = np.ones((rounds, len(rates), len(ks)))
+    load = np.full((rounds, 2), 3.0)
+    ds = ps_vs_tree.links_dataset(sums, transfer, load, ks, rates, 9.3e6)
+    assert list(ds["round"].values) == [0, 1, 2]
+    grows = ps_vs_tree.growth(ds)
+    np.testing.assert_allclose(grows.sel(aggregation="ps"), 4.0)
+    np.testing.assert_allclose(grows.sel(aggregation="tree"), 3.0)
+    text = ps_vs_tree.table_links(ds)
+    assert "| 100 | 8 | 1 [1, 1] | 8.8 [8, 9.6] |" in text  # ps at k = 8: rounds 8, 8.8, 9.6 s
+    assert save_figure(lambda fig: ps_vs_tree.plot_links(ds, fig), tmp_path / "links.png").stat().st_size > 0
