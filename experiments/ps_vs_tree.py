@@ -37,16 +37,16 @@ DaskEngine, LeNet, one group of k: ps 0.102, 0.129, 0.133 s per iteration, tree 
 With `--links RATE ...` (Mbit/s; needs root and iproute2, `experiments/netns_cluster.py`) each worker
 runs in its own network namespace, joined to a bridge by a veth pair shaped both ways by `tc`'s token
 bucket: every node has its own link of bandwidth BW, Eq. 3/4's premise. One cluster of 8 workers,
-each rate in turn, k = 2, 4, 8 of them per point, CaffeNet's 9.3 MB conv gradient, medians of 5.
-What it found (100 and 400 Mbit/s; the 2-core machine at load 23-30 from other jobs, 894 s):
-at 100 Mbit/s one transfer t₁ took 1.3-1.7 s (the link alone: 0.75 s), the parameter server's sum
-1.51, 3.20, 6.73 s for k = 2, 4, 8 (linear in k, as Eq. 3: about 2.1× per doubling) and the tree's
-2.04, 3.25, 5.23 s, so ps / tree was 0.74, 0.99, 1.29 where Eq. 3/4 give 1.00, 1.00, 1.33. At
-400 Mbit/s: ps 0.76, 0.91, 5.37 s, tree 0.68, 1.12, 3.84 s, ps / tree 1.11, 0.81, 1.40. The tree
-wins at k = 8 at both rates by about Eq. 3/4's factor; below that the two are within the noise. The
-tree's time grows faster than log k (each level is a scheduler round trip, and 8 one-thread workers
-on 2 loaded cores add CPU time to each hop: at 400 Mbit/s k = 8 took 4× the links' time), so the
-shape is partly the paper's: ps ∝ p yes, tree ∝ log p only roughly.
+each rate in turn, k = 2, 4, 8 of them per point, CaffeNet's 9.3 MB conv gradient, medians of 5;
+`--rounds` repeats the sweep for a spread. FireCaffe's numbers: ps ∝ p, tree ∝ log p, the tree
+ahead at scale (Eq. 3/4: ps/tree 1.00, 1.00, 1.33 at p = 2, 4, 8). Ours (100 and 400 Mbit/s,
+3 rounds, median [range], the 2-core machine at load 12-20 from other jobs, 2,011 s): at 100 Mbit/s
+the parameter server's sum took 0.995, 2.65, 5.90 s for k = 2, 4, 8 and the tree's 0.925, 1.94,
+3.16 s: ps/tree 1.08 [1.05, 1.13], 1.37 [1.17, 1.42], 1.85 [1.82, 2.15], and from k = 2 to 8 ps
+grew 6.06× [4.0, 6.37] (the one-way sum's k − 1: 7×) and the tree 3.04× [2.47, 3.63] (log2: 3×).
+At 400 Mbit/s ps/tree was 0.71 [0.71, 0.96], 0.98 [0.76, 0.98], 1.27 [1.16, 1.45]: the tree wins at
+k = 8 only, since each of its levels adds a scheduler round trip and CPU time on 8 one-thread
+workers sharing 2 loaded cores, which weighs more when a hop takes 0.19 s on the link.
 
     dasknn experiment ps_vs_tree [--workers 2 3 4] [--repeats 15] [--iterations 20] [--tiny]
     dasknn experiment ps_vs_tree --links 100 400 [--workers 2 4 8] [--repeats 5] [--rounds 3]
