@@ -18,15 +18,18 @@ training accuracy (trailing mean of 20 batches) reaches the target (MNIST 95%, s
 paper's 99.5% takes thousands of updates); the best is the fewest updates to the target, ties and
 runs that never reach it ranked by their final smoothed loss.
 
-What it found (default setting, 870 s at load 6.6-7.5 on 2 shared cores, one seed): MNIST/LeNet
-S = 0: (0.6, 0.1), 92 updates to 95%, exactly the paper's; S = 31: (0.9, 0.01), 171 updates
-(paper (0.0, 0.1)); S = 127: (0.6, 0.01), 95% not reached in 300 updates (paper (0.8, 0.01)): η* falls
-by 10× with staleness, as the paper's does by S = 127, and S = 127 needs far more updates; µ* does not
-follow the paper's. CIFAR-10 quick on the synthetic data did not leave chance level (loss 2.297-2.302)
-in 150 updates at any grid point (its 1e-4 initial conv weights need many more updates), so its
-(µ*, η*) are ties decided by loss noise: no result for that half of the table.
+Each seed (data order, initial weights; `--seeds`, default 3) runs the search on its own path.
 
-    python -m experiments.cold_start_table [--tiny] [--iterations N]
+What it found, the paper's (µ*, η*) beside ours. MNIST/LeNet, 3 seeds (load 12-26, `--jobs 2`):
+S = 0 paper (0.6, 0.1), ours (0.6, 0.1) at every seed, 90 [86, 92] updates to 95% (median
+[range]); S = 31 paper (0.0, 0.1), ours (0.9, 0.01) at two seeds and (0, 0.1) at the third,
+171 [169, 213] updates: η* or µ* falls with staleness at every seed, which of the two depends on
+the seed. One seed, earlier (870 s at load 6.6-7.5): S = 127 paper (0.8, 0.01), ours (0.6, 0.01),
+95% not reached in 300 updates. CIFAR-10 quick on the synthetic data (one seed) did not leave
+chance level (loss 2.297-2.302) in 150 updates at any grid point (its 1e-4 initial conv weights
+need many more updates), so its (µ*, η*) are ties decided by loss noise: no result for that half.
+
+    python -m experiments.cold_start_table [--tiny] [--iterations N] [--seeds S] [--jobs N]
 
 Writes experiments/results/cold_start_table/{cold_start_table.nc, cold_start_table.png, table.md}.
 """
