@@ -34,6 +34,11 @@ SUBNET = "10.213.{}.{}"
 MAX_WORKERS = 16
 """Workers (namespaces) one cluster may have: a bound on what the experiment creates."""
 
+NO_WORKER_TTL = {"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "None"}
+"""The scheduler never drops a worker for missed heartbeats: on a shared machine whose processes
+are paused for minutes at a time (SIGSTOP), a worker that resumes a moment after the scheduler
+is otherwise removed with the gradients it holds, and the sum being timed is lost."""
+
 START_TIMEOUT = 240.0
 """Seconds to wait for the scheduler's address, and again for every worker to register (a loaded
 2-core machine takes a minute or more to start eight Python processes)."""
@@ -156,7 +161,7 @@ def netns_client(n_workers: int, rate_mbit: float) -> Iterator[tuple]:
     if reason:
         raise RuntimeError(f"per-worker links: {reason}")
     links, processes = Links(int(n_workers), float(rate_mbit)), []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **NO_WORKER_TTL}
     with tempfile.TemporaryDirectory(prefix="dasknn-netns-") as tmp:
         try:
             links.create()

@@ -37,19 +37,19 @@ DaskEngine, LeNet, one group of k: ps 0.102, 0.129, 0.133 s per iteration, tree 
 With `--links RATE ...` (Mbit/s; needs root and iproute2, `experiments/netns_cluster.py`) each worker
 runs in its own network namespace, joined to a bridge by a veth pair shaped both ways by `tc`'s token
 bucket: every node has its own link of bandwidth BW, Eq. 3/4's premise. One cluster of 8 workers,
-each rate in turn, k = 2, 4, 8 of them per point, CaffeNet's 9.3 MB conv gradient, medians of 5.
-What it found (100 and 400 Mbit/s; the 2-core machine at load 23-30 from other jobs, 894 s):
-at 100 Mbit/s one transfer t₁ took 1.3-1.7 s (the link alone: 0.75 s), the parameter server's sum
-1.51, 3.20, 6.73 s for k = 2, 4, 8 (linear in k, as Eq. 3: about 2.1× per doubling) and the tree's
-2.04, 3.25, 5.23 s, so ps / tree was 0.74, 0.99, 1.29 where Eq. 3/4 give 1.00, 1.00, 1.33. At
-400 Mbit/s: ps 0.76, 0.91, 5.37 s, tree 0.68, 1.12, 3.84 s, ps / tree 1.11, 0.81, 1.40. The tree
-wins at k = 8 at both rates by about Eq. 3/4's factor; below that the two are within the noise. The
-tree's time grows faster than log k (each level is a scheduler round trip, and 8 one-thread workers
-on 2 loaded cores add CPU time to each hop: at 400 Mbit/s k = 8 took 4× the links' time), so the
-shape is partly the paper's: ps ∝ p yes, tree ∝ log p only roughly.
+each rate in turn, k = 2, 4, 8 of them per point, CaffeNet's 9.3 MB conv gradient, medians of 5;
+`--rounds` repeats the sweep for a spread. FireCaffe's numbers: ps ∝ p, tree ∝ log p, the tree
+ahead at scale (Eq. 3/4: ps/tree 1.00, 1.00, 1.33 at p = 2, 4, 8). Ours (100 and 400 Mbit/s,
+3 rounds, median [range], the 2-core machine at load 12-20 from other jobs, 2,011 s): at 100 Mbit/s
+the parameter server's sum took 0.995, 2.65, 5.90 s for k = 2, 4, 8 and the tree's 0.925, 1.94,
+3.16 s: ps/tree 1.08 [1.05, 1.13], 1.37 [1.17, 1.42], 1.85 [1.82, 2.15], and from k = 2 to 8 ps
+grew 6.06× [4.0, 6.37] (the one-way sum's k − 1: 7×) and the tree 3.04× [2.47, 3.63] (log2: 3×).
+At 400 Mbit/s ps/tree was 0.71 [0.71, 0.96], 0.98 [0.76, 0.98], 1.27 [1.16, 1.45]: the tree wins at
+k = 8 only, since each of its levels adds a scheduler round trip and CPU time on 8 one-thread
+workers sharing 2 loaded cores, which weighs more when a hop takes 0.19 s on the link.
 
     dasknn experiment ps_vs_tree [--workers 2 3 4] [--repeats 15] [--iterations 20] [--tiny]
-    dasknn experiment ps_vs_tree --links 100 400 [--workers 2 4 8] [--repeats 5]
+    dasknn experiment ps_vs_tree --links 100 400 [--workers 2 4 8] [--repeats 5] [--rounds 3]
 
 Writes experiments/results/ps_vs_tree/{ps_vs_tree.nc, ps_vs_tree.png, table.md}.
 """
@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -330,32 +331,56 @@ def _by_host(addresses) -> list[str]:
     return sorted(addresses, key=lambda a: tuple(int(x) for x in a.split("//")[1].split(":")[0].split(".")))
 
 
-def measure_links(ks: Sequence[int], rates_mbit: Sequence[float], repeats: int) -> xr.Dataset:
+def measure_links(
+    ks: Sequence[int], rates_mbit: Sequence[float], repeats: int, rounds: int = 1
+) -> xr.Dataset:
     """Gradient sums over per-worker links: one cluster of max(k) workers, each in its own network
     namespace behind a `tc` token bucket of each rate in turn; k workers of it per point.
 
-    CaffeNet's conv gradient only. Predictions from the link's rate BW: one-way ps (k − 1)·|∇W|/BW,
-    tree ceil(log2 k)·|∇W|/BW, and FireCaffe's Eq. 3 / 4.
+    CaffeNet's conv gradient only. `rounds` repeats the whole sweep (every rate, every k) on the
+    same cluster, each round a median of `repeats` per point, so the rounds give the spread; the
+    1-minute load average is kept per round. Predictions from the link's rate BW: one-way ps
+    (k − 1)·|∇W|/BW, tree ceil(log2 k)·|∇W|/BW, and FireCaffe's Eq. 3 / 4.
     """
     from experiments.netns_cluster import MAX_WORKERS, netns_client
 
-    if not ks or min(ks) < 2 or max(ks) > MAX_WORKERS or repeats < 1:
-        raise ValueError(f"need 2 <= k <= {MAX_WORKERS} and repeats >= 1; got {list(ks)}, {repeats}")
+    if not ks or min(ks) < 2 or max(ks) > MAX_WORKERS or repeats < 1 or rounds < 1:
+        raise ValueError(
+            f"need 2 <= k <= {MAX_WORKERS}, repeats >= 1 and rounds >= 1; got {list(ks)}, {repeats}, {rounds}"
+        )
     if not rates_mbit or min(rates_mbit) <= 0:
         raise ValueError(f"link rates must be > 0 Mbit/s, got {list(rates_mbit)}")
     grad = conv_gradient("caffenet_conv")
     nr, nk, na = len(rates_mbit), len(ks), len(AGGREGATIONS)
-    sums, transfer = np.full((nr, nk, na), np.nan), np.full((nr, nk), np.nan)
+    sums, transfer = np.full((rounds, nr, nk, na), np.nan), np.full((rounds, nr, nk), np.nan)
+    load = np.full((rounds, 2), np.nan)
     with netns_client(max(ks), rates_mbit[0]) as (client, links):
         workers = _by_host(client.scheduler_info()["workers"])
         client.run(importlib.import_module, "dasknn.engine.dask.tasks")
-        for ri, rate in enumerate(rates_mbit):
-            links.set_rate(rate)
-            for ki, k in enumerate(ks):
-                transfer[ri, ki] = time_transfer(client, workers[:k], grad, repeats)
-                for ai, aggregation in enumerate(AGGREGATIONS):
-                    sums[ri, ki, ai] = time_sum(client, workers[:k], grad, aggregation, repeats)
-    nbytes = float(_nbytes(grad))
+        for n in range(rounds):
+            load[n, 0] = os.getloadavg()[0]
+            for ri, rate in enumerate(rates_mbit):
+                links.set_rate(rate)
+                for ki, k in enumerate(ks):
+                    transfer[n, ri, ki] = time_transfer(client, workers[:k], grad, repeats)
+                    for ai, aggregation in enumerate(AGGREGATIONS):
+                        sums[n, ri, ki, ai] = time_sum(client, workers[:k], grad, aggregation, repeats)
+                    print(
+                        f"  round {n + 1}, {rate:g} Mbit/s, k = {k}: t1 {transfer[n, ri, ki]:.2f} s, "
+                        + ", ".join(f"{a} {sums[n, ri, ki, ai]:.2f} s" for ai, a in enumerate(AGGREGATIONS)),
+                        flush=True,
+                    )
+            load[n, 1] = os.getloadavg()[0]
+            print(f"  round {n + 1}/{rounds} done, load {load[n, 0]:.1f} → {load[n, 1]:.1f}", flush=True)
+    ds = links_dataset(sums, transfer, load, ks, rates_mbit, float(_nbytes(grad)))
+    ds.attrs.update(repeats=repeats, rounds=rounds, links="network namespaces, veth pairs, tc tbf")
+    return ds
+
+
+def links_dataset(
+    sums, transfer, load, ks: Sequence[int], rates_mbit: Sequence[float], nbytes: float
+) -> xr.Dataset:
+    """The link sweep's measurements (rounds × rates × k) with the one-way model and Eq. 3 / 4."""
     bw = np.asarray(rates_mbit, float) * 1e6 / 8
     hops = {"ps": [k - 1 for k in ks], "tree": [tree_depth(k, 2) for k in ks]}
     oneway = np.stack([np.outer(nbytes / bw, hops[a]) for a in AGGREGATIONS], axis=-1)
@@ -364,41 +389,69 @@ def measure_links(ks: Sequence[int], rates_mbit: Sequence[float], repeats: int) 
     dims = ("rate_mbit", "k", "aggregation")
     ds = xr.Dataset(
         {
-            "sum_time_s": (dims, sums, {"units": "s", "description": "measured: k gradients to their sum"}),
+            "sum_time_s": (
+                ("round", *dims),
+                sums,
+                {"units": "s", "description": "measured: k gradients to their sum, median of the round"},
+            ),
             "predicted_oneway_s": (
                 dims,
                 oneway,
                 {"units": "s", "description": "|∇W|/BW × serial transfers: ps k − 1, tree ceil(log2 k)"},
             ),
             "predicted_eq_s": (dims, eq, {"units": "s", "description": "FireCaffe Eq. 3 (ps) and 4 (tree)"}),
-            "transfer_s": (("rate_mbit", "k"), transfer, {"units": "s", "description": "t1, task included"}),
+            "transfer_s": (
+                ("round", "rate_mbit", "k"),
+                transfer,
+                {"units": "s", "description": "t1, task included"},
+            ),
             "grad_bytes": ((), nbytes, {"units": "B", "description": "|∇W| of CaffeNet's conv phase"}),
+            "load_1min": (
+                ("round", "edge"),
+                load,
+                {"units": "1", "description": "1-minute load average at the round's start and end"},
+            ),
         },
         coords={
+            "round": np.arange(len(sums), dtype=np.int64),
             "rate_mbit": np.asarray(rates_mbit, float),
             "k": np.asarray(ks, np.int64),
             "aggregation": list(AGGREGATIONS),
+            "edge": ["start", "end"],
         },
     )
     ds["rate_mbit"].attrs = {
         "units": "Mbit/s",
         "description": "tc token-bucket rate of every link, both ways",
     }
-    ds.attrs.update(repeats=repeats, links="network namespaces, veth pairs, tc tbf")
     return ds
 
 
+def growth(ds: xr.Dataset) -> xr.DataArray:
+    """Per round, rate and aggregation: the sum time at the largest k over that at the smallest
+    (Eq. 3: k_max / k_min for ps; Eq. 4: log2 k_max / log2 k_min for the tree)."""
+    k = ds["k"].values
+    t = ds["sum_time_s"]
+    return t.sel(k=k.max()) / t.sel(k=k.min())
+
+
+def _spread(values) -> str:
+    v = np.asarray(values, dtype=float).ravel()
+    return f"{np.median(v):.3g} [{v.min():.3g}, {v.max():.3g}]"
+
+
 def table_links(ds: xr.Dataset) -> str:
-    """One row per (rate, k): measured and predicted ps and tree times and their ratio."""
+    """One row per (rate, k): measured ps and tree times and their ratio (median [range] over the
+    rounds), beside the one-way model and Eq. 3 / 4."""
     rows = []
     for r in ds["rate_mbit"].values:
         for k in ds["k"].values:
             sel = ds.sel(rate_mbit=r, k=k)
-            row = {"link Mbit/s": float(r), "k": int(k), "t1 ms": 1e3 * float(sel["transfer_s"])}
+            row = {"link Mbit/s": float(r), "k": int(k), "t1 s": _spread(sel["transfer_s"])}
             for a in ("ps", "tree"):
-                row[f"{a} measured ms"] = 1e3 * float(sel["sum_time_s"].sel(aggregation=a))
-                row[f"{a} one-way ms"] = 1e3 * float(sel["predicted_oneway_s"].sel(aggregation=a))
-            row["ps / tree measured"] = float(
+                row[f"{a} measured s"] = _spread(sel["sum_time_s"].sel(aggregation=a))
+                row[f"{a} one-way s"] = float(sel["predicted_oneway_s"].sel(aggregation=a))
+            row["ps / tree measured"] = _spread(
                 sel["sum_time_s"].sel(aggregation="ps") / sel["sum_time_s"].sel(aggregation="tree")
             )
             row["one-way model"] = float(
@@ -413,35 +466,52 @@ def table_links(ds: xr.Dataset) -> str:
 
 
 def plot_links(ds: xr.Dataset, fig) -> None:
-    """Measured (markers) and one-way model (dashed) sum times against k, one panel per link rate."""
+    """Measured sum times against k (a line through the rounds' medians, a dot per round) and the
+    one-way model (dashed), one panel per link rate."""
     rates = ds["rate_mbit"].values
     fig.set_size_inches(5.2 * len(rates), 4.2)
     for i, r in enumerate(rates):
         ax = fig.add_subplot(1, len(rates), i + 1)
         sel = ds.sel(rate_mbit=r)
         for a, color in (("ps", "C0"), ("tree", "C1")):
-            ax.plot(ds["k"], sel["sum_time_s"].sel(aggregation=a), "o-", color=color, label=f"{a} measured")
+            t = sel["sum_time_s"].sel(aggregation=a)
+            ax.plot(ds["k"], t.median("round"), "o-", color=color, label=f"{a} measured (median)")
+            for n in ds["round"].values:
+                ax.plot(ds["k"], t.sel(round=n), ".", color=color, ms=4, alpha=0.6)
             ax.plot(
                 ds["k"], sel["predicted_oneway_s"].sel(aggregation=a), "--", color=color, label=f"{a} one-way"
             )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("k workers, each on its own link")
-        ax.set_ylabel("s to sum CaffeNet's conv gradients")
+        ax.set_ylabel("s to sum CaffeNet's conv gradients (dots: rounds)")
         ax.set_title(f"{r:g} Mbit/s links (cf. FireCaffe Fig. 4)", fontsize=9)
         ax.legend(fontsize=7)
 
 
-def run_links(ks: Sequence[int], rates_mbit: Sequence[float], repeats: int, tiny: bool) -> Experiment:
+def run_links(
+    ks: Sequence[int], rates_mbit: Sequence[float], repeats: int, tiny: bool, rounds: int = 1
+) -> Experiment:
     """The per-worker-link measurement as an Experiment."""
-    ds = stamp(measure_links(ks, rates_mbit, repeats), NAME, MIRRORS, tiny, mode="links")
+    ds = stamp(measure_links(ks, rates_mbit, repeats, rounds), NAME, MIRRORS, tiny, mode="links")
     ratio = ds["sum_time_s"].sel(aggregation="ps") / ds["sum_time_s"].sel(aggregation="tree")
+    grows = growth(ds)
+    kmin, kmax = int(ds["k"].min()), int(ds["k"].max())
     notes = [
         f"one dask worker (1 thread) per network namespace, each joined to a bridge by a veth pair shaped "
-        f"both ways by tc tbf; medians of {repeats}; {ds.attrs['device']}",
+        f"both ways by tc tbf; {rounds} round(s) of medians of {repeats}, median [range] over the rounds; "
+        f"load (1 min) {float(ds['load_1min'].min()):.1f}-{float(ds['load_1min'].max()):.1f}; "
+        f"{ds.attrs['device']}",
         "ps / tree measured: "
         + "; ".join(
             f"{r:g} Mbit/s: "
-            + ", ".join(f"k={int(k)} {float(ratio.sel(rate_mbit=r, k=k)):.2f}" for k in ds["k"].values)
+            + ", ".join(f"k={int(k)} {_spread(ratio.sel(rate_mbit=r, k=k))}" for k in ds["k"].values)
+            for r in ds["rate_mbit"].values
+        ),
+        f"growth k = {kmin} → {kmax} (Eq. 3: ps {kmax / kmin:g}×, one-way {(kmax - 1) / (kmin - 1):g}×; "
+        f"Eq. 4 and one-way: tree {math.log2(kmax) / math.log2(kmin):g}×): "
+        + "; ".join(
+            f"{r:g} Mbit/s: ps {_spread(grows.sel(rate_mbit=r, aggregation='ps'))}×, "
+            f"tree {_spread(grows.sel(rate_mbit=r, aggregation='tree'))}×"
             for r in ds["rate_mbit"].values
         ),
     ]
@@ -454,12 +524,13 @@ def run(
     repeats: int | None = None,
     iterations: int = 20,
     links: Sequence[float] | None = None,
+    rounds: int = 1,
 ) -> Experiment:
     """Measure on LocalClusters of k workers (tiny: k = 2, LeNet's gradient, 2 repeats, no engine runs),
     or with `links` (Mbit/s) on per-worker links at k = 2, 4, 8 (tiny: k = 2, 4, 2 repeats)."""
     if links:
         ks = sorted({int(k) for k in (workers or ((2, 4) if tiny else (2, 4, 8)))})
-        return run_links(ks, [float(r) for r in links], int(repeats or (2 if tiny else 5)), tiny)
+        return run_links(ks, [float(r) for r in links], int(repeats or (2 if tiny else 5)), tiny, int(rounds))
     workers, repeats = workers or (2, 3, 4), int(repeats or 15)
     payloads: Sequence[str] = tuple(PAYLOADS)
     if tiny:
@@ -510,6 +581,10 @@ main = main_for(
             },
         ),
         (("--iterations",), {"type": int, "default": 20, "help": "engine iterations per run (0: skip)"}),
+        (
+            ("--rounds",),
+            {"type": int, "default": 1, "help": "with --links: sweeps of every rate and k, for a spread (1)"},
+        ),
     ],
 )
 

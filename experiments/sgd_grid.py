@@ -42,9 +42,11 @@ __all__ = [
     "make_net",
     "next_grid",
     "best_by_final_loss",
+    "check_seeds",
     "positive_ints",
     "run_all",
     "smoothed_accuracy",
+    "spread",
     "train",
 ]
 
@@ -235,6 +237,25 @@ def best_by_final_loss(traces: dict[tuple[float, float], pd.DataFrame]) -> tuple
     if not finite:
         raise FloatingPointError(f"every run of {sorted(traces)} diverged")
     return min(finite, key=finite.get)
+
+
+def spread(values, missing: str = "never") -> str:
+    """'median [min, max]' of the seeds' values; a non-finite value (a seed that never reached a
+    target) counts as the largest and is written as `missing`."""
+    v = np.asarray(values, dtype=float)
+    v = np.where(np.isfinite(v), v, np.inf)
+
+    def fmt(x: float) -> str:
+        return missing if not math.isfinite(x) else f"{x:.3g}"
+
+    return f"{fmt(float(np.median(v)))} [{fmt(float(v.min()))}, {fmt(float(v.max()))}]"
+
+
+def check_seeds(seeds: int) -> int:
+    """`seeds` as an int >= 1, or a ValueError naming it."""
+    if int(seeds) < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    return int(seeds)
 
 
 def positive_ints(values: Iterable[int], name: str) -> tuple[int, ...]:

@@ -63,7 +63,9 @@ from dasknn.optimizer import GridPolicy  # noqa: E402
 from dasknn.tradeoff.record import record_from_traces  # noqa: E402
 from experiments.common import (  # noqa: E402
     ITERATIONS_OPTION,
+    JOBS_OPTION,
     NET_OPTION,
+    SEEDS_OPTION,
     Experiment,
     main_for,
     markdown_table,
@@ -73,12 +75,15 @@ from experiments.sgd_grid import (  # noqa: E402
     BLAS_THREADS,
     MOMENTA,
     best_by_final_loss,
+    check_seeds,
     cpu_l_model,
     dataset,
     engine_for_groups,
     make_net,
     next_grid,
     positive_ints,
+    run_all,
+    spread,
     train,
 )
 
@@ -101,42 +106,73 @@ VARIABLES = (
 PAPER = {"async_speedup": 3.7, "async_HE": 6.7, "async_SE": 1.8, "chosen_g": 4, "chosen_speedup": 5.3}
 WEIGHT_DECAY = 5e-4
 SETTINGS = {
-    False: {"groups": (1, 2, 4, 8, 16, 32), "momenta": MOMENTA, "n_samples": 5000, "iterations": 300},
+    False: {
+        "groups": (1, 2, 4, 8, 16, 32),
+        "momenta": MOMENTA,
+        "n_samples": 5000,
+        "iterations": 300,
+        "seeds": 3,
+    },
     True: {
         "groups": (1, 4),
         "momenta": (0.9,),
         "n_samples": 320,
         "iterations": 10,
+        "seeds": 2,
         "data": "mnist-synthetic",
     },
 }
 
 
-def search(run_one, groups, momenta, lr0: float) -> dict[tuple, pd.DataFrame]:
-    """Traces keyed (g, lr, µ, seed): g = 1 on µ × {lr0, lr0/10}, then the per-S pruned grid."""
+def one(
+    net: str, data: tuple[str, int], batch_size: int, iterations: int, g: int, lr: float, m: float, seed: int
+) -> pd.DataFrame:
+    """One run of g groups on the simulated CPU-L-like clock, from the seed's weights and data order."""
+    X, y = dataset(*data)
+    cfg = RunConfig(g, lr, m, WEIGHT_DECAY, batch_size, seed=seed)
+    return train(engine_for_groups(cpu_l_model(), g), net, X, y, cfg, iterations)
+
+
+def search(run_g, groups, momenta, lr0: float, seeds: int) -> dict[tuple, pd.DataFrame]:
+    """Traces keyed (g, lr, µ, seed): per seed, g = 1 on µ × {lr0, lr0/10}, then the per-S pruned
+    grid from that seed's best. `run_g(g, keys)` runs the (µ, η, seed) keys at g, in their order."""
     traces: dict[tuple, pd.DataFrame] = {}
-    pairs = [(m, lr) for m in momenta for lr in (lr0, lr0 / 10)]
+    pairs = {seed: [(m, lr) for m in momenta for lr in (lr0, lr0 / 10)] for seed in range(seeds)}
     for g in groups:
-        here = {(m, lr): run_one(g, lr, m) for m, lr in pairs}
-        traces.update({(g, lr, m, 0): t for (m, lr), t in here.items()})
-        m_best, lr_best = best_by_final_loss(here)
-        pairs = next_grid(lr_best, m_best, momenta)
-        print(f"  g={g}: best (µ, η) = ({m_best:g}, {lr_best:g}) of {len(here)} runs", flush=True)
+        keys = [(m, lr, seed) for seed in range(seeds) for m, lr in pairs[seed]]
+        done = dict(zip(keys, run_g(g, keys), strict=True))
+        for seed in range(seeds):
+            here = {(m, lr): done[m, lr, seed] for m, lr in pairs[seed]}
+            traces.update({(g, lr, m, seed): t for (m, lr), t in here.items()})
+            m_best, lr_best = best_by_final_loss(here)
+            pairs[seed] = next_grid(lr_best, m_best, momenta)
+            print(
+                f"  g={g} seed {seed}: best (µ, η) = ({m_best:g}, {lr_best:g}) of {len(here)} runs",
+                flush=True,
+            )
     return traces
 
 
 def simulated(
-    net: str, X, y, batch_size: int, groups, momenta, iterations: int, lr0: float, data: str
+    net: str,
+    data: tuple[str, int],
+    batch_size: int,
+    groups,
+    momenta,
+    iterations: int,
+    lr0: float,
+    seeds: int,
+    jobs: int = 1,
 ) -> xr.Dataset:
-    """The simulated CPU-L-like cluster: every g's grid, the record, and HE(g) predicted."""
+    """The simulated CPU-L-like cluster: every g's grid at every seed, the record, and HE(g) predicted."""
     model = cpu_l_model()
 
-    def run_one(g: int, lr: float, m: float) -> pd.DataFrame:
-        cfg = RunConfig(g, lr, m, WEIGHT_DECAY, batch_size)
-        return train(engine_for_groups(model, g), net, X, y, cfg, iterations)
+    def run_g(g: int, keys) -> list[pd.DataFrame]:
+        tasks = [(net, data, batch_size, iterations, g, lr, m, seed) for m, lr, seed in keys]
+        return run_all(one, tasks, jobs)
 
     record = record_from_traces(
-        search(run_one, groups, momenta, lr0), net=net, dataset=data, batch_size=batch_size
+        search(run_g, groups, momenta, lr0, seeds), net=net, dataset=data[0], batch_size=batch_size
     )
     record["HE_predicted"] = (
         ("groups",),
@@ -146,18 +182,22 @@ def simulated(
     return record
 
 
-def optimizer_pick(net: str, X, y, batch_size: int, max_iterations: int, probe: int) -> tuple[int, list[str]]:
-    """The g that GridPolicy chooses on the 32-worker simulated CPU-L, and its decisions."""
+def optimizer_pick(
+    net: str, data: tuple[str, int], batch_size: int, max_iterations: int, probe: int, seed: int
+) -> tuple[int, list[str]]:
+    """The g that GridPolicy chooses on the 32-worker simulated CPU-L from the seed, and its decisions."""
+    X, y = dataset(*data)
     model = cpu_l_model()
     engine = SimulatedEngine(model, variability="gamma", cv=0.06, verbose=0)
     opt = GridPolicy(he_model=model, lr_grid=(0.1, 0.01, 0.001), probe_iterations=probe).for_fit(engine)
     with threadpool_limits(limits=BLAS_THREADS):
         result = opt.optimize(
-            make_net(net),
+            make_net(net, seed=seed),
             X,
             y,
             batch_size=batch_size,
             weight_decay=WEIGHT_DECAY,
+            seed=seed,
             max_iterations=max_iterations,
         )
     d = result.decisions
@@ -165,110 +205,145 @@ def optimizer_pick(net: str, X, y, batch_size: int, max_iterations: int, probe: 
     return int(result.chosen.n_groups), steps
 
 
-def dask_cluster(net: str, X, y, batch_size: int, momenta, iterations: int, lr: float) -> xr.Dataset:
-    """g ∈ {1, 2} on a 2-worker LocalCluster (wall seconds), µ grid at the given η."""
+def dask_cluster(net: str, X, y, batch_size: int, momenta, iterations: int, lrs: list[float]) -> xr.Dataset:
+    """g ∈ {1, 2} on a 2-worker LocalCluster (wall seconds), µ grid at each seed's η (lrs[seed])."""
     from dasknn.engine.dask import DaskEngine, local_client
 
     traces = {}
     with local_client(n_workers=2, threads_per_worker=1) as client:
         engine = DaskEngine(client, blas_threads=1, timeout=300)
-        for g in (1, 2):
-            for m in momenta:
-                cfg = RunConfig(g, lr, m, WEIGHT_DECAY, batch_size)
-                traces[(g, lr, m, 0)] = engine.run(
-                    make_net(net), X, y, cfg, Budget(iterations=iterations)
-                ).trace
-            print(f"  dask g={g}: {len(momenta)} runs", flush=True)
+        for seed, lr in enumerate(lrs):
+            for g in (1, 2):
+                for m in momenta:
+                    cfg = RunConfig(g, lr, m, WEIGHT_DECAY, batch_size, seed=seed)
+                    traces[(g, lr, m, seed)] = engine.run(
+                        make_net(net, seed=seed), X, y, cfg, Budget(iterations=iterations)
+                    ).trace
+                print(f"  dask g={g} seed {seed}: {len(momenta)} runs", flush=True)
     return record_from_traces(traces, net=net, dataset="mnist-sample", batch_size=batch_size)
 
 
 def table(ds: xr.Dataset) -> str:
-    """Markdown: per cluster and g, HE / SE / total with the penalties and the best (µ, η)."""
+    """Markdown: per cluster and g, HE / SE / total with the penalties (median [range] over the
+    seeds) and each seed's best (µ, η)."""
     rows = []
     for cluster in ds["cluster"].values:
-        c = ds.sel(cluster=cluster, seed=0)
+        c = ds.sel(cluster=cluster).dropna("seed", how="all", subset=["HE"])
         for g in ds["groups"].values:
             s = c.sel(groups=g)
-            if not np.isfinite(float(s["HE"])):
+            if not np.isfinite(s["HE"].values).any():
                 continue
             rows.append(
                 {
                     "cluster": cluster,
                     "g": int(g),
                     "HE predicted": float(s["HE_predicted"]),
-                    "HE (s/iter)": float(s["HE"]),
-                    "SE (iters to ℓ_F)": float(s["SE"]),
-                    "time to ℓ_F": float(s["HE"] * s["SE"]),
-                    "µ*": float(s["best_momentum"]),
-                    "η*": float(s["best_lr"]),
-                    "P_HE": float(s["P_HE"]),
-                    "P_SE": float(s["P_SE"]),
-                    "P_total": float(s["P_total"]),
+                    "HE (s/iter)": float(s["HE"].median()),
+                    "SE (iters to ℓ_F)": spread(s["SE"]),
+                    "time to ℓ_F": spread(s["HE"] * s["SE"]),
+                    "(µ*, η*) per seed": ", ".join(
+                        f"({float(m):g}, {float(lr):g})"
+                        for m, lr in zip(s["best_momentum"].values, s["best_lr"].values, strict=True)
+                    ),
+                    "P_HE": float(s["P_HE"].median()),
+                    "P_SE": spread(s["P_SE"]),
+                    "P_total": spread(s["P_total"]),
                 }
             )
     return markdown_table(pd.DataFrame(rows))
 
 
 def plot(ds: xr.Dataset, fig) -> None:
-    """Fig. 7's three panels: time per iteration, iterations to ℓ_F, their product, against g."""
+    """Fig. 7's three panels against g: time per iteration, iterations to ℓ_F, their product; a
+    line through the seeds' medians, a dot per seed."""
     axes = fig.subplots(1, 3)
-    for cluster, marker in zip(ds["cluster"].values, ("o-", "s--"), strict=False):
-        c = ds.sel(cluster=cluster, seed=0).dropna("groups", subset=["HE"])
+    for i, cluster in enumerate(ds["cluster"].values):
+        c = ds.sel(cluster=cluster).dropna("groups", how="all", subset=["HE"])
         g = c["groups"].values
-        for ax, value in zip(axes, (c["P_HE"], c["P_SE"], c["P_total"]), strict=True):
-            ax.plot(g, value, marker, label=str(cluster))
+        for ax, name in zip(axes, ("P_HE", "P_SE", "P_total"), strict=True):
+            ax.plot(g, c[name].median("seed"), "o-" if i == 0 else "s--", color=f"C{i}", label=str(cluster))
+            for seed in c["seed"].values:
+                ax.plot(g, c[name].sel(seed=seed), ".", color=f"C{i}", ms=4, alpha=0.6)
     for ax, title in zip(axes, ("(a) P_HE: time/iter", "(b) P_SE: iters to ℓ_F", "(c) P_total"), strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("compute groups g")
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title + " (dots: seeds)", fontsize=8)
         ax.axhline(1.0, color="k", lw=0.5)
-    chosen = int(ds["chosen_groups"])
-    axes[2].axvline(chosen, color="C2", ls=":", label=f"optimizer: g = {chosen}")
+    chosen = sorted({int(v) for v in np.ravel(ds["chosen_groups"].values)})
+    for g in chosen:
+        axes[2].axvline(g, color="C2", ls=":", label=f"optimizer: g = {g}" if g == chosen[0] else None)
     axes[2].legend(fontsize=6)
 
 
+def most_chosen(chosen) -> int:
+    """The g the optimizer chose at most seeds (the smallest of a tie)."""
+    values, counts = np.unique(np.ravel(np.asarray(chosen, dtype=int)), return_counts=True)
+    return int(values[int(np.argmax(counts))])
+
+
 def run(
-    tiny: bool = False, net: str = "lenet_small", iterations: int | None = None, dask: bool = True
+    tiny: bool = False,
+    net: str = "lenet_small",
+    iterations: int | None = None,
+    dask: bool = True,
+    seeds: int | None = None,
+    jobs: int = 1,
 ) -> Experiment:
-    """Experiment 5 (tiny: g ∈ {1, 4}, µ = 0.9, 10 updates, a 12-update optimizer, no Dask part)."""
+    """Experiment 5 (tiny: g ∈ {1, 4}, µ = 0.9, 10 updates, 2 seeds, a 12-update optimizer, no Dask part)."""
     s = dict(SETTINGS[tiny])
     if iterations is not None and int(iterations) < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     iterations = int(iterations or s["iterations"])
+    seeds = check_seeds(s["seeds"] if seeds is None else seeds)
     groups = positive_ints(s["groups"], "groups")
     make_net(net)  # validate the name before any work
     batch_size = 32
-    data = s.get("data", "mnist-sample")
-    X, y = dataset(data, s["n_samples"])
-    sim = simulated(net, X, y, batch_size, groups, s["momenta"], iterations, lr0=0.1, data=data)
-    sync = sim.sel(groups=1, seed=0)
-    lr_sync = float(sync["best_lr"])
+    data = (s.get("data", "mnist-sample"), s["n_samples"])
+    sim = simulated(net, data, batch_size, groups, s["momenta"], iterations, 0.1, seeds, jobs)
     probe = 4 if tiny else 20
-    chosen, steps = optimizer_pick(net, X, y, batch_size, 3 * probe if tiny else 1200, probe)
+    budget = 3 * probe if tiny else 1200
+    picks = run_all(
+        optimizer_pick, [(net, data, batch_size, budget, probe, seed) for seed in range(seeds)], jobs
+    )
     parts = [sim.expand_dims(cluster=["simulated CPU-L"])]
     if dask and not tiny:
-        rec = dask_cluster(net, X, y, batch_size, s["momenta"], iterations, lr_sync)
+        lrs = [float(sim["best_lr"].sel(groups=1, seed=seed)) for seed in range(seeds)]
+        rec = dask_cluster(net, *dataset(*data), batch_size, s["momenta"], iterations, lrs)
         rec["HE_predicted"] = (("groups",), [math.nan] * rec.sizes["groups"])
         parts.append(rec.expand_dims(cluster=["local dask (2 workers)"]))
     ds = xr.concat(parts, dim="cluster", join="outer", combine_attrs="override", data_vars="all")
-    ds["chosen_groups"] = ((), chosen, {"units": "groups", "description": "GridPolicy's choice"})
-    ds = stamp(ds, NAME, MIRRORS, tiny, net=net, iterations=iterations, engine="simulated + dask")
+    ds["chosen_groups"] = (
+        ("seed",),
+        [g for g, _ in picks],
+        {"units": "groups", "description": "GridPolicy's choice, per seed"},
+    )
+    ds = stamp(
+        ds, NAME, MIRRORS, tiny, net=net, iterations=iterations, seeds=seeds, engine="simulated + dask"
+    )
     ds.attrs["time_unit"] = "simulated s (simulated CPU-L); s (local dask)"
-    c = sim.sel(seed=0)
-    best_g = int(c["groups"][int(np.nanargmin(c["P_total"].values))])
+    return Experiment(ds, table(ds), plot, notes(sim, picks, groups, iterations, net, data))
+
+
+def notes(sim: xr.Dataset, picks, groups, iterations: int, net: str, data: tuple[str, int]) -> list[str]:
+    """The optimizer's pick and the fastest g per seed, beside the paper's numbers."""
+    speedup = 1 / sim["P_total"]
+    best_g = [
+        int(sim["groups"][int(np.nanargmin(sim["P_total"].sel(seed=s).values))]) for s in sim["seed"].values
+    ]
     async_g = int(max(groups))
-    notes = [
-        f"optimizer (GridPolicy on the simulated CPU-L, {len(steps)} decisions) picks g = {chosen}; "
+    return [
+        f"optimizer (GridPolicy on the simulated CPU-L) picks g = {[g for g, _ in picks]} per seed; "
         f"paper: g = {PAPER['chosen_g']}",
-        f"lowest P_total among the grid: g = {best_g} ({1 / float(c['P_total'].sel(groups=best_g)):.2f}× "
-        f"faster than sync); g = {async_g}: {1 / float(c['P_total'].sel(groups=async_g)):.2f}× "
+        f"lowest P_total among the grid per seed: g = {best_g} "
+        f"({', '.join(f'{float(speedup.sel(groups=g, seed=i)):.2f}×' for i, g in enumerate(best_g))} "
+        f"faster than sync); g = {async_g}: {spread(speedup.sel(groups=async_g))}× median [range] "
         f"(paper: g = 32 {PAPER['async_speedup']}×, HE {PAPER['async_HE']}×, "
         f"SE penalty {PAPER['async_SE']}×)",
-        f"every run {iterations} updates of {net}, b = 32, {data} ({s['n_samples']} images); "
-        "ℓ_F = the highest best-final loss over g (record.py)",
-        "optimizer decisions: " + "; ".join(steps),
+        f"every run {iterations} updates of {net}, b = 32, {data[0]} ({data[1]} images), "
+        f"{sim.sizes['seed']} seed(s) (data order, initial weights); "
+        "ℓ_F per seed = the highest best-final loss over g (record.py)",
+        *(f"optimizer decisions, seed {seed}: " + "; ".join(steps) for seed, (_, steps) in enumerate(picks)),
     ]
-    return Experiment(ds, table(ds), plot, notes)
 
 
 main = main_for(
@@ -278,6 +353,8 @@ main = main_for(
         NET_OPTION,
         ITERATIONS_OPTION,
         (("--no-dask",), {"dest": "dask", "action": "store_false", "help": "skip the LocalCluster part"}),
+        SEEDS_OPTION,
+        JOBS_OPTION,
     ],
 )
 
