@@ -42,6 +42,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dasknn.backend import cpu_cores  # noqa: E402
 from dasknn.engine.dask import DaskEngine, local_client  # noqa: E402
 from dasknn.engine.dask.messages import TIME_DRIVEN, count_requests, request_counts  # noqa: E402
 from dasknn.tradeoff import time_per_iteration  # noqa: E402
@@ -260,7 +261,7 @@ def cpu_table(case, g: int, runs: list[dict]) -> str:
     cpu = {k: float(np.median([r["cpu_ms"].get(k, 0.0) for r in runs])) for k in keys}
     wall = float(np.median([r["wall_ms"] for r in runs]))
     roles = runs[-1]["roles"]
-    cores = len(os.sched_getaffinity(0))
+    cores = cpu_cores()
     lines = [
         f"CPU-ms per iteration by process/thread, {case.name} g = {g} (run's wall {wall:.1f} ms per "
         f"iteration, × {cores} cores = {wall * cores:.1f} CPU-ms available)",

@@ -84,7 +84,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dasknn import __version__  # noqa: E402
-from dasknn.backend import cupy_available, device_info  # noqa: E402
+from dasknn.backend import cpu_cores, cupy_available, device_info  # noqa: E402
 from dasknn.data import load  # noqa: E402
 from dasknn.engine.dask import DaskEngine, cluster_workers, local_client, tasks  # noqa: E402
 from dasknn.engine.dask.runs import cluster_transfers  # noqa: E402
@@ -180,34 +180,29 @@ def phase_seconds(case: Case, X: np.ndarray, y: np.ndarray, threads: int) -> dic
     }
 
 
+def median_seconds(call, reps: int) -> float:
+    """The median wall time of `reps` calls of `call()`, after one more that is not counted."""
+    times = []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times[1:]))
+
+
 def network_seconds(client, worker: str, weights: dict[str, np.ndarray], reps: int = 7) -> float:
     """T_nc: median time to send the conv weights to `worker` and receive as many bytes back."""
-    times = []
-    for _ in range(reps + 1):
-        t0 = time.perf_counter()
+
+    def there_and_back():
         [future] = client.scatter([weights], workers=[worker], direct=True, hash=False)
         client.gather(future, direct=True)
-        times.append(time.perf_counter() - t0)
         client.cancel(future)
-    return float(np.median(times[1:]))
+
+    return median_seconds(there_and_back, reps)
 
 
-class Echo:
-    """An actor that answers a call with its argument: one round trip, nothing computed."""
-
-    def echo(self, value):
-        return value
-
-
-def _round_trip_seconds(actor, reps: int) -> float:
-    """Median round trip of `reps` calls to `actor` from this process (the first one not counted)."""
-    payload = np.zeros(16, dtype=np.float32)
-    times = []
-    for _ in range(reps + 1):
-        t0 = time.perf_counter()
-        actor.echo(payload).result(timeout=60)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times[1:]))
+SMALL_CALL = 64
+"""The bytes each way of an actor call that carries (almost) nothing: `t_call`."""
 
 
 def call_seconds(client, background: float, reps: int = 60) -> tuple[float, float]:
@@ -216,9 +211,11 @@ def call_seconds(client, background: float, reps: int = 60) -> tuple[float, floa
     and cpu_call: the CPU all the cluster's processes spent per call, beyond `background` (CPU-s
     per s), the task's own submission included."""
     lead, other = sorted(cluster_workers(client))[:2]
-    actor = client.submit(Echo, workers=[other], actor=True, pure=False).result(timeout=60)
+    actor = client.submit(Carrier, workers=[other], actor=True, pure=False).result(timeout=60)
     cpu0, t0 = cluster_cpu_seconds(client), time.perf_counter()
-    task = client.submit(_round_trip_seconds, actor, reps, workers=[lead], pure=False)
+    task = client.submit(
+        carried_round_trip, actor, SMALL_CALL, SMALL_CALL, reps, False, workers=[lead], pure=False
+    )
     seconds = task.result(timeout=600)
     cpu = cluster_cpu_seconds(client) - cpu0 - background * (time.perf_counter() - t0)
     client.cancel([task])
@@ -253,7 +250,7 @@ def available_cores(client, seconds: float = 1.0) -> float:
     spins = [client.submit(_spin, seconds, workers=[w], pure=False) for w in workers]
     got = sum(client.gather(spins)) / seconds
     client.cancel(spins)
-    return min(got, float(len(os.sched_getaffinity(0))))
+    return min(got, float(cpu_cores()))
 
 
 def background_cpu(client, seconds: float = 2.0) -> float:
@@ -317,26 +314,23 @@ def _busy_for(seconds: float) -> None:
     _compute(threading.Event(), seconds)
 
 
-def _carried_round_trip(actor, n_out: int, n_back: int, reps: int) -> float:
-    """Median round trip of `reps` calls carrying `n_out` bytes out and `n_back` back (the first
-    not counted), while a thread of this process computes (the lead computes its own shard while
-    the remote one's call is out)."""
+def carried_round_trip(actor, n_out: int, n_back: int, reps: int, busy: bool) -> float:
+    """Median round trip of `reps` calls to a `Carrier` carrying `n_out` bytes out and `n_back`
+    back (the first not counted); with `busy`, while a thread of this process computes (the lead
+    computes its own shard while the remote one's call is out)."""
     import threading
 
     payload = np.ones(max(1, int(n_out) // 4), dtype=np.float32)
     stop = threading.Event()
-    busy = threading.Thread(target=_compute, args=(stop,), daemon=True)
-    busy.start()
-    times = []
+    computing = threading.Thread(target=_compute, args=(stop,), daemon=True)
+    if busy:
+        computing.start()
     try:
-        for _ in range(reps + 1):
-            t0 = time.perf_counter()
-            actor.call(payload, n_back).result(timeout=60)
-            times.append(time.perf_counter() - t0)
+        return median_seconds(lambda: actor.call(payload, n_back).result(timeout=60), reps)
     finally:
         stop.set()
-        busy.join()
-    return float(np.median(times[1:]))
+        if busy:
+            computing.join()
 
 
 def shard_call_seconds(client, case: Case, X: np.ndarray, reps: int = 30) -> float:
@@ -355,7 +349,7 @@ def shard_call_seconds(client, case: Case, X: np.ndarray, reps: int = 30) -> flo
     seconds = []
     for out, back in ((weights + images, acts), (acts, weights)):
         busy = client.submit(_busy_for, 0.6 + reps * 0.02, workers=[other], pure=False)
-        trip = client.submit(_carried_round_trip, actor, out, back, reps, workers=[lead], pure=False)
+        trip = client.submit(carried_round_trip, actor, out, back, reps, True, workers=[lead], pure=False)
         seconds.append(trip.result(timeout=600))
         busy.result(timeout=600)
         client.cancel([busy, trip])

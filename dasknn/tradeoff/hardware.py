@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
@@ -41,19 +41,6 @@ CONV_EFFICIENCY = 0.5
 
 FWD_BWD_FACTOR = 3
 """FLOPs of forward + backward over forward alone: backward costs about twice the forward."""
-
-FIELDS_AT_LEAST_ZERO = (
-    "T_cc",
-    "T_nc",
-    "t_fc",
-    "t_call",
-    "cores",
-    "cpu_call",
-    "cpu_background",
-    "cpu_work",
-    "t_conv_fixed",
-    "t_shard_call",
-)
 
 
 def phase_costs(net, batch_size: int) -> dict[str, float]:
@@ -122,7 +109,7 @@ class HEModel:
     def __post_init__(self) -> None:
         if int(self.local_groups) < 0:
             raise ValueError(f"local_groups must be >= 0, got {self.local_groups}")
-        for key in FIELDS_AT_LEAST_ZERO:
+        for key in (f.name for f in fields(self) if f.type == "float"):  # every time and CPU term
             value = getattr(self, key)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{key} must be a finite number >= 0, got {value}")
@@ -145,17 +132,11 @@ class HEModel:
         n_workers: int,
         conv_model_bytes: float,
         bandwidth_bytes_per_s: float,
-        t_call: float = 0.0,
-        local_groups: int = 0,
-        cores: float = 0.0,
-        cpu_call: float = 0.0,
-        cpu_background: float = 0.0,
-        cpu_work: float = 0.0,
-        t_conv_fixed: float = 0.0,
-        t_shard_call: float = 0.0,
+        **terms: float,
     ) -> HEModel:
         """The model from calibration: measured t_conv(1) and t_fc, conv model bytes, network speed,
-        the measured cost of one round trip `t_call`, and the CPU terms (see the class).
+        and any other measured term of the class by its name (`t_call`, `local_groups`, the CPU
+        terms, `t_conv_fixed`, `t_shard_call`).
 
         Omnivore appendix D-D: T_cc = t_conv(1) (one device is compute-bound), and
         T_nc = 2 · conv_model_bytes / bandwidth: the conv model server sends the model to each
@@ -163,19 +144,16 @@ class HEModel:
         that traffic is k times T_nc.
         """
         _positive(bandwidth_bytes_per_s, "bandwidth_bytes_per_s")
+        types = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(terms) - set(types))
+        if unknown:
+            raise TypeError(f"HEModel has no term {unknown[0]!r}")
         return cls(
             T_cc=float(t_conv_1),
             T_nc=2.0 * float(conv_model_bytes) / float(bandwidth_bytes_per_s),
             t_fc=float(t_fc),
             n_workers=int(n_workers),
-            t_call=float(t_call),
-            local_groups=int(local_groups),
-            cores=float(cores),
-            cpu_call=float(cpu_call),
-            cpu_background=float(cpu_background),
-            cpu_work=float(cpu_work),
-            t_conv_fixed=float(t_conv_fixed),
-            t_shard_call=float(t_shard_call),
+            **{k: int(v) if types[k] == "int" else float(v) for k, v in terms.items()},
         )
 
     @classmethod

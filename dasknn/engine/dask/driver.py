@@ -214,7 +214,7 @@ target) wait at most this long."""
 
 
 WARM_MAX_BYTES = 16 * 2**20
-"""The largest net (float32 parameters) `DaskEngine.warm_up` sends to every worker."""
+"""The largest net (bytes of parameters) `DaskEngine.warm_up` sends to every worker."""
 
 
 class DaskEngine:
@@ -445,7 +445,7 @@ class DaskEngine:
         `WARM_MAX_BYTES` of parameters (their iterations are long beside a first call's cost, and
         the net travels to every worker) and when the cluster cannot be asked; a warm-up that fails
         changes nothing."""
-        if net.n_params * 4 > WARM_MAX_BYTES:
+        if sum(int(v.nbytes) for v in net.params.values()) > WARM_MAX_BYTES:
             return
         try:
             client = engine_client(self)

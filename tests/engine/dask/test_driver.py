@@ -54,7 +54,7 @@ def test_one_group_one_worker_equals_in_process_training(client1, digits):
     assert result.state.iterations_done == 12 and result.state.batches_done == 12
 
 
-def test_a_warm_up_runs_on_every_worker_first_and_changes_no_weight(client2, digits):
+def test_a_warm_up_runs_on_every_worker_first_and_changes_no_weight(client2, digits, monkeypatch):
     # the batch and the halves of a group of 2 (k = 3 does not divide 4 workers; 4 does)
     assert tasks.warm_sizes(64, 2) == (64, 32) and tasks.warm_sizes(64, 1) == (64,)
     assert tasks.warm_sizes(63, 4) == (63, 32, 31, 16, 15)
@@ -80,13 +80,10 @@ def test_a_warm_up_runs_on_every_worker_first_and_changes_no_weight(client2, dig
     assert len(engine._warm) == 2
     from dasknn.engine.dask import driver
 
-    small_limit, driver.WARM_MAX_BYTES = driver.WARM_MAX_BYTES, 1024
-    try:
-        engine.close()
-        engine.warm_up(big, 64)  # over the limit: nothing sent
-        assert engine._warm == []
-    finally:
-        driver.WARM_MAX_BYTES = small_limit
+    monkeypatch.setattr(driver, "WARM_MAX_BYTES", 1024)
+    engine.close()
+    engine.warm_up(big, 64)  # over the limit: nothing sent
+    assert engine._warm == []
 
 
 def test_shard_gradients_sum_to_the_full_batch_gradient(digits):
