@@ -39,6 +39,9 @@ For each of LeNet (b = 64, digits 28×28) and CIFAR-10 quick (b = 128, synthetic
   driver and the workers with a sleeping task on each worker; cpu_call = the CPU of all processes
   per t_call round trip beyond that; cores = the CPU-s per s two spinning worker tasks get (the
   machine's cores, or fewer while other jobs share it);
+- the servers' process (`HEModel.t_servers`): the servers sit on group 0's lead, so that process
+  runs that group's conv, every group's FC step and its half of group 1's round trips' CPU
+  (cpu_call / 2 each) one after another: t_fc + (t_conv(k) + trips · cpu_call / 2) / g;
 - measured: `time_per_iteration(trace, warmup=2)` of DaskEngine runs, g = 1 and g = 2 interleaved,
   median over repetitions; measured ÷ predicted is the median of each repetition's ratio to the
   HE(g) of its own calibration (the machine's speed drifts between repetitions).

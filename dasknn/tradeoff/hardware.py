@@ -15,7 +15,9 @@ per batch does not shrink with its shard (each layer's kernel calls, lowering se
 per call): `t_conv_fixed`, so that T_cc / k becomes (T_cc − t_conv_fixed) / k + t_conv_fixed.
 Where the processes outnumber the cores they share (workers, servers, driver, scheduler), the
 iterations are also bound by the CPU work they need: `cores`, `cpu_call` and `cpu_background`
-(see `HEModel.t_cpu`). FireCaffe §6 (Iandola et al.) gives the gradient-communication time of a
+(see `HEModel.t_cpu`). Where the merged FC server shares a process with groups' leads (the Dask
+engine puts it on group 0's lead, where Omnivore gives it a machine of its own), that process's
+share of an iteration is `HEModel.t_servers` in place of t_fc. FireCaffe §6 (Iandola et al.) gives the gradient-communication time of a
 parameter server and of a reduction tree.
 """
 
@@ -89,8 +91,8 @@ class HEModel:
 
     With t_call = 0 every group's iteration takes t_conv(k) + t_fc and HE(g) is Omnivore's. Else
     group i's takes t_i = t_conv(k) + t_fc + round_trips(k, local) · t_call, the g groups together
-    complete 1 / Σ 1/t_i iterations per second, and HE(g) = max{t_fc, 1 / Σ_i 1/t_i, t_cpu(g)}
-    (t_cpu = 0 when cores = 0).
+    complete 1 / Σ 1/t_i iterations per second, and HE(g) = max{t_servers(g), 1 / Σ_i 1/t_i,
+    t_cpu(g)} (t_cpu = 0 when cores = 0; t_servers = t_fc when no lead shares the servers' process).
     """
 
     T_cc: float
@@ -251,17 +253,34 @@ class HEModel:
         work = (self.cpu_work or self.T_cc + self.t_fc) + trips * self.cpu_call
         return work / (self.cores - self.cpu_background)
 
+    def t_servers(self, g: int) -> float:
+        """The servers' process's time per iteration: t_fc + (local · t_conv(k) + (g − local) ·
+        trips · cpu_call / 2) / g, local = `local_groups` (at most g), trips the remote groups'
+        `round_trips`; Omnivore's t_fc when no group's lead shares the servers' process.
+
+        Omnivore gives the merged FC server a machine of its own. Where it shares a process with
+        groups' leads, that process also runs their convolutions and its half of the other groups'
+        round trips (deserialising their activations, serialising the replies), one at a time: the
+        FC step of one group waits while the lead's conv holds the process."""
+        g, k = int(g), self.group_size(g)
+        local = min(int(self.local_groups), g)
+        if not local:
+            return self.t_fc
+        remote_cpu = (g - local) * self.round_trips(k, False) * self.cpu_call / 2.0
+        return self.t_fc + (local * self.t_conv(k) + remote_cpu) / g
+
     def he(self, g: int) -> float:
         """Predicted time per iteration HE(g) = max{t_fc, (t_conv(N/g) + t_fc) / g} (§IV-B), each
-        group's iteration with its round trips' `t_call`, and at least `t_cpu(g)` (see the class)."""
-        return max(self.t_fc, self._conv_bound(g), self.t_cpu(g))
+        group's iteration with its round trips' `t_call`, t_fc as the servers' process's share
+        (`t_servers(g)`), and at least `t_cpu(g)` (see the class)."""
+        return max(self.t_servers(g), self._conv_bound(g), self.t_cpu(g))
 
     def saturates(self, g: int) -> bool:
         """True when g groups saturate the FC server: t_conv(k) + t_fc < g · t_fc (Omnivore appendix D-D),
-        each group's iteration with its round trips' `t_call`."""
-        if self.t_call == 0 and self.t_shard_call == 0:
+        each group's iteration with its round trips' `t_call`, the servers' share `t_servers(g)`."""
+        if self.t_call == 0 and self.t_shard_call == 0 and not self.local_groups:
             return self.t_conv(self.group_size(g)) + self.t_fc < int(g) * self.t_fc
-        return self._conv_bound(g) < self.t_fc
+        return self._conv_bound(g) < self.t_servers(g)
 
     def smallest_saturating_g(self, gs: Iterable[int] | None = None) -> int | None:
         """The fewest groups that saturate the FC server, or None (where Omnivore's optimizer starts, §V).

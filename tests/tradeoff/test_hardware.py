@@ -66,7 +66,8 @@ def test_each_round_trip_adds_t_call_to_its_groups_iteration():
     # shards' forward and backward (2 round trips), a group away from the servers its FC step and
     # push (2 more). g = 1 (k = 8, local): 5.5 + 2·0.25 = 6.0; g = 2 (k = 4): group 0 2 + 1.5 + 0.5
     # = 4.0, group 1 4.0 + 0.5 = 4.5, together 1 / (1/4 + 1/4.5) = 36/17; g = 8 (k = 1): group 0
-    # 9.5, the others 9.5 + 0.5 = 10: 1 / (1/9.5 + 7/10) = 1.2422..., still above t_fc: saturated no more
+    # 9.5, the others 9.5 + 0.5 = 10: 1 / (1/9.5 + 7/10) = 1.2422.... The servers' process, which
+    # also runs group 0's lead, binds g = 2 and 8 (`t_servers`): 1.5 + 2/2 = 2.5 and 1.5 + 8/8 = 2.5
     m = HEModel(T_cc=8.0, T_nc=0.5, t_fc=1.5, n_workers=8, t_call=0.25, local_groups=1)
     assert [HEModel.round_trips(k, local) for k, local in ((1, True), (1, False), (4, True), (4, False))] == [
         0,
@@ -75,8 +76,9 @@ def test_each_round_trip_adds_t_call_to_its_groups_iteration():
         4,
     ]
     assert m.he(1) == pytest.approx(6.0)
-    assert m.he(2) == pytest.approx(36 / 17)
-    assert m.he(8) == 1.5 and m.saturates(8)
+    assert m._conv_bound(2) == pytest.approx(36 / 17) and m.he(2) == pytest.approx(2.5)
+    assert m._conv_bound(8) == pytest.approx(1 / (1 / 9.5 + 0.7))
+    assert m.he(8) == pytest.approx(2.5) and m.saturates(8) and not m.saturates(1)
     assert not HEModel(T_cc=8.0, T_nc=0.5, t_fc=1.5, n_workers=8, t_call=1.0).saturates(4)  # 4 + 1.5 + 4 > 6
     assert MODEL.saturates(4) and MODEL.he(4) == 1.5  # t_call = 0: Omnivore's model as it was
     f = HEModel.from_measurements(3.0, 0.2, 16, 1e6, 1e8, t_call=0.001, local_groups=1)
@@ -90,16 +92,19 @@ def test_the_cpu_the_iterations_need_bounds_them_where_the_processes_share_few_c
     # costs 2 CPU-s. g = 2 (k = 1): critical paths 10 and 10 + 2·1 = 12, together 60/11; the CPU:
     # one round trip per iteration on average, (8 + 2 + 2) / 2 = 6: CPU-bound. g = 1 (k = 2):
     # path 4 + 2 + 2·1 = 8; CPU (10 + 2·2) / 2 = 7: the path. A background of 0.5 CPU-s per s
-    # leaves 1.5 cores: g = 2 12 / 1.5 = 8, g = 1 14 / 1.5 = 28/3.
+    # leaves 1.5 cores: g = 2 12 / 1.5 = 8, g = 1 14 / 1.5 = 28/3. The servers' process (group 0's
+    # lead) at g = 2: its conv 8, two FC steps 4 and half of group 1's two trips' CPU 2, per two
+    # iterations: 7, above the CPU bound (and 6 without the trips' CPU, above the paths' 60/11).
     kw = {"T_cc": 8.0, "T_nc": 0.5, "t_fc": 2.0, "n_workers": 2, "t_call": 1.0, "local_groups": 1}
     m = HEModel(**kw, cores=2, cpu_call=2.0)
-    assert (m.t_cpu(2), m.he(2)) == (pytest.approx(6.0), pytest.approx(6.0))
+    assert (m.t_cpu(2), m.t_servers(2)) == (pytest.approx(6.0), pytest.approx(7.0))
+    assert m.he(2) == pytest.approx(7.0)
     assert (m.t_cpu(1), m.he(1)) == (pytest.approx(7.0), pytest.approx(8.0))
     busy = HEModel(**kw, cores=2, cpu_call=2.0, cpu_background=0.5)
     assert busy.he(2) == pytest.approx(8.0) and busy.he(1) == pytest.approx(28 / 3)
     assert HEModel(**kw, cores=2, cpu_call=2.0, cpu_work=6.0).t_cpu(2) == pytest.approx(4.0)  # (6 + 2) / 2
     free = HEModel(**kw)  # cores = 0: no CPU bound, the model as it was
-    assert free.t_cpu(2) == 0.0 and free.he(2) == pytest.approx(60 / 11)
+    assert free.t_cpu(2) == 0.0 and free._conv_bound(2) == pytest.approx(60 / 11) and free.he(2) == 6.0
     f = HEModel.from_measurements(
         8.0, 2.0, 2, 1e6, 1e8, cores=2, cpu_call=2.0, cpu_background=0.5, cpu_work=9.0
     )
@@ -114,13 +119,14 @@ def test_a_per_batch_conv_cost_and_the_shards_calls_with_their_bytes():
     # T_cc = 8 with 2 of it per batch whatever the shard: t_conv(2) = 6/2 + 2 = 5, not 4. A remote
     # shard's forward and backward cost t_shard_call = 0.5 each, the servers' trips t_call = 0.25.
     # g = 1 (k = 2, local to the servers): 5 + 1 + 2·0.5 = 7; g = 2: group 0 (local) 8 + 1 = 9,
-    # group 1 9 + 2·0.25 = 9.5, together 1 / (1/9 + 1/9.5).
+    # group 1 9 + 2·0.25 = 9.5, together 1 / (1/9 + 1/9.5); the servers' process (group 0's conv
+    # and both FC steps) 1 + 8/2 = 5 binds.
     kw = {"T_cc": 8.0, "T_nc": 0.0, "t_fc": 1.0, "n_workers": 2, "t_call": 0.25, "local_groups": 1}
     m = HEModel(**kw, t_conv_fixed=2.0, t_shard_call=0.5)
     assert (m.t_conv(1), m.t_conv(2)) == (8.0, 5.0)
     assert (HEModel.shard_trips(1), HEModel.shard_trips(2), HEModel.shard_trips(4)) == (0, 2, 2)
     assert m.he(1) == pytest.approx(7.0)
-    assert m.he(2) == pytest.approx(1 / (1 / 9 + 1 / 9.5))
+    assert m._conv_bound(2) == pytest.approx(1 / (1 / 9 + 1 / 9.5)) and m.he(2) == pytest.approx(5.0)
     plain = HEModel(**kw)  # both 0: T_cc / k and t_call for every trip, the model as it was
     assert plain.t_conv(2) == 4.0 and plain.he(1) == pytest.approx(4 + 1 + 2 * 0.25)
     shard_only = HEModel(T_cc=8.0, T_nc=0.0, t_fc=1.0, n_workers=2, local_groups=1, t_shard_call=0.5)
@@ -131,6 +137,22 @@ def test_a_per_batch_conv_cost_and_the_shards_calls_with_their_bytes():
         HEModel(**kw, t_conv_fixed=9.0)
     with pytest.raises(ValueError, match="t_shard_call"):
         HEModel(**kw, t_shard_call=-1.0)
+
+
+def test_the_servers_process_binds_where_it_also_runs_a_groups_convolutions():
+    # Omnivore's FC server has a machine of its own: t_servers = t_fc. On group 0's lead (local_groups
+    # = 1) it also runs that group's conv and half of each other group's trips' CPU: LeNet-like
+    # numbers (ms) T_cc 28.7, t_fc 6.4, cpu_call 3.4, N = 2. g = 2: 6.4 + (28.7 + 2 · 3.4 / 2) / 2 =
+    # 22.45, above the groups' paths (35.1 and 35.1 + 2 · 2.8); g = 1 (k = 2): 6.4 + t_conv(2) = 20.75.
+    own = HEModel(T_cc=28.7, T_nc=0.0, t_fc=6.4, n_workers=2, t_call=2.8)
+    assert own.t_servers(1) == own.t_servers(2) == 6.4
+    shared = HEModel(T_cc=28.7, T_nc=0.0, t_fc=6.4, n_workers=2, t_call=2.8, local_groups=1, cpu_call=3.4)
+    assert shared.t_servers(2) == pytest.approx(6.4 + (28.7 + 3.4) / 2)
+    assert shared.t_servers(1) == pytest.approx(6.4 + 14.35)
+    assert shared._conv_bound(2) == pytest.approx(1 / (1 / 35.1 + 1 / 40.7))  # the paths: 18.85
+    assert shared.he(2) == pytest.approx(22.45)
+    assert shared.saturates(2) and not shared.saturates(1)
+    assert own.he(2) == pytest.approx(own._conv_bound(2)) and own.he(2) < shared.he(2)
 
 
 def test_lenet_phase_costs_by_hand():
