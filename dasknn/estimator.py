@@ -308,7 +308,9 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
             data = carved(
                 X, y_idx, parts, given, train_from, classes=self.classes_, augment=self.augment_,
                 batch_size=self.batch_size_, eval_size=self.eval_size, seed=self.random_state,
-                tuner_size=tuner_samples(self.get_params(deep=False)),
+                tuner_size=tuner_samples(
+                    self.get_params(deep=False), held_out=given is not None or len(parts.validation) > 0
+                ),
             )  # fmt: skip
             self.n_train_samples_ = int(data.X.shape[0])
             if self.data_ != "stream" and client is not None and len(parts.train) < len(y_all):

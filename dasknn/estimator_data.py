@@ -100,10 +100,12 @@ def placed(mode: str, client: Any, X, y, y_all: np.ndarray, stored):
     return X, y, X
 
 
-def tuner_samples(params: dict[str, Any]) -> int:
-    """The training samples to carve for the "auto" tuner's measure (`optimizer.auto.MEASURED_SAMPLES`)
-    when the fit's tuner is "auto" and a knob is "auto", else 0."""
-    if tuner_name(params.get("tuner", "auto")) != "auto" or not tunes(params):
+def tuner_samples(params: dict[str, Any], held_out: bool = True) -> int:
+    """The training samples to carve (`optimizer.auto.MEASURED_SAMPLES`): for the "auto" tuner's
+    measure when the fit's tuner is "auto" and a knob is "auto", and to check a `target_accuracy`
+    judged on training batches (no `held_out` data) before the fit stops; else 0."""
+    auto = tuner_name(params.get("tuner", "auto")) == "auto" and tunes(params)
+    if not auto and (held_out or params.get("target_accuracy") is None):
         return 0
     from dasknn.optimizer.auto import MEASURED_SAMPLES
 

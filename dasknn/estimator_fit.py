@@ -146,6 +146,9 @@ class FitSettings:
 
         X_val, y_val = data.validation or (None, None)
         scored_for_tuner = data.tuner if p.auto and self.tuner.name == "auto" else None
+        # without held-out data a target is judged on the batches' running mean, then checked on
+        # the carved training samples before the fit stops
+        confirm = data.tuner if X_val is None and self.target_accuracy is not None else None
         return Loop(
             engine,
             net,
@@ -156,7 +159,7 @@ class FitSettings:
             seed=self.random_state,
             time_budget=self.time_budget if p.auto else None,
             max_iterations=p.max_iterations if p.auto else None,
-            evaluate=Evaluator(net, X_val, y_val, scored_for_tuner),
+            evaluate=Evaluator(net, X_val, y_val, scored_for_tuner, confirm),
             selection=SelectionLoss(net, *data.selection) if p.auto and data.selection else None,
             notify=notify,
             target_accuracy=self.target_accuracy,

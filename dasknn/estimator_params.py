@@ -254,7 +254,8 @@ PARAMS: tuple[Param, ...] = (
     Param("target_accuracy", None, replace(ACCURACY, also=(None,)),
           "Stop once the held-out accuracy (`val_accuracy`, on the validation data) reaches it; "
           "without validation data, once the training accuracy (the running mean of the iterations' "
-          "batch accuracies since the last evaluation) does. "
+          "batch accuracies since the last evaluation) does and the state scores it on 2,000 training "
+          "samples drawn once (the history's `confirmed_accuracy`). "
           "A resumed fit may give a new one.",
           cli_default=0.96, resume=False),
     Param("engine", "dask", Choice(ENGINES), "Train on a Dask cluster, or on the simulator."),

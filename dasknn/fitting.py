@@ -71,7 +71,7 @@ class Evaluator:
     sets run side by side on the process's threads (`nn.scoring.Scorer`), which counts the
     samples it scores."""
 
-    def __init__(self, net, X_val=None, y_val=None, tuner=None) -> None:
+    def __init__(self, net, X_val=None, y_val=None, tuner=None, confirm=None) -> None:
         from dasknn.nn.scoring import Scorer
         from dasknn.nn.train import scoring_batch_size
 
@@ -81,6 +81,24 @@ class Evaluator:
         if tuner is not None:
             sets["tuner_"] = (np.asarray(tuner[0]), np.asarray(tuner[1]))
         self.scorer = Scorer(net, sets, scoring_batch_size(net)) if sets else None
+        self.confirmer = None
+        if confirm is not None and len(confirm[1]):
+            confirm_set = {"confirm_": (np.asarray(confirm[0]), np.asarray(confirm[1]))}
+            self.confirmer = Scorer(net, confirm_set, scoring_batch_size(net))
+
+    @property
+    def confirms(self) -> bool:
+        """Whether a training-accuracy target is checked on training samples (`confirm`)."""
+        return self.confirmer is not None
+
+    def confirm(self, state: TrainState) -> tuple[float, int]:
+        """The accuracy of `state` on the fixed training samples given as `confirm`, and their count:
+        what a target judged on the batches' running mean is checked against before a fit stops
+        (that mean averages weights that moved while it was taken)."""
+        assert self.confirmer is not None
+        with np.errstate(over="ignore", invalid="ignore"):
+            _, accuracy = self.confirmer(state.params)["confirm_"]
+        return float(accuracy), len(self.confirmer.sets["confirm_"][1])
 
     @property
     def n_samples(self) -> int:
@@ -344,7 +362,8 @@ class Loop:
     tuners' own `optimize`), decides what a kept run's evaluation records; `selection(state) ->
     loss` scores states for the policy (the selection part, `optimizer.search.SelectionLoss`);
     `notify(hook, info) -> bool` calls the callbacks (True: a callback asks to stop);
-    `target_accuracy` stops the fit when the held-out metric (else the training one) reaches it;
+    `target_accuracy` stops the fit when the held-out metric (else the training one, the batches'
+    running mean, confirmed on the Evaluator's training samples where it has them) reaches it;
     `max_wall_time` (real seconds since `wall_start`, default the loop's creation) stops it at the
     first evaluation after that much wall time (and makes an engine with a `wall_deadline`, the
     simulator, end its runs there). `verbose` shows the loop's and the policy's messages for a
@@ -494,10 +513,16 @@ class Loop:
             return bool(self.should_stop is not None and self.should_stop(state, self.log.trace()))
         first = self.cadence.flush_start(self)  # the start row comes first
         row = self.note(state, t, scores, phase, **fields)
-        asked = self.notify("on_evaluation", {"row": row, "state": state})
         target = self.target_accuracy
         metric = "val_accuracy" if "val_accuracy" in row else "accuracy"
         reached = target is not None and row[metric] >= target
+        confirmed = ""
+        if reached and metric == "accuracy" and getattr(self.evaluator, "confirms", False):
+            row["confirmed_accuracy"], n = self.evaluator.confirm(state)  # its own nets: no lock
+            on_samples = row["confirmed_accuracy"]
+            reached = on_samples >= target
+            confirmed = f" (the batches' running mean; {on_samples:.4f} on {n} training samples)"
+        asked = self.notify("on_evaluation", {"row": row, "state": state})
         late = self.wall_deadline is not None and time.perf_counter() >= self.wall_deadline
         it = state.iterations_done
         if not self.stopped_by and asked:
@@ -505,7 +530,8 @@ class Loop:
             self.stopped_by = f"{who}, at iteration {it}"
         elif not self.stopped_by and reached:
             self.stopped_by = (
-                f"target_accuracy={target:g} reached: {metric} {row[metric]:.4f}, at iteration {it}"
+                f"target_accuracy={target:g} reached: {metric} {row[metric]:.4f}{confirmed}, "
+                f"at iteration {it}"
             )
         elif not self.stopped_by and late:
             self.stopped_by = (
@@ -547,9 +573,12 @@ class Loop:
         return session
 
     def target_reached(self) -> bool:
-        """Whether the last evaluation reached `target_accuracy` (held-out metric, else training)."""
+        """Whether the last evaluation reached `target_accuracy` (held-out metric, else training:
+        its check on training samples where one was made, `Evaluator.confirm`)."""
         row = self.history[-1] if self.history else {}
         metric = "val_accuracy" if "val_accuracy" in row else "accuracy"
+        if metric == "accuracy" and "confirmed_accuracy" in row:
+            metric = "confirmed_accuracy"
         return self.target_accuracy is not None and metric in row and row[metric] >= self.target_accuracy
 
     def continue_records(

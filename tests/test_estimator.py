@@ -59,10 +59,11 @@ def test_fixed_config_on_a_local_dask_cluster_reaches_95_percent(digits):
     est.fit(X, y)
     assert est.history_[-1]["accuracy"] >= 0.95
     assert est.trace_.attrs["engine"] == "dask" and (est.trace_["staleness"] == 0).all()
-    # without held-out data the target is judged on the running mean of the last run's batches,
-    # whose runs are at most 3 s long: on a busy machine a few batches, a point or so from the
-    # model's accuracy on all of X (0.9455 was seen under load)
-    assert est.score(X, y) >= 0.93
+    # without held-out data the target is judged on the running mean of the batches, then checked
+    # on up to 2,000 training samples (all of these 1,797) before the fit stops: the model returned
+    # holds the target on X, whatever the mean said (0.9455 was returned before that check)
+    assert est.score(X, y) >= 0.95
+    assert "training samples" in est.stopped_by_ and est.history_[-1]["confirmed_accuracy"] >= 0.95
 
 
 def test_predict_returns_the_original_labels_for_numpy_and_dask(fitted_simulated, digits):

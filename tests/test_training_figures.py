@@ -77,3 +77,27 @@ def test_training_scores_weight_the_batches_by_their_images():
     assert training_scores(interval) == {"loss": 1.5, "accuracy": 0.625}
     empty = training_scores(interval.iloc[:0])
     assert math.isnan(empty["loss"]) and math.isnan(empty["accuracy"])
+
+
+def test_a_training_accuracy_target_is_checked_on_training_samples_before_the_fit_stops():
+    """Without held-out data the target is judged on the batches' running mean; the fit stops only
+    when the state also holds it on the Evaluator's training samples (the running mean averages
+    weights that moved while it was taken). Planted running means, a real net and scorer."""
+    X, y = (np.asarray(a) for a in load("digits", size=8, batch_size=32))
+    net = small_net()
+    untrained = TrainState.from_net(net)  # about one in ten right on any samples
+    evaluator = Evaluator(net, confirm=(X[:200], y[:200]))
+    assert evaluator.confirms and evaluator.scorer is None  # nothing scored at each evaluation
+    engine = SimulatedEngine(HEModel(T_cc=0.8, T_nc=0.05, t_fc=0.005, n_workers=4), verbose=0)
+    loop = Loop(engine, net, X[:300], y[:300], batch_size=32, max_iterations=10, evaluate=evaluator,
+                n_classes=10, target_accuracy=0.9)  # fmt: skip
+    below = loop.record(untrained, 1.0, {"loss": 0.5, "accuracy": 0.8})  # mean below: no check
+    assert not below and "confirmed_accuracy" not in loop.history[-1]
+    assert not loop.record(untrained, 2.0, {"loss": 0.1, "accuracy": 0.95})  # mean above, samples not
+    checked = loop.history[-1]["confirmed_accuracy"]
+    assert checked < 0.5 and not loop.target_reached() and not loop.stopped_by
+    labels = np.argmax(net.predict_proba(X[:200]), axis=1)  # what the state predicts: all right
+    loop.evaluator = Evaluator(net, confirm=(X[:200], labels))
+    assert loop.record(untrained, 3.0, {"loss": 0.1, "accuracy": 0.95})
+    assert loop.history[-1]["confirmed_accuracy"] == 1.0 and loop.target_reached()
+    assert "1.0000 on 200 training samples" in loop.stopped_by

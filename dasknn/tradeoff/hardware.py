@@ -17,8 +17,8 @@ Where the processes outnumber the cores they share (workers, servers, driver, sc
 iterations are also bound by the CPU work they need: `cores`, `cpu_call` and `cpu_background`
 (see `HEModel.t_cpu`). Where the merged FC server shares a process with groups' leads (the Dask
 engine puts it on group 0's lead, where Omnivore gives it a machine of its own), that process's
-share of an iteration is `HEModel.t_servers` in place of t_fc. FireCaffe §6 (Iandola et al.) gives the gradient-communication time of a
-parameter server and of a reduction tree.
+share of an iteration is `HEModel.t_servers` in place of t_fc. FireCaffe §6 (Iandola et al.)
+gives the gradient-communication time of a parameter server and of a reduction tree.
 """
 
 from __future__ import annotations
