@@ -81,6 +81,10 @@ class Evaluator:
         if tuner is not None:
             sets["tuner_"] = (np.asarray(tuner[0]), np.asarray(tuner[1]))
         self.scorer = Scorer(net, sets, scoring_batch_size(net)) if sets else None
+        # the held-out set alone, for evaluations taken while a run trains (`held_out`)
+        self.held_scorer = self.scorer
+        if tuner is not None and self.X_val is not None:
+            self.held_scorer = Scorer(net, {"val_": (self.X_val, self.y_val)}, scoring_batch_size(net))
         self.confirmer = None
         if confirm is not None and len(confirm[1]):
             confirm_set = {"confirm_": (np.asarray(confirm[0]), np.asarray(confirm[1]))}
@@ -105,11 +109,14 @@ class Evaluator:
         """The samples one evaluation scores (both sets)."""
         return sum(len(y) for _, y in self.scorer.sets.values()) if self.scorer is not None else 0
 
-    def __call__(self, state: TrainState) -> dict[str, float]:
+    def __call__(self, state: TrainState, held_out: bool = False) -> dict[str, float]:
+        """The scores of `state`; `held_out`: of the validation data alone (what a history row
+        records), not the tuner's samples, which the tuner reads at its runs' ends."""
         scores: dict[str, float] = {}
-        if self.scorer is None:
+        scorer = self.held_scorer if held_out else self.scorer
+        if scorer is None:
             return scores
-        for prefix, (loss, acc) in self.scorer(state.params).items():
+        for prefix, (loss, acc) in scorer(state.params).items():
             scores[f"{prefix}loss"], scores[f"{prefix}accuracy"] = loss, acc
         return scores
 
@@ -190,6 +197,7 @@ class EvaluationCadence:
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
+        self.bounded: list[float] = []  # the costs of the evaluations taken under a share
         self.lock = threading.Lock()  # held while the evaluator scores
         self.pool: ThreadPoolExecutor | None = None
         self.pending: tuple | None = None  # (state, clock, training figures, fields, future)
@@ -231,17 +239,19 @@ class EvaluationCadence:
         return loop.record(state, t, {**training_scores(make_trace([], "unknown")), **future.result()[0]},
                            phase="start", **fields)  # fmt: skip
 
-    def score_beside(self, loop: Loop, state: TrainState) -> Future:
+    def score_beside(self, loop: Loop, state: TrainState, held_out: bool = False) -> Future:
         """Score `state` with the loop's evaluator on the evaluation thread (one: the scores share
         the scorer's nets, and `lock` keeps the loop's own scoring off them meanwhile); the future
-        gives (scores, the score's wall seconds)."""
+        gives (scores, the score's wall seconds). `held_out`: the validation data alone
+        (`Evaluator.__call__`)."""
         if self.pool is None:
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="dasknn-evaluation")
+        kwargs = {"held_out": True} if held_out and isinstance(loop.evaluator, Evaluator) else {}
 
         def score() -> tuple[dict[str, float], float]:
             with self.lock, np.errstate(over="ignore", invalid="ignore"):
                 t0 = time.perf_counter()
-                return loop.evaluator(state), time.perf_counter() - t0
+                return loop.evaluator(state, **kwargs), time.perf_counter() - t0
 
         return self.pool.submit(score)
 
@@ -254,6 +264,7 @@ class EvaluationCadence:
         self.pending = None
         scores, cost = future.result()
         self.seconds.append(cost)
+        self.bounded.append(cost)
         stop = loop.record(state, t, {**figures, **scores}, **fields)
         if stop and not last:
             loop.snapshots[CURRENT] = state

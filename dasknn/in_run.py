@@ -11,7 +11,8 @@ needed to evaluate, so a policy's runs can be as long as its knobs stay the same
 
 The cadence follows the scoring's measured cost `c` (wall seconds of the last score): a snapshot
 when `c / share` seconds of the fit's clock have passed since the last one and the evaluations so
-far, with one more, stay within `share` of the clock, or at the latest once the clock has grown by
+far taken under a share (not a tuner's evaluations at its runs' ends, which also score its own
+samples), with one more, stay within `share` of the clock, or at the latest once the clock has grown by
 `GROWTH` since the last evaluation (so a short fit is not left unevaluated until the share allows
 one); while the running training accuracy is within
 `NEAR_MARGIN` of the fit's target (the held-out score may reach it any moment) the share is
@@ -127,7 +128,7 @@ class InRunEvaluations:
     def fetched(self, name: str, state: TrainState) -> None:
         """Score `state` on the loop's evaluation thread, its row stamped with the fit's clock now."""
         t = self.clock()
-        self.pending = (state, t, self.loop.cadence.score_beside(self.loop, state))
+        self.pending = (state, t, self.loop.cadence.score_beside(self.loop, state, held_out=True))
         self.last = t
 
     def collect(self) -> bool:
@@ -137,6 +138,7 @@ class InRunEvaluations:
         scores, cost = future.result()
         figures = self.figures(state.iterations_done)
         self.loop.cadence.seconds.append(cost)
+        self.loop.cadence.bounded.append(cost)
         stop = self.loop.record(state, t, {**figures, **scores}, **self.fields)
         self.recorded = state.iterations_done
         if stop:
@@ -181,7 +183,7 @@ class InRunEvaluations:
 
     def due(self) -> bool:
         """Whether to take a snapshot now (the module docstring's cadence)."""
-        costs, now = self.loop.cadence.seconds, self.clock()
+        costs, now = self.loop.cadence.bounded, self.clock()  # not a tuner's own evaluations
         if not self.recent:
             return False
         if not costs:

@@ -117,7 +117,7 @@ def cadence_at(now: float, last: float, cost: float, accuracy: float, target: fl
                 max_iterations=10, target_accuracy=target, evaluate=Evaluator(net, X[300:], y[300:]),
                 n_classes=3)  # fmt: skip
     loop.history = [{"time": last}]
-    loop.cadence.seconds = [cost]
+    loop.cadence.seconds = loop.cadence.bounded = [cost]
     step = NextRun(RunConfig(n_groups=1, lr=0.05, batch_size=8), Budget(iterations=10), eval_share=EVAL_SHARE)
     watch = InRunEvaluations(loop, step, clock0=now, wall0=time.perf_counter(), fields={})
     watch.recent.extend([(1.0, accuracy)] * 32)
@@ -137,3 +137,46 @@ def test_the_cadence_follows_the_cost_the_clock_and_the_training_accuracy():
     # a slow evaluation comes less often (1 s → 20 s apart by the share), but by 1.5× the clock at the latest
     assert not cadence_at(now=13.0, last=9.0, cost=1.0, accuracy=0.5)
     assert cadence_at(now=13.6, last=9.0, cost=1.0, accuracy=0.5)
+
+
+def test_an_in_run_evaluation_scores_the_held_out_data_alone():
+    """The "auto" tuner's own samples are scored at its runs' ends, not at the evaluations taken
+    while a run trains; the cadence's share counts the evaluations taken under a share."""
+    X, y = task()
+    net = tiny_net()
+    evaluator = Evaluator(net, X[300:], y[300:], tuner=(X[:200], y[:200]))
+    state = TrainState.from_net(net)
+    assert set(evaluator(state)) == {"val_loss", "val_accuracy", "tuner_loss", "tuner_accuracy"}
+    held = evaluator(state, held_out=True)
+    assert (
+        set(held) == {"val_loss", "val_accuracy"} and held["val_accuracy"] == evaluator(state)["val_accuracy"]
+    )
+    assert evaluator.held_scorer.scored == 120 and evaluator.scorer.scored == 2 * 320
+    plain = Evaluator(net, X[300:], y[300:])  # no tuner samples: one scorer for both
+    assert plain.held_scorer is plain.scorer
+
+
+def test_the_fixed_knobs_evaluations_all_count_in_the_share(fits):
+    (loop, _, _, _), _ = fits
+    assert loop.cadence.bounded == loop.cadence.seconds and loop.cadence.bounded
+
+
+def test_auto_trains_after_its_ramp_in_runs_evaluated_while_they_train():
+    """On Dask "auto"'s training runs after the ramp are watched (`AutoPolicy._watched`): longer
+    than its windows, and evaluated from snapshots beside the groups (rows inside a run)."""
+    from dasknn.engine.dask import local_client
+    from dasknn.estimator import DistributedCNN
+
+    X, y = task()
+    with local_client(n_workers=1) as client:
+        est = DistributedCNN(net=tiny_net(), scheduler=client.scheduler.address, n_workers=1, batch_size=8,
+                             time_budget=None, max_epochs=12, validation_fraction=0.2, verbose=0)  # fmt: skip
+        est.fit(X, y)
+    decisions = est.decisions_
+    assert ((decisions["phase"] == "ramp") & (decisions["action"] == "end")).any()
+    trace = est.trace_
+    after = trace[(trace["phase"] == "train") & (trace["run"] > decisions["run"].max())]
+    ends = set(after.groupby("run")["iteration"].max())
+    assert after.groupby("run").size().max() > 32  # longer than a window
+    inside = [h["iteration"] for h in est.history_ if h["phase"] == "train" and h["iteration"] not in ends]
+    assert any(after["iteration"].min() <= i < after["iteration"].max() for i in inside)

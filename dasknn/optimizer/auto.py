@@ -75,7 +75,7 @@ from dasknn.optimizer.trials import (
     trial_seconds,
 )
 from dasknn.optimizer.tuner import Tuner
-from dasknn.policy import CURRENT, START, NextRun, Outcome, Stop
+from dasknn.policy import CURRENT, EVAL_SHARE, START, NextRun, Outcome, Stop
 from dasknn.rules import Choice, Custom, Number, Option
 from dasknn.tradeoff.hardware import HEModel
 
@@ -424,7 +424,8 @@ class AutoPolicy(Tuner):
         if self.resuming:  # a checkpoint's session: the run that was about to start
             self.resuming = False
             n = s.next
-            return self._run(RunConfig(**n["config"]), n["iterations"], n["phase"], CURRENT, n["seconds"])
+            config, share = RunConfig(**n["config"]), n.get("eval_share")
+            return self._run(config, n["iterations"], n["phase"], CURRENT, n["seconds"], eval_share=share)
         config = s.config
         start = s.restore or CURRENT
         s.restore = None
@@ -440,7 +441,23 @@ class AutoPolicy(Tuner):
             trial = self._trial(config)
             if trial is not None:
                 return trial
-        return self._run(restarted(self, config, start), self.run_length, "train", start)
+        config = restarted(self, config, start)
+        if s.phase == "train" and getattr(self.fit, "evaluates_in_run", False):
+            return self._watched(config, start)
+        return self._run(config, self.run_length, "train", start)
+
+    def _watched(self, config: RunConfig, start: str) -> NextRun:
+        """A training run evaluated beside its groups while it trains (`dasknn.in_run`, at the
+        loop's bounded share): as long as the fit's clock so far, at least `run_length` iterations'
+        worth, to the epoch's end when the fit writes checkpoints. Its end is the next decision
+        (plateau, momentum, a trial); the target is seen while it trains."""
+        s, fit = self.s, self.fit
+        tpi = s.tpi if s.tpi is not None and math.isfinite(s.tpi) else 0.0
+        seconds = max(self.run_length * tpi, fit.log.elapsed)
+        iterations = None
+        if getattr(fit, "checkpoints", False):
+            iterations = fit.n_batches - fit.snapshot(CURRENT).batches_done % fit.n_batches
+        return self._run(config, iterations, "train", start, seconds=seconds, eval_share=EVAL_SHARE)
 
     def _trial(self, config: RunConfig) -> NextRun | None:
         """A trial when the cap allows one of at least half a window, cut to what is left of it."""
@@ -490,12 +507,15 @@ class AutoPolicy(Tuner):
         start: str,
         seconds: float | None = None,
         hold: str | None = None,
+        eval_share: float | None = None,
     ):
         s, fit = self.s, self.fit
         budget = fit.log.budget(iterations=iterations, seconds=seconds)
         if budget is None:
             budget = Budget(iterations=1)  # never reached: next_run stops on an exhausted log first
         s.next = {"config": asdict(config), "iterations": iterations, "phase": phase, "seconds": seconds}
+        if eval_share is not None:  # a watched run (`_watched`)
+            s.next["eval_share"] = eval_share
         checkpoint = None
         epoch = math.floor(fit.snapshot(start).batches_done / fit.n_batches)
         # no checkpoint while an older snapshot is held: a resumed loop would not have it
@@ -512,6 +532,7 @@ class AutoPolicy(Tuner):
             note={"lr": config.lr, "event": ""},
             loss_limit=True,  # a window that blows the loss up is rolled back, never kept (fitting.py)
             hold=hold,
+            eval_share=eval_share,
         )
 
     def _stop(self, why: str) -> Stop:
