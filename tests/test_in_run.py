@@ -162,7 +162,7 @@ def test_the_fixed_knobs_evaluations_all_count_in_the_share(fits):
 
 
 def test_auto_trains_after_its_ramp_in_runs_evaluated_while_they_train():
-    """On Dask "auto"'s training runs after the ramp are watched (`AutoPolicy._watched`): longer
+    """On Dask "auto"'s training runs after the ramp are watched (`auto.watched_run`): longer
     than its windows, and evaluated from snapshots beside the groups (rows inside a run)."""
     from dasknn.engine.dask import local_client
     from dasknn.estimator import DistributedCNN

@@ -443,21 +443,8 @@ class AutoPolicy(Tuner):
                 return trial
         config = restarted(self, config, start)
         if s.phase == "train" and getattr(self.fit, "evaluates_in_run", False):
-            return self._watched(config, start)
+            return watched_run(self, config, start)
         return self._run(config, self.run_length, "train", start)
-
-    def _watched(self, config: RunConfig, start: str) -> NextRun:
-        """A training run evaluated beside its groups while it trains (`dasknn.in_run`, at the
-        loop's bounded share): as long as the fit's clock so far, at least `run_length` iterations'
-        worth, to the epoch's end when the fit writes checkpoints. Its end is the next decision
-        (plateau, momentum, a trial); the target is seen while it trains."""
-        s, fit = self.s, self.fit
-        tpi = s.tpi if s.tpi is not None and math.isfinite(s.tpi) else 0.0
-        seconds = max(self.run_length * tpi, fit.log.elapsed)
-        iterations = None
-        if getattr(fit, "checkpoints", False):
-            iterations = fit.n_batches - fit.snapshot(CURRENT).batches_done % fit.n_batches
-        return self._run(config, iterations, "train", start, seconds=seconds, eval_share=EVAL_SHARE)
 
     def _trial(self, config: RunConfig) -> NextRun | None:
         """A trial when the cap allows one of at least half a window, cut to what is left of it."""
@@ -514,7 +501,7 @@ class AutoPolicy(Tuner):
         if budget is None:
             budget = Budget(iterations=1)  # never reached: next_run stops on an exhausted log first
         s.next = {"config": asdict(config), "iterations": iterations, "phase": phase, "seconds": seconds}
-        if eval_share is not None:  # a watched run (`_watched`)
+        if eval_share is not None:  # a watched run (`watched_run`)
             s.next["eval_share"] = eval_share
         checkpoint = None
         epoch = math.floor(fit.snapshot(start).batches_done / fit.n_batches)
@@ -544,6 +531,20 @@ class AutoPolicy(Tuner):
         return Stop(why, config, session={**s.to_dict(), "finished": True})
 
     # -- set-up ----------------------------------------------------------------------------------
+
+
+def watched_run(policy: AutoPolicy, config: RunConfig, start: str) -> NextRun:
+    """A training run evaluated beside its groups while it trains (`dasknn.in_run`, at the
+    loop's bounded share): as long as the fit's clock so far, at least `run_length` iterations'
+    worth, to the epoch's end when the fit writes checkpoints. Its end is the next decision
+    (plateau, momentum, a trial); the target is seen while it trains."""
+    s, fit = policy.s, policy.fit
+    tpi = s.tpi if s.tpi is not None and math.isfinite(s.tpi) else 0.0
+    seconds = max(policy.run_length * tpi, fit.log.elapsed)
+    iterations = None
+    if getattr(fit, "checkpoints", False):
+        iterations = fit.n_batches - fit.snapshot(CURRENT).batches_done % fit.n_batches
+    return policy._run(config, iterations, "train", start, seconds=seconds, eval_share=EVAL_SHARE)
 
 
 def start_range(policy: AutoPolicy) -> None:
