@@ -410,8 +410,8 @@ PARAMS: tuple[Param, ...] = (
           "server also keep an exponential moving average of their weights, updated at each update, its "
           "decay ramping up with the updates it took, min(0.999, (1 + t)/(10 + t)) (no horizon needed); "
           "the evaluations score the average, and the model a fit returns and saves is the average "
-          "(`dasknn.engine.averaging`). engine=\"simulated\" with Omnivore's compute groups on the "
-          "merged map only.", flag=False),
+          "(`dasknn.engine.averaging`). Both engines; Omnivore's compute groups on the merged map "
+          "only."),
 )  # fmt: skip
 """Every parameter of DistributedCNN, in `__init__`'s order."""
 
@@ -487,10 +487,10 @@ def _check_combinations(params: dict[str, Any], partial: bool) -> None:
     _check_tls(params["scheduler"], params["security"])
     _check_data(params)
     groups = params["strategy"] == "omnivore" and params["physical_map"] == "merged"
-    if params["averaging"] is not None and (params["engine"] != "simulated" or not groups):
+    if params["averaging"] is not None and not groups:
         raise ValueError(
-            f"averaging={params['averaging']!r} runs on engine='simulated' with strategy='omnivore' and "
-            f"physical_map='merged'; got engine={params['engine']!r}, strategy={params['strategy']!r}, "
+            f"averaging={params['averaging']!r} runs on Omnivore's compute groups: strategy='omnivore' "
+            f"and physical_map='merged'; got strategy={params['strategy']!r}, "
             f"physical_map={params['physical_map']!r}"
         )
     n_groups, n_workers = params["n_groups"], params["n_workers"] or SIMULATED_WORKERS
