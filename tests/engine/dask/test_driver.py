@@ -481,3 +481,38 @@ def test_weight_averaging_is_refused_where_the_servers_keep_no_average():
         named = f"strategy {strategy.name!r} on the {strategy.physical_map} map"
         with pytest.raises(ValueError, match=named):
             DaskEngine(averaging="ema", strategy=strategy)
+
+
+class Fetching(Steered):
+    """A Steered control that keeps the snapshots it fetched."""
+
+    def __init__(self, first, then, ahead: int = 3):
+        super().__init__(first, then, ahead)
+        self.states = {}
+
+    def fetched(self, name, state):
+        self.states[name] = state
+
+
+def test_an_averaging_runs_fetched_snapshot_and_its_restore_are_the_average_then(client1, digits):
+    """What an in-run evaluation scores is the average at the snapshot's update: bit for bit the
+    end of a run of that many updates; a restore goes back to it, average and weights (≈ 4 s)."""
+    from dasknn.engine.control import End, Restore, TakeSnapshot
+
+    X, y = digits
+    steer = Fetching(lambda p: [TakeSnapshot("a", fetch=True)], lambda p: [Restore("a"), End()])
+    engine = DaskEngine(client1, poll=0.1, averaging="ema")
+    run = engine.run(zoo.lenet(seed=0), X, y, CFG, Budget(seconds=300), control=steer)
+    engine.close()
+    taken = steer.states["a"]
+    n = taken.iterations_done
+    assert 0 < n < len(run.trace) and run.state.iterations_done == n
+    assert taken.extra["averaging"]["conv_count"] == taken.extra["averaging"]["fc_count"] == n
+    plain = DaskEngine(client1, averaging="ema", keep_servers=False)
+    ref = plain.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=n)).state
+    for state in (taken, run.state):
+        for k, v in ref.params.items():
+            np.testing.assert_array_equal(state.params[k], v, err_msg=k)
+            np.testing.assert_array_equal(
+                state.extra["averaging"]["weights"][k], ref.extra["averaging"]["weights"][k], err_msg=k
+            )
