@@ -406,12 +406,12 @@ PARAMS: tuple[Param, ...] = (
           "CPU when it is installed and lowering elsewhere. None keeps the net's own setting (\"auto\" for "
           "zoo and .prototxt nets). A resumed fit must use the same kernels (their roundings differ)."),
     Param("averaging", None, Choice(("ema", None)),
-          "None: the model is the weights the servers train. \"ema\": the conv model server and the FC "
-          "server also keep an exponential moving average of their weights, updated at each update, its "
-          "decay ramping up with the updates it took, min(0.999, (1 + t)/(10 + t)) (no horizon needed); "
-          "the evaluations score the average, and the model a fit returns and saves is the average "
-          "(`dasknn.engine.averaging`). Both engines; Omnivore's compute groups on the merged map "
-          "only."),
+          "The model a fit scores, returns and saves: the weights the servers train (None), or "
+          "(\"ema\") an exponential moving average of them that the conv model server and the FC server "
+          "keep beside them, updated at each update, its decay ramping up with the updates it took, "
+          "min(0.999, (1 + t)/(10 + t)) (no horizon needed; `dasknn.engine.averaging`). Training goes "
+          "on from the weights; checkpoints and resumed fits carry both. Both engines; Omnivore's "
+          "compute groups on the merged map only."),
 )  # fmt: skip
 """Every parameter of DistributedCNN, in `__init__`'s order."""
 
