@@ -11,6 +11,7 @@ and save the average; training goes on from the weights.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -77,7 +78,7 @@ def trained_weights(state: TrainState) -> dict[str, Any]:
     return state.params if kept is None else kept["weights"]
 
 
-def server_average(state: TrainState, keys, count: str) -> dict[str, Any]:
+def server_average(state: TrainState, keys: Iterable[str], count: str) -> dict[str, Any]:
     """The `WeightAverage.state()` of the server holding `keys` that continues `state`'s average
     (`count`: "conv_count" or "fc_count"), or starts one at its weights (count 0) when it holds none."""
     kept = state.extra.get("averaging")

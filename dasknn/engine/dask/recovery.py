@@ -140,7 +140,7 @@ def fc_server_state(
     with `averaging`, the average too (as `conv_server_state`), else none."""
     weights = trained_weights(state) if averaging else state.params
     fc_keys = [k for k in state.params if k not in conv_keys]
-    out = {
+    return {
         **fc_state,
         "params": {k: weights[k] for k in fc_keys},
         "solver": {
@@ -150,7 +150,6 @@ def fc_server_state(
         "rng": state.extra.get("fc_rng", fc_state["rng"]),
         "average": server_average(state, fc_keys, "fc_count") if averaging else None,
     }
-    return out
 
 
 def state_of(conv: dict[str, Any], fc: dict[str, Any], base: TrainState, iterations0: int) -> TrainState:
