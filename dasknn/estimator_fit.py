@@ -121,7 +121,7 @@ class FitSettings:
         from dasknn.engine.dask import DaskEngine
 
         client = dask_client(stack, self.scheduler, self.security, self.n_workers)
-        engine = DaskEngine(client, worker_wait=self.worker_wait, **options)
+        engine = DaskEngine(client, worker_wait=self.worker_wait, averaging=self.averaging, **options)
         stack.callback(engine.close)  # the servers it keeps between runs go before the client
         return engine, client
 

@@ -407,12 +407,12 @@ PARAMS: tuple[Param, ...] = (
           "CPU when it is installed and lowering elsewhere. None keeps the net's own setting (\"auto\" for "
           "zoo and .prototxt nets). A resumed fit must use the same kernels (their roundings differ)."),
     Param("averaging", None, Choice(("ema", None)),
-          "None: the model is the weights the servers train. \"ema\": the conv model server and the FC "
-          "server also keep an exponential moving average of their weights, updated at each update, its "
-          "decay ramping up with the updates it took, min(0.999, (1 + t)/(10 + t)) (no horizon needed); "
-          "the evaluations score the average, and the model a fit returns and saves is the average "
-          "(`dasknn.engine.averaging`). engine=\"simulated\" with Omnivore's compute groups on the "
-          "merged map only.", flag=False),
+          "The model a fit scores, returns and saves: the weights the servers train (None), or "
+          "(\"ema\") an exponential moving average of them that the conv model server and the FC server "
+          "keep beside them, updated at each update, its decay ramping up with the updates it took, "
+          "min(0.999, (1 + t)/(10 + t)) (no horizon needed; `dasknn.engine.averaging`). Training goes "
+          "on from the weights; checkpoints and resumed fits carry both. Both engines; Omnivore's "
+          "compute groups on the merged map only."),
 )  # fmt: skip
 """Every parameter of DistributedCNN, in `__init__`'s order."""
 
@@ -488,10 +488,10 @@ def _check_combinations(params: dict[str, Any], partial: bool) -> None:
     _check_tls(params["scheduler"], params["security"])
     _check_data(params)
     groups = params["strategy"] == "omnivore" and params["physical_map"] == "merged"
-    if params["averaging"] is not None and (params["engine"] != "simulated" or not groups):
+    if params["averaging"] is not None and not groups:
         raise ValueError(
-            f"averaging={params['averaging']!r} runs on engine='simulated' with strategy='omnivore' and "
-            f"physical_map='merged'; got engine={params['engine']!r}, strategy={params['strategy']!r}, "
+            f"averaging={params['averaging']!r} runs on Omnivore's compute groups: strategy='omnivore' "
+            f"and physical_map='merged'; got strategy={params['strategy']!r}, "
             f"physical_map={params['physical_map']!r}"
         )
     n_groups, n_workers = params["n_groups"], params["n_workers"] or SIMULATED_WORKERS

@@ -28,8 +28,14 @@ running the same knobs with the code of another checkout (DIR first on PYTHONPAT
 branch's worktree), in the same rounds: before and after a change. `--no-auto` leaves "auto" (and
 "base:auto") out.
 
-    python -m experiments.ab_main_job [--rounds 3] [--targets 0.95 0.96] [--fixed 2,0.03,0.9 ...] [--torch]
-        [--base DIR] [--no-auto]
+A contender carries extra `dasknn train` flags after its knobs, each after a "+": a shorthand
+of `EXTRAS` ("+ema": `--averaging ema`, the servers' weight average) or a flag written
+"+name=value" (`--name value`, e.g. "+shuffle-window=4"). `--fixed 2,0.03,0.9 2,0.03,0.9+ema`
+runs the fixed knobs with and without averaging, and `--auto auto auto+ema` the tuner with and
+without it, in the same rounds (`--auto` with no value: no tuner; `--no-auto` says the same).
+
+    python -m experiments.ab_main_job [--rounds 3] [--targets 0.95 0.96] [--fixed 2,0.03,0.9 ...]
+        [--auto auto auto+ema ...] [--torch] [--base DIR] [--no-auto]
 
 `--fixed` with no value runs "auto" alone.
 """
@@ -118,12 +124,40 @@ def torch_once(folder: str, budget: float = 60.0) -> None:
     report.rename(columns={"time": "seconds"}).to_csv(out / "report.csv", index=False)
 
 
+EXTRAS = {"ema": ["--averaging", "ema"]}
+"""The shorthands of a contender's extra flags (the module docstring)."""
+
+
+FOLDER_CHARACTERS = str.maketrans({",": "_", ":": "_", "+": "-", "=": "-"})
+"""A contender's name in its run folder's name."""
+
+
+def is_auto(name: str) -> bool:
+    """Whether contender `name` runs the "auto" tuner ("[base:]auto[+extra...]")."""
+    return name.removeprefix("base:").split("+")[0] == "auto"
+
+
 def flags_of(name: str) -> list[str]:
-    """The `dasknn train` flags of a contender: "[base:]auto" (the default) or "[base:]g,η,µ"."""
-    if name in ("auto", "base:auto", "pytorch"):
+    """The `dasknn train` flags of a contender: "[base:]auto" (the default) or "[base:]g,η,µ",
+    then its extras, each after a "+" (a shorthand of `EXTRAS`, or "name=value")."""
+    if name == "pytorch":
         return []
-    g, lr, mu = name.removeprefix("base:").split(",")
-    return ["--n-groups", g, "--lr", lr, "--momentum", mu]
+    knobs, *extras = name.removeprefix("base:").split("+")
+    flags = []
+    if knobs != "auto":
+        g, lr, mu = knobs.split(",")
+        flags = ["--n-groups", g, "--lr", lr, "--momentum", mu]
+    for extra in extras:
+        if extra in EXTRAS:
+            flags += EXTRAS[extra]
+        elif "=" in extra:
+            flag, value = extra.split("=", 1)
+            flags += [f"--{flag}", value]
+        else:
+            raise ValueError(
+                f"contender {name!r}: extra {extra!r} is neither one of {sorted(EXTRAS)} nor name=value"
+            )
+    return flags
 
 
 def run_once(name: str, targets: list[float], folder: Path, base: Path | None = None) -> dict:
@@ -178,12 +212,23 @@ def main(argv=None) -> None:
     parser.add_argument("--torch", action="store_true", help="also a PyTorch loop with Caffe's solver")
     parser.add_argument("--base", type=Path, help="a checkout whose code runs the fixed knobs as base:g,η,µ")
     parser.add_argument("--no-auto", action="store_true", help='leave the "auto" tuner out')
+    parser.add_argument(
+        "--auto", nargs="*", default=["auto"], help='the "auto" contenders, with extras: auto auto+ema'
+    )
     args = parser.parse_args(argv)
     if args.base is not None and not (args.base / "dasknn" / "__init__.py").is_file():
         parser.error(f"--base {args.base}: no dasknn package there")
-    bases = [f"base:{name}" for name in [*([] if args.no_auto else ["auto"]), *args.fixed]]
+    autos = [] if args.no_auto else args.auto
+    for name in [*autos, *args.fixed]:
+        if is_auto(name) != (name in autos):
+            parser.error(f"{name!r}: a tuner's contender goes to --auto, fixed knobs g,η,µ to --fixed")
+        try:
+            flags_of(name)
+        except ValueError as err:
+            parser.error(str(err))
+    bases = [f"base:{name}" for name in [*autos, *args.fixed]]
     bases = bases if args.base is not None else []
-    contenders = [*([] if args.no_auto else ["auto"]), *args.fixed, *bases]
+    contenders = [*autos, *args.fixed, *bases]
     contenders += ["pytorch"] if args.torch else []
     print(machine_line(), flush=True)
     rows = []
@@ -191,7 +236,7 @@ def main(argv=None) -> None:
     runs = results_dir("ab_main_job") / stem  # each run's folder (decisions.csv, history.csv, ...)
     for r in range(args.rounds):
         for name in contenders:
-            folder = runs / f"{r}_{name.replace(',', '_').replace(':', '_')}"
+            folder = runs / f"{r}_{name.translate(FOLDER_CHARACTERS)}"
             row = {"round": r, **run_once(name, args.targets, folder, args.base)}
             rows.append(row)
             print(row, flush=True)
@@ -199,7 +244,7 @@ def main(argv=None) -> None:
     columns = [c for c in table.columns if c.startswith(("time_to_", "iterations_to_"))] + ["process_wall"]
     columns += [c for c in OVERHEADS if c in table]
     med = table.groupby("contender", sort=False)[columns].median()
-    fixed = [c for c in contenders if c not in ("auto", "pytorch")]
+    fixed = [c for c in contenders if not is_auto(c) and c != "pytorch"]
     base = med.loc[fixed[0]] if fixed else med.loc[contenders[0]]
     for target in args.targets:
         med[f"time to {target:g} ÷ first fixed"] = med[f"time_to_{target:g}"] / base[f"time_to_{target:g}"]

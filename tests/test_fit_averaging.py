@@ -65,12 +65,29 @@ def test_a_resumed_fit_carries_the_average_exactly(digits, tmp_path):
     assert same(resumed.state_.extra["averaging"]["weights"], whole.state_.extra["averaging"]["weights"])
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_dask_fit_returns_and_saves_the_average_it_scored(digits, tmp_path):
+    """On the Dask engine (one worker, g = 1) as on the simulator: the evaluations, in-run ones
+    included, score the average, and the fit returns and saves it (≈ 10 s with its cluster)."""
+    X, y, X_val, y_val = digits
+    params = {**COMMON, "engine": "dask", "n_workers": 1, "n_groups": 1}
+    est = DistributedCNN(**params, validation_data=(X_val, y_val)).fit(X, y)
+    assert est.trace_.attrs["engine"] == "dask"
+    assert est.score(X_val, y_val) == pytest.approx(est.history_[-1]["val_accuracy"], abs=1e-12)
+    kept = est.state_.extra["averaging"]
+    assert kept["conv_count"] == kept["fc_count"] == est.state_.iterations_done > 0
+    assert same(est.net_.get_params(), est.state_.params)  # the net holds the average ...
+    assert not same(kept["weights"], est.state_.params)  # ... not the weights training goes on from
+    saved = DistributedCNN.load(est.save(tmp_path / "model"))
+    assert np.array_equal(saved.predict_proba(X_val), est.predict_proba(X_val))
+
+
 @pytest.mark.parametrize(
     "params,words",
     [
         ({"averaging": "swa"}, "averaging must be one of"),
-        ({"engine": "dask"}, "averaging='ema' runs on engine='simulated'"),
         ({"strategy": "sma"}, "strategy='sma'"),
+        ({"engine": "dask", "physical_map": "unmerged"}, "physical_map='unmerged'"),
     ],
 )
 def test_averaging_where_it_cannot_run_is_refused_before_any_work(digits, params, words):

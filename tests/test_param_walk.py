@@ -49,6 +49,7 @@ WORDS = {
     "augment": ("shift", "shift"),
     "shuffle_window": ("2", 2),
     "backend": ("lowering", "lowering"),
+    "averaging": ("ema", "ema"),
 }
 
 
@@ -86,7 +87,9 @@ def test_each_flag_reaches_the_estimator_and_the_fits_settings(tmp_path):
 
     est = _walked(tmp_path)
     params = est.get_params(deep=False)
-    check_params(params)  # a real combination, as `dasknn train` checks it
+    # a real combination, as `dasknn train` checks it, but averaging: it runs on Omnivore's
+    # compute groups, not the walk's SMA (its engine: test_the_engine_flags_reach_the_simulated_engine)
+    check_params({**params, "averaging": None})
     s = _settings(est, tuner=GridPolicy())
     for p in PARAMS:
         if p.flag and p.name not in FitSettings.RESOLVED:
@@ -149,11 +152,15 @@ def test_the_target_reaches_the_online_tuner_and_cold_start_fills_auto_knobs(tmp
 
 def test_the_engine_flags_reach_the_simulated_engine(tmp_path):
     """--strategy, --physical-map, --aggregation, --split, --shuffle-window and the resolved augment
-    make the simulated engine; --n-workers its workers."""
+    make the simulated engine; --n-workers its workers; --averaging too, on Omnivore's groups."""
     from dasknn.data.augment import as_augment
     from dasknn.nn import zoo
 
-    est = _walked(tmp_path)
+    groups = _walked(tmp_path).set_params(strategy="omnivore", physical_map="merged")
+    with ExitStack() as stack:
+        engine, _ = _settings(groups, batch_size=32).engine_for(stack, zoo.lenet(seed=0))
+    assert engine.averaging == "ema"
+    est = _walked(tmp_path).set_params(averaging=None)  # SMA keeps no average
     shift = as_augment("shift")
     s = _settings(est, augment=shift, batch_size=32)
     with ExitStack() as stack:

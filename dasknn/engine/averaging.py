@@ -11,11 +11,15 @@ and save the average; training goes on from the weights.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dasknn.backend import to_device, to_numpy
+
+if TYPE_CHECKING:
+    from dasknn.engine.trace import TrainState
 
 AVERAGING = ("ema",)
 """The weight averages a server keeps (None: none)."""
@@ -65,3 +69,27 @@ class WeightAverage:
         """{"params", "count"}: numpy copies on the host, what continues the average exactly."""
         return {"params": {k: np.array(to_numpy(v), copy=True) for k, v in self.params.items()},
                 "count": self.count}  # fmt: skip
+
+
+def trained_weights(state: TrainState) -> dict[str, Any]:
+    """The weights training goes on from in a TrainState `state`: its `extra["averaging"]["weights"]`
+    when it holds an average (its `params` are then the average), else its `params`."""
+    kept = state.extra.get("averaging")
+    return state.params if kept is None else kept["weights"]
+
+
+def server_average(state: TrainState, keys: Iterable[str], count: str) -> dict[str, Any]:
+    """The `WeightAverage.state()` of the server holding `keys` that continues `state`'s average
+    (`count`: "conv_count" or "fc_count"), or starts one at its weights (count 0) when it holds none."""
+    kept = state.extra.get("averaging")
+    return {"params": {k: state.params[k] for k in keys}, "count": 0 if kept is None else int(kept[count])}
+
+
+def averaged_state(
+    weights: dict[str, Any], conv: dict[str, Any], fc: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(params, extra["averaging"]) of a TrainState whose servers hold `weights` and the averages
+    `conv` and `fc` (`WeightAverage.state()`s): the params are the average, and the extra holds
+    the weights and the averages' counts, what continues both exactly."""
+    kept = {"weights": weights, "conv_count": int(conv["count"]), "fc_count": int(fc["count"])}
+    return {**conv["params"], **fc["params"]}, kept

@@ -26,6 +26,7 @@ from dasknn.backend import cpu_cores
 from dasknn.data.augment import Augment
 from dasknn.data.batching import check_window
 from dasknn.engine.autotune import run_auto_learners
+from dasknn.engine.averaging import check_averaging
 from dasknn.engine.control import RunControl
 from dasknn.engine.dask import elastic, tasks
 from dasknn.engine.dask.control import DaskControl
@@ -273,6 +274,14 @@ class DaskEngine:
     only when the run starts from another state than the one they hold (a window undone). False:
     every run starts new ones (experiments/bench_run_boundary.py compares the two). `close()` lets
     them go.
+
+    `averaging` ("ema"; Omnivore's compute groups on the merged map): both servers keep an
+    exponential moving average of their weights (`engine.averaging`), carried by their snapshots,
+    the hand-offs and the kept servers; a run's state and every snapshot a run control fetches
+    have the average as `params` (what a fit scores, returns and saves) and the weights training
+    goes on from, with the averages' counts, in `extra["averaging"]`, as the simulated engine's.
+    A run from such a state continues the average exactly; a recovery from a lost server worker
+    continues it from the last snapshot, as it does the weights.
     """
 
     def __init__(
@@ -295,8 +304,15 @@ class DaskEngine:
         shard_reads: str = "lead",
         keep_servers: bool = True,
         worker_wait: float | None = None,
+        averaging: str | None = None,
     ) -> None:
         strategy = strategy if strategy is not None else Strategy()
+        self.averaging = check_averaging(averaging)
+        if self.averaging is not None and (strategy.synchronous or strategy.physical_map == "unmerged"):
+            raise ValueError(
+                f"averaging={averaging!r} runs on Omnivore's compute groups on the merged map; "
+                f"strategy {strategy.name!r} on the {strategy.physical_map} map keeps no average"
+            )
         if shard_reads not in SHARD_READS:
             raise ValueError(f"shard_reads must be one of {SHARD_READS}, got {shard_reads!r}")
         self.shard_reads = shard_reads

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dasknn.engine.averaging import averaged_state, server_average, trained_weights
 from dasknn.engine.dask.placement import Placement
 from dasknn.engine.trace import TrainState
 
@@ -113,28 +114,41 @@ class Snapshot:
     time: float = field(default_factory=time.time)
 
 
-def conv_server_state(state: TrainState, conv_keys: set[str], version: int) -> dict[str, Any]:
-    """The `ConvModelServer.set_state` dict for the conv-phase part of `state`."""
-    return {
-        "params": {k: v for k, v in state.params.items() if k in conv_keys},
+def conv_server_state(
+    state: TrainState, conv_keys: set[str], version: int, averaging: bool = False
+) -> dict[str, Any]:
+    """The `ConvModelServer.set_state` dict for the conv-phase part of `state`; with `averaging`,
+    its weights are those training goes on from and it continues (or starts) the average."""
+    weights = trained_weights(state) if averaging else state.params
+    out = {
+        "params": {k: v for k, v in weights.items() if k in conv_keys},
         "solver": {
             "iter": state.iterations_done,
             "history": {k: v for k, v in state.momentum.items() if k in conv_keys},
         },
         "version": int(version),
     }
+    if averaging:
+        out["average"] = server_average(state, [k for k in state.params if k in conv_keys], "conv_count")
+    return out
 
 
-def fc_server_state(state: TrainState, fc_state: dict[str, Any], conv_keys: set[str]) -> dict[str, Any]:
-    """`fc_state` (an `FCServer.get_state()`) with the FC part of `state`: weights, momentum, rng."""
+def fc_server_state(
+    state: TrainState, fc_state: dict[str, Any], conv_keys: set[str], averaging: bool = False
+) -> dict[str, Any]:
+    """`fc_state` (an `FCServer.get_state()`) with the FC part of `state`: weights, momentum, rng;
+    with `averaging`, the average too (as `conv_server_state`), else none."""
+    weights = trained_weights(state) if averaging else state.params
+    fc_keys = [k for k in state.params if k not in conv_keys]
     return {
         **fc_state,
-        "params": {k: v for k, v in state.params.items() if k not in conv_keys},
+        "params": {k: weights[k] for k in fc_keys},
         "solver": {
             "iter": state.iterations_done,
             "history": {k: v for k, v in state.momentum.items() if k not in conv_keys},
         },
         "rng": state.extra.get("fc_rng", fc_state["rng"]),
+        "average": server_average(state, fc_keys, "fc_count") if averaging else None,
     }
 
 
@@ -142,13 +156,19 @@ def state_of(conv: dict[str, Any], fc: dict[str, Any], base: TrainState, iterati
     """The TrainState the servers hold: `conv`, `fc` are their `get_state()`s, `base` the run's start.
 
     `iterations0` is `base.iterations_done` at the start of the run; the conv version counts since.
+    When the servers keep an average of their weights, the state's `params` are the average and
+    its `extra["averaging"]` the weights and the counts (`averaging.averaged_state`).
     """
+    params = {**conv["params"], **fc["params"]}
+    extra = {k: v for k, v in base.extra.items() if k != "averaging"}
+    if conv.get("average") is not None:
+        params, extra["averaging"] = averaged_state(params, conv["average"], fc["average"])
     return TrainState(
-        params={**conv["params"], **fc["params"]},
+        params=params,
         momentum={**conv["solver"]["history"], **fc["solver"]["history"]},
         batches_done=base.batches_done,
         iterations_done=iterations0 + int(conv["version"]),
-        extra={**base.extra, "fc_rng": fc["rng"]},
+        extra={**extra, "fc_rng": fc["rng"]},
     )
 
 

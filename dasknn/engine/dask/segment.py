@@ -88,15 +88,22 @@ class Servers:
 
 
 def same_state(a: TrainState, b: TrainState) -> bool:
-    """Whether two states hold the same weights, momentum, iteration count and FC dropout stream
-    (so servers holding `b` need no state set to continue from `a`)."""
+    """Whether two states hold the same weights, momentum, iteration count, FC dropout stream and
+    weight average (so servers holding `b` need no state set to continue from `a`)."""
     if a.iterations_done != b.iterations_done or a.params.keys() != b.params.keys():
         return False
     if a.momentum.keys() != b.momentum.keys() or a.extra.get("fc_rng") != b.extra.get("fc_rng"):
         return False
+    kept_a, kept_b = a.extra.get("averaging"), b.extra.get("averaging")
+    if (kept_a is None) != (kept_b is None):
+        return False
     pairs = [(a.params[k], b.params[k]) for k in a.params] + [
         (a.momentum[k], b.momentum[k]) for k in a.momentum
     ]
+    if kept_a is not None:
+        if (kept_a["conv_count"], kept_a["fc_count"]) != (kept_b["conv_count"], kept_b["fc_count"]):
+            return False
+        pairs += [(kept_a["weights"][k], kept_b["weights"].get(k)) for k in kept_a["weights"]]
     return all(np.array_equal(x, y) for x, y in pairs)
 
 
@@ -206,12 +213,15 @@ class Segment:
         if self.server_states is not None:
             self._move_states(*self.server_states)
             return
-        conv_state = conv_server_state(state, conv_keys, self.version)
+        averaging = self.engine.averaging is not None
+        conv_state = conv_server_state(state, conv_keys, self.version, averaging)
         self._await(self.conv_server.set_state(conv_state), p.conv_server_worker)
         fc_history = {k for k in state.momentum if k not in conv_keys}
-        if fc_history or "fc_rng" in state.extra or state.iterations_done:  # iter: the schedules' index
+        # iter: the schedules' index; averaging: the weights are not the state's params
+        if fc_history or "fc_rng" in state.extra or state.iterations_done or averaging:
             fc_state = self._await(self.fc_server.get_state(), p.fc_worker)
-            self._await(self.fc_server.set_state(fc_server_state(state, fc_state, conv_keys)), p.fc_worker)
+            fc_state = fc_server_state(state, fc_state, conv_keys, averaging)
+            self._await(self.fc_server.set_state(fc_state), p.fc_worker)
 
     def _adopt(self, conv_keys: set[str]) -> None:
         """Start on the kept servers: a new run on the conv model server (pushes accepted, version
@@ -226,12 +236,14 @@ class Segment:
         self._await(self.conv_server.new_run(self.version), p.conv_server_worker)
         if same_state(state, kept.holds):
             return
+        averaging = self.engine.averaging is not None
         self._await(
-            self.conv_server.set_state(conv_server_state(state, conv_keys, self.version)),
+            self.conv_server.set_state(conv_server_state(state, conv_keys, self.version, averaging)),
             p.conv_server_worker,
         )
         fc_state = self._await(self.fc_server.get_state(), p.fc_worker)
-        self._await(self.fc_server.set_state(fc_server_state(state, fc_state, conv_keys)), p.fc_worker)
+        fc_state = fc_server_state(state, fc_state, conv_keys, averaging)
+        self._await(self.fc_server.set_state(fc_state), p.fc_worker)
 
     def keep(self, holds: TrainState) -> Servers:
         """Hand this finished segment's actors to the next run (`Servers`); `release` then lets none go."""

@@ -423,3 +423,96 @@ def test_a_snapshot_the_servers_keep_and_restore_mid_run_gives_the_state_it_took
     after = engine.run(net, X, y, CFG, Budget(iterations=2), start=run.state)
     engine.close()
     assert after.trace["iteration"].tolist() == [taken + 1, taken + 2] and (after.trace["lr"] == 0.01).all()
+
+
+def test_weight_averaging_continues_exactly_across_runs_engines_and_new_servers(client1, digits):
+    """averaging="ema" at g = 1 on one worker: training is unchanged (the weights equal in-process
+    training's), the run's params are the numpy EMA of the weights after each update, and two runs
+    in a row (on the kept servers, or on new ones set from the state) end bit for bit where one
+    run of the same total ends; the simulated engine continues the state's average (≈ 6 s)."""
+    from dasknn.engine.simulated import SimulatedEngine
+    from tests.engine.test_averaging import reference_ema
+
+    X, y = digits
+    engine = DaskEngine(client1, averaging="ema")
+    whole = engine.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=8))
+    net = zoo.lenet(seed=0)
+    first = engine.run(net, X, y, CFG, Budget(iterations=4))
+    kept = engine.run(net, X, y, CFG, Budget(iterations=4), start=first.state)  # the kept servers
+    engine.close()
+    fresh = DaskEngine(client1, averaging="ema", keep_servers=False)
+    restarted = fresh.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=4), start=first.state)
+    for end in (kept.state, restarted.state):
+        for k in whole.state.params:
+            np.testing.assert_array_equal(end.params[k], whole.state.params[k], err_msg=k)
+            np.testing.assert_array_equal(
+                end.extra["averaging"]["weights"][k], whole.state.extra["averaging"]["weights"][k], err_msg=k
+            )
+    for k, v in whole.state.params.items():
+        np.testing.assert_array_equal(net.params[k], v, err_msg=k)  # the net holds the average
+    kept_counts = whole.state.extra["averaging"]
+    assert (kept_counts["conv_count"], kept_counts["fc_count"]) == (8, 8)
+
+    ref = zoo.lenet(seed=0)
+    solver = SGD.for_net(ref, base_lr=CFG.lr, momentum=CFG.momentum, weight_decay=CFG.weight_decay)
+    batches = iterate_batches(X, y, CFG.batch_size, epoch=0, seed=CFG.seed)
+    trajectory = [ref.get_params()]
+    for _ in range(8):
+        train_step(ref, solver, *dask.compute(*next(batches)))
+        trajectory.append(ref.get_params())
+    for k, v in reference_ema(trajectory).items():
+        np.testing.assert_array_equal(whole.state.extra["averaging"]["weights"][k], trajectory[-1][k])
+        np.testing.assert_allclose(whole.state.params[k], v, rtol=1e-5, atol=1e-7, err_msg=k)
+        assert not np.array_equal(whole.state.params[k], trajectory[-1][k])
+
+    simulated = SimulatedEngine(t_conv=1.0, t_fc=0.5, verbose=0, averaging="ema")
+    moved = simulated.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=4), start=first.state).state
+    assert (moved.extra["averaging"]["conv_count"], moved.extra["averaging"]["fc_count"]) == (8, 8)
+    for k, v in whole.state.params.items():
+        np.testing.assert_allclose(moved.params[k], v, rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_weight_averaging_is_refused_where_the_servers_keep_no_average():
+    from dasknn.engine.strategy import Strategy
+
+    with pytest.raises(ValueError, match="averaging must be None or one of"):
+        DaskEngine(averaging="swa")
+    for strategy in (Strategy(name="sma"), Strategy(physical_map="unmerged")):
+        named = f"strategy {strategy.name!r} on the {strategy.physical_map} map"
+        with pytest.raises(ValueError, match=named):
+            DaskEngine(averaging="ema", strategy=strategy)
+
+
+class Fetching(Steered):
+    """A Steered control that keeps the snapshots it fetched."""
+
+    def __init__(self, first, then, ahead: int = 3):
+        super().__init__(first, then, ahead)
+        self.states = {}
+
+    def fetched(self, name, state):
+        self.states[name] = state
+
+
+def test_an_averaging_runs_fetched_snapshot_and_its_restore_are_the_average_then(client1, digits):
+    """What an in-run evaluation scores is the average at the snapshot's update: bit for bit the
+    end of a run of that many updates; a restore goes back to it, average and weights (≈ 4 s)."""
+    from dasknn.engine.control import End, Restore, TakeSnapshot
+
+    X, y = digits
+    steer = Fetching(lambda p: [TakeSnapshot("a", fetch=True)], lambda p: [Restore("a"), End()])
+    engine = DaskEngine(client1, poll=0.1, averaging="ema")
+    run = engine.run(zoo.lenet(seed=0), X, y, CFG, Budget(seconds=300), control=steer)
+    engine.close()
+    taken = steer.states["a"]
+    n = taken.iterations_done
+    assert 0 < n < len(run.trace) and run.state.iterations_done == n
+    assert taken.extra["averaging"]["conv_count"] == taken.extra["averaging"]["fc_count"] == n
+    plain = DaskEngine(client1, averaging="ema", keep_servers=False)
+    ref = plain.run(zoo.lenet(seed=0), X, y, CFG, Budget(iterations=n)).state
+    for state in (taken, run.state):
+        for k, v in ref.params.items():
+            np.testing.assert_array_equal(state.params[k], v, err_msg=k)
+            np.testing.assert_array_equal(
+                state.extra["averaging"]["weights"][k], ref.extra["averaging"]["weights"][k], err_msg=k
+            )

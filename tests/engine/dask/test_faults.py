@@ -130,6 +130,30 @@ def test_losing_the_fc_machine_goes_back_to_the_snapshot_and_still_reaches_the_t
 
 
 @pytest.mark.slow
+def test_a_recovery_goes_back_to_the_snapshots_weight_average_with_its_weights(digits):
+    """averaging="ema": after the FC machine is lost, the servers start again from the snapshot's
+    average and counts, so the conv average has taken every update once (its count is the run's
+    iterations, not those since the snapshot) and the params are the average, not the weights."""
+    X, y = digits
+    with local_client(n_workers=2) as client:
+        engine = DaskEngine(client, timeout=20, poll=0.2, snapshot_every=SNAPSHOT_EVERY, averaging="ema")
+        killer = Killer(client, engine, lambda p: [p.fc_worker], at=KILL_AT, machine=True)
+        killer.start()
+        net = zoo.lenet(seed=0)
+        result = engine.run(net, X, y, CFG, Budget(seconds=120, iterations=ITERATIONS))
+        killer.join(timeout=5)
+    (rec,) = result.trace.attrs["recoveries"]
+    assert rec["from_snapshot"] and rec["snapshot_version"] >= SNAPSHOT_EVERY, str(rec)
+    check_trace(result, ITERATIONS)
+    kept = result.state.extra["averaging"]
+    assert kept["conv_count"] == ITERATIONS  # from the snapshot's count, the redone updates once
+    # the FC server's state is read just after the conv one's: a group's step may fall between
+    assert ITERATIONS <= kept["fc_count"] <= ITERATIONS + CFG.n_groups
+    assert not np.array_equal(kept["weights"]["ip2.weight"], result.state.params["ip2.weight"])
+    np.testing.assert_array_equal(net.params["ip2.weight"], result.state.params["ip2.weight"])
+
+
+@pytest.mark.slow
 def test_losing_a_conv_worker_of_a_group_keeps_every_update(digits):
     X, y = digits
     with local_client(n_workers=2) as client:
