@@ -125,7 +125,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
         augment: Any = None,
         shuffle_window: int = 1,
         backend: str | None = None,
-        averaging: str | None = None,
+        averaging: str | None = "auto",
     ) -> None:
         self.net = net
         self.batch_size = batch_size
@@ -184,9 +184,10 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
             **resolved,
         )
 
-    def _engine(self, stack: ExitStack, net: Net):
-        """The fit's engine and its Dask client (None on the simulator)."""
-        return self._settings().engine_for(stack, net)
+    def _engine(self, stack: ExitStack, net: Net, start=None):
+        """The fit's engine and its Dask client (None on the simulator); `start`: the state the fit
+        goes on from, if any (`engine_averaging`)."""
+        return self._settings().engine_for(stack, net, start)
 
     def _validation(self, y_all: np.ndarray, with_selection: bool, partial: bool, sample_shape):
         """The parts of X (`dasknn.data.split`) and the given validation data, checked like X."""
@@ -299,7 +300,7 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
             self.simulated_gflops_ = simulated_gflops(self.simulated_gflops, ckpt, previous)
         self.max_wall_time_ = wall_bound(self.max_wall_time, self.engine, self.time_budget)
         with ExitStack() as stack:
-            engine, client = self._engine(stack, net)
+            engine, client = self._engine(stack, net, start)
             if callable(getattr(engine, "warm_up", None)):  # the workers' kernels, beside the set-up below
                 engine.warm_up(net, self.batch_size_)
             is_merged = merged(self.strategy, self.physical_map)

@@ -91,7 +91,7 @@ class FitSettings:
         limit = f"max_epochs={epochs}" if partial_epochs is None else f"partial_fit's {epochs:g} epoch(s)"
         return Plan(auto, max_iterations, limit, partial_epochs is not None)
 
-    def engine_for(self, stack: ExitStack, net: Net):
+    def engine_for(self, stack: ExitStack, net: Net, start=None):
         """The fit's engine, and its Dask client (None on the simulator, whose timing model is the HE
         model of `net` on `n_workers` devices of `simulated_gflops`: by default as many as its first
         groups can split a batch over); a cluster started for the fit closes with `stack`."""
@@ -100,6 +100,9 @@ class FitSettings:
         strategy = Strategy(
             name=self.strategy, physical_map=self.physical_map, aggregation=self.aggregation, split=self.split
         )
+        from dasknn.estimator_params import engine_averaging
+
+        averaging = engine_averaging(self.__dict__, start)
         options = {
             "verbose": max(0, self.verbose - 1),
             "strategy": strategy,
@@ -116,12 +119,12 @@ class FitSettings:
             timing = HEModel.estimate(
                 net, self.batch_size, n_workers, self.simulated_gflops, bandwidth_bytes_per_s=1.25e9
             )
-            return SimulatedEngine(timing, averaging=self.averaging, **options), None
+            return SimulatedEngine(timing, averaging=averaging, **options), None
         from dasknn.cluster import dask_client
         from dasknn.engine.dask import DaskEngine
 
         client = dask_client(stack, self.scheduler, self.security, self.n_workers)
-        engine = DaskEngine(client, worker_wait=self.worker_wait, averaging=self.averaging, **options)
+        engine = DaskEngine(client, worker_wait=self.worker_wait, averaging=averaging, **options)
         stack.callback(engine.close)  # the servers it keeps between runs go before the client
         return engine, client
 

@@ -406,13 +406,14 @@ PARAMS: tuple[Param, ...] = (
           "oneDNN for float32 on a "
           "CPU when it is installed and lowering elsewhere. None keeps the net's own setting (\"auto\" for "
           "zoo and .prototxt nets). A resumed fit must use the same kernels (their roundings differ)."),
-    Param("averaging", None, Choice(("ema", None)),
+    Param("averaging", "auto", Choice(("auto", "ema", None)),
           "The model a fit scores, returns and saves: the weights the servers train (None), or "
           "(\"ema\") an exponential moving average of them that the conv model server and the FC server "
           "keep beside them, updated at each update, its decay ramping up with the updates it took, "
-          "min(0.999, (1 + t)/(10 + t)) (no horizon needed; `dasknn.engine.averaging`). Training goes "
-          "on from the weights; checkpoints and resumed fits carry both. Both engines; Omnivore's "
-          "compute groups on the merged map only."),
+          "min(0.999, (1 + t)/(10 + t)) (no horizon needed; `dasknn.engine.averaging`); \"auto\": "
+          "\"ema\" where the servers keep one (Omnivore's compute groups on the merged map), None "
+          "elsewhere. Training goes on from the weights; checkpoints and resumed fits carry both. Both "
+          "engines; \"ema\" on Omnivore's compute groups on the merged map only."),
 )  # fmt: skip
 """Every parameter of DistributedCNN, in `__init__`'s order."""
 
@@ -488,7 +489,7 @@ def _check_combinations(params: dict[str, Any], partial: bool) -> None:
     _check_tls(params["scheduler"], params["security"])
     _check_data(params)
     groups = params["strategy"] == "omnivore" and params["physical_map"] == "merged"
-    if params["averaging"] is not None and not groups:
+    if params["averaging"] == "ema" and not groups:
         raise ValueError(
             f"averaging={params['averaging']!r} runs on Omnivore's compute groups: strategy='omnivore' "
             f"and physical_map='merged'; got strategy={params['strategy']!r}, "
@@ -500,6 +501,20 @@ def _check_combinations(params: dict[str, Any], partial: bool) -> None:
             f"n_groups={n_groups} needs at least that many workers; the simulated cluster has "
             f"n_workers={n_workers}"
         )
+
+
+def engine_averaging(params: dict[str, Any], start=None) -> str | None:
+    """The weight average the engine keeps (`engine.averaging`): `averaging`, with "auto" the EMA
+    where the servers keep one (Omnivore's compute groups on the merged map) and None elsewhere,
+    or where the fit goes on from a `start` state that trained without one (a checkpoint written
+    before averaging, or by a fit without it: it resumes as it ran)."""
+    if params["averaging"] != "auto":
+        return params["averaging"]
+    groups = params["strategy"] == "omnivore" and params["physical_map"] == "merged"
+    trained = start is not None and getattr(start, "iterations_done", 0) > 0
+    if trained and "averaging" not in getattr(start, "extra", {}):
+        return None
+    return "ema" if groups else None
 
 
 def simulated_workers(n_workers: int | None, n_groups, batch_size: int) -> int:

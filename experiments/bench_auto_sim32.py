@@ -134,8 +134,10 @@ class BenchCNN(DistributedCNN):
     """DistributedCNN on the engine the benchmark built (`bench_engine`), averaging as the
     estimator's `averaging` says."""
 
-    def _engine(self, stack, net):
-        self.bench_engine.averaging = self.averaging
+    def _engine(self, stack, net, start=None):
+        from dasknn.estimator_params import engine_averaging
+
+        self.bench_engine.averaging = engine_averaging(self.get_params(deep=False), start)
         return self.bench_engine, None
 
 
@@ -212,15 +214,18 @@ def contender(
     max_epochs: float = MAX_EPOCHS,
     target: float = TARGET,
     augment: str | None = AUGMENT,
+    averaging: str | None = "auto",
 ) -> BenchCNN:
-    """The estimator of one contender: "auto", "sync" (g = 1) or "async" (g = N) at `lr`."""
+    """The estimator of one contender: "auto", "sync" (g = 1) or "async" (g = N) at `lr`;
+    `averaging` as DistributedCNN's."""
     knobs = {"tuner": "auto"}  # its prior cache off: the default
     if name != "auto":
         knobs = {"n_groups": 1 if name == "sync" else N_WORKERS, "learning_rate": lr, "momentum": MOMENTUM}
     est = BenchCNN(
         net=small_cnn(), batch_size=batch, engine="simulated", n_workers=N_WORKERS, backend="lowering",
         time_budget=budget, max_epochs=max_epochs, max_wall_time=None, target_accuracy=target,
-        validation_fraction=0.2, eval_size=500, random_state=seed, augment=augment, **knobs,
+        validation_fraction=0.2, eval_size=500, random_state=seed, augment=augment, averaging=averaging,
+        **knobs,
     )  # fmt: skip
     est.bench_engine = GroupDevices(model, augment=augment)
     return est

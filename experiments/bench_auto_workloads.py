@@ -124,7 +124,7 @@ class SimulatedCNN(DistributedCNN):
     the timing model `engine_for` builds (the net's HE model on n_workers devices of
     simulated_gflops, 1.25 GB/s), k times cheaper in real time for a group of k."""
 
-    def _engine(self, stack, net):
+    def _engine(self, stack, net, start=None):
         model = HEModel.estimate(
             net, self.batch_size, self.n_workers, self.simulated_gflops_, bandwidth_bytes_per_s=1.25e9
         )

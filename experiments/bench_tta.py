@@ -133,7 +133,7 @@ class GroupClockSimulator:
 class BenchCNN(DistributedCNN):
     """DistributedCNN on the engine the benchmark built (`bench_engine`), so every run shares it."""
 
-    def _engine(self, stack, net):
+    def _engine(self, stack, net, start=None):
         return self.bench_engine, getattr(self.bench_engine, "client", None)
 
 

@@ -94,3 +94,21 @@ def test_averaging_where_it_cannot_run_is_refused_before_any_work(digits, params
     X, y, _, _ = digits
     with pytest.raises(ValueError, match=words):
         DistributedCNN(**{**COMMON, **params}).fit(X, y)
+
+
+def test_the_default_averages_where_the_servers_can_and_resumes_a_state_as_it_trained(digits, tmp_path):
+    """averaging="auto" (the default): the EMA on Omnivore's groups, none for SMA; a fit that goes
+    on from a state trained without an average (a checkpoint written before averaging) goes on
+    without one, so it resumes as it ran."""
+    X, y, _, _ = digits
+    params = {**COMMON, "averaging": "auto", "max_epochs": 1}
+    assert DistributedCNN().averaging == "auto"
+    est = DistributedCNN(**params).fit(X, y)
+    assert est.state_.extra["averaging"]["conv_count"] == est.n_iter_
+    sma = DistributedCNN(**{**params, "strategy": "sma"}).fit(X, y)
+    assert "averaging" not in sma.state_.extra
+    plain = DistributedCNN(**{**params, "averaging": None, "checkpoint_dir": tmp_path}).fit(X, y)
+    assert "averaging" not in plain.state_.extra
+    resumed = DistributedCNN(**{**params, "max_epochs": 2, "checkpoint_dir": tmp_path, "resume": True})
+    with pytest.raises(ValueError, match="averaging"):  # a resumed fit shares its parameters
+        resumed.fit(X, y)

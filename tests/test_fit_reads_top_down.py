@@ -28,6 +28,7 @@ ALLOWED = {
             "remember",
             "start_range",
             "range_run",
+            "watched_run",
             "observe_range",
             "restarted",
         )

@@ -39,7 +39,7 @@ class Recorder:
 
 
 class RecordingCNN(DistributedCNN):
-    def _engine(self, stack, net):
+    def _engine(self, stack, net, start=None):
         engine, client = super()._engine(stack, net)
         self.recorder_ = Recorder(engine)
         return self.recorder_, client
