@@ -172,6 +172,10 @@ class Choice(Rule):
     def ok(self, value: Any) -> bool:
         return _is_one_of(value, self.values)
 
+    def parse(self, text: str) -> Any:
+        """The word, or None for "None" (as `--help` lists it) where None is a choice."""
+        return None if text == "None" and None in self.values else text
+
 
 @dataclass(frozen=True)
 class Boolean(Rule):

@@ -144,3 +144,15 @@ def test_train_help_speaks_the_command_lines_words():
     net = text[text.index("--net NET ") : text.index("--batch-size BATCH_SIZE ", text.index("--net NET "))]
     assert net.count("zoo") == 1 and net.count(".prototxt") == 1  # no phrase said twice
     assert "--checkpoint-dir" in text[text.index("--resume ") :]  # parameters named as options
+
+
+def test_a_choice_that_includes_none_takes_the_word_none_on_the_command_line():
+    """`--help` lists None among the choices (e.g. `--averaging {auto,ema,None}`): the word parses to
+    None and passes the parameter's check."""
+    from dasknn.rules import Choice
+
+    with_none = [p for p in PARAMS if isinstance(p.rule, Choice) and None in p.rule.values]
+    assert {"averaging", "backend"} <= {p.name for p in with_none}
+    for p in with_none:
+        assert p.rule.parse("None") is None and p.rule.check(p.name, p.rule.parse("None")) is None
+    assert Choice(("a", "b")).parse("None") == "None"  # a word like any other where None is no choice
