@@ -128,7 +128,9 @@ class SimulatedCNN(DistributedCNN):
         model = HEModel.estimate(
             net, self.batch_size, self.n_workers, self.simulated_gflops_, bandwidth_bytes_per_s=1.25e9
         )
-        return GroupDevices(model, averaging=self.averaging), None
+        from dasknn.estimator_params import engine_averaging
+
+        return GroupDevices(model, averaging=engine_averaging(self.get_params(deep=False), start)), None
 
 
 def estimator(w: Workload, seed: int, knobs: dict) -> DistributedCNN:
