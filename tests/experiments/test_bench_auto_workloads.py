@@ -37,3 +37,14 @@ def test_summary_ratios_are_ratios_of_medians_over_seeds():
     table = bench.summarise(runs).set_index("contender")
     assert math.isclose(table.loc["g=1 η=0.003 ← best of grid", "auto ÷ it"], 35.0 / 40.0)
     assert math.isclose(table.loc["g=1 η=0.001 (solver)", "auto ÷ it"], 35.0 / 60.0)
+
+
+def test_its_engine_takes_the_averaging_the_estimator_resolves():
+    """The estimator's "auto" (the default) reaches the benchmark's engine as the EMA, None as None."""
+    from dasknn.nn import zoo
+
+    w = next(iter(bench.WORKLOADS.values()))
+    est = bench.estimator(w, 0, {"tuner": "auto"})
+    est.simulated_gflops_ = 10.0
+    assert est._engine(None, zoo.lenet())[0].averaging == "ema"
+    assert est.set_params(averaging=None)._engine(None, zoo.lenet())[0].averaging is None
