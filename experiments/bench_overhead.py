@@ -160,7 +160,7 @@ def phase_times(
 
     config = case.config()
     conv, fc = case.make_net().split_phases()
-    conv_server = ConvModelServer(conv.get_params(), conv.lr_mult, conv.decay_mult, config.weight_decay)
+    conv_server = ConvModelServer.of_phase(conv, config.weight_decay)
     fc_server = FCServer(fc.copy(), config.weight_decay, config.seed)
     run_id = f"bench-overhead-{os.getpid()}"
     times: dict[str, list[float]] = {p: [] for p in PHASES}

@@ -153,7 +153,7 @@ def phase_seconds(case: Case, X: np.ndarray, y: np.ndarray, threads: int) -> dic
 
     config = case.config(1)
     conv, fc = case.make_net().split_phases()
-    conv_server = ConvModelServer(conv.get_params(), conv.lr_mult, conv.decay_mult, config.weight_decay)
+    conv_server = ConvModelServer.of_phase(conv, config.weight_decay)
     fc_server = FCServer(fc.copy(), config.weight_decay, config.seed)
     run_id = f"he-check-{os.getpid()}"
     b = case.batch_size

@@ -176,6 +176,12 @@ class ConvModelServer:
         self.pending: dict[str, int] = {}  # snapshots to take at an iteration still ahead
         self.average: WeightAverage | None = None  # the weights' average, when the run keeps one
 
+    @classmethod
+    def of_phase(cls, phase: Net, weight_decay: float = 0.0) -> ConvModelServer:
+        """The server of a net's phase (`Net.split_phases`): its weights, its layers' lr and decay
+        multipliers and running statistics."""
+        return cls(phase.get_params(), phase.lr_mult, phase.decay_mult, weight_decay, phase.statistics)
+
     def average_weights(self, state: dict[str, Any] | None = None) -> None:
         """Keep an average of the weights from now on: from the weights held now (count 0), or
         continuing `state` (`WeightAverage.state()`)."""

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from dasknn.data.augment import Augment
 from dasknn.data.batching import BatchOrder
 from dasknn.data.chunks import sample_chunks
+from dasknn.engine.averaging import averaged_state, server_average, trained_weights
 from dasknn.engine.control import Applied, Progress, Reschedule, TakeSnapshot, check_commands, ordered
 from dasknn.engine.servers import ConvModelServer, FCServer
 from dasknn.engine.streams import shard_rng
@@ -155,23 +156,17 @@ class Simulation:
         """The conv model server and the FC server at `state` (its weights, momentum and solver
         iterations; with the engine's averaging, the average it kept); returns the conv phase."""
         averages = getattr(self.engine, "averaging", None) is not None
-        kept = state.extra.get("averaging") if averages else None
         work = net.copy()
-        work.set_params(state.params if kept is None else kept["weights"])  # training goes on from these
+        work.set_params(trained_weights(state) if averages else state.params)  # training goes on from these
         conv, fc = work.split_phases(at=split)
         self.split = fc.layers[0].name if fc is not None else None
         if fc is None:
             raise ValueError(f"net {net.name!r} has no FC phase; the simulator needs a merged FC server")
-        self.conv_server = ConvModelServer(
-            conv.get_params(),
-            conv.lr_mult,
-            conv.decay_mult,
-            weight_decay=config.weight_decay,
-            statistics=conv.statistics,
-        )
+        self.conv_server = ConvModelServer.of_phase(conv, config.weight_decay)
         self.fc_server = FCServer(fc, weight_decay=config.weight_decay, seed=config.seed)
-        if averages:
-            self._average_from(state.params, kept)
+        if averages:  # continue the state's average, or start one at its weights
+            self.conv_server.average_weights(server_average(state, conv.params, "conv_count"))
+            self.fc_server.average_weights(server_average(state, fc.params, "fc_count"))
         sim = state.extra.get("simulator")
         conv_mom = {key: v for key, v in state.momentum.items() if key in conv.params}
         fc_mom = {key: v for key, v in state.momentum.items() if key in fc.params}
@@ -185,19 +180,6 @@ class Simulation:
             {"iter": sim["fc_iter"] if sim else state.iterations_done, "history": fc_mom}
         )
         return conv
-
-    def _average_from(self, model: dict[str, Any], kept: dict[str, Any] | None) -> None:
-        """Both servers keep an average of their weights: the state's `model` (its params) and its
-        counts when it kept one (`kept`: its `extra["averaging"]`), else from their weights now."""
-        if kept is None:
-            self.conv_server.average_weights()
-            self.fc_server.average_weights()
-            return
-        for server, keys, count in (
-            (self.conv_server, self.conv_server.params, kept["conv_count"]),
-            (self.fc_server, self.fc_server.net.params, kept["fc_count"]),
-        ):
-            server.average_weights({"params": {k: model[k] for k in keys}, "count": count})
 
     # -- events ----------------------------------------------------------------------------------
     def _schedule(self, t: float, kind: str, grp: int) -> None:
@@ -360,13 +342,9 @@ class Simulation:
         params = {**self.conv_server.params, **self.fc_server.net.get_params()}
         extra = dict(self.extra)
         if self.conv_server.average is not None:
+            weights = {key: np.array(v, copy=True) for key, v in params.items()}
             conv, fc = self.conv_server.average.state(), self.fc_server.average.state()
-            extra["averaging"] = {
-                "weights": {key: np.array(v, copy=True) for key, v in params.items()},
-                "conv_count": conv["count"],
-                "fc_count": fc["count"],
-            }
-            params = {**conv["params"], **fc["params"]}
+            params, extra["averaging"] = averaged_state(weights, conv, fc)
         momentum = {**self.conv_server.solver.history, **self.fc_server.solver.history}
         sim = {
             "signature": dict(self.signature),

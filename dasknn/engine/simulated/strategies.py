@@ -49,13 +49,7 @@ class UnmergedSimulation(Simulation):
         super().__init__(engine, net, X, y, config, k, fresh, split=split)
         fc = self.fc_server.net
         fc_keys = set(fc.params)
-        self.fc_model = ConvModelServer(
-            fc.get_params(),
-            fc.lr_mult,
-            fc.decay_mult,
-            weight_decay=config.weight_decay,
-            statistics=fc.statistics,
-        )
+        self.fc_model = ConvModelServer.of_phase(fc, config.weight_decay)
         self.fc_model.solver.load_state_dict(
             {
                 "iter": state.iterations_done,
