@@ -777,7 +777,7 @@ def engine_run(engine, net, X, y, step: NextRun, start: TrainState, control: Run
     state = None if result is None else result.state
     losses = trace["loss"].to_numpy(dtype=float)
     diverged = state is None or bool(trace.attrs.get("diverged")) or not np.isfinite(losses).all()
-    diverged = diverged or not checkpoint.healthy(state)  # exploding weights
+    diverged = diverged or not checkpoint.healthy(state, statistics=net.statistics)  # exploding weights
     seconds = _run_seconds(engine, trace, wall, config, budget, raised=result is None)
     return trace, state, diverged, seconds
 

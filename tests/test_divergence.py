@@ -1,4 +1,4 @@
-"""Divergence (issue #8): a blown-up run rolls back to the last good state, lowers lr and still learns."""
+"""Divergence: a blown-up run rolls back to the last good state, lowers lr and still learns."""
 
 from __future__ import annotations
 
@@ -56,3 +56,36 @@ def test_a_run_that_diverges_at_every_rate_raises_instead_of_returning_nan(digit
     with pytest.raises(FloatingPointError, match=f"diverged {MAX_ROLLBACKS + 1} times in a row"):
         est.fit(later, y)  # the forward pass overflows float32 at any rate
     assert not hasattr(est, "net_")
+
+
+def bn_net(seed: int = 0):
+    """Conv → BatchNorm (Caffe's default moving_average_fraction 0.999) → Scale → ReLU → pool → FC."""
+    from dasknn.nn.layers import Convolution, Filler, InnerProduct, Pooling, ReLU
+    from dasknn.nn.net import Net
+    from dasknn.nn.normalization import BatchNorm, Scale
+
+    entries = [
+        (Convolution("conv", 8, 3, pad=1, bias_term=False, weight_filler=Filler("msra")), "data", "conv"),
+        (BatchNorm("conv/bn", moving_average_fraction=0.999), "conv", "conv"),
+        (Scale("conv/scale"), "conv", "conv"),
+        (ReLU("conv/relu"), "conv", "conv"),
+        (Pooling("pool", "max", kernel_size=2, stride=2), "conv", "pool"),
+        (InnerProduct("fc", 10, weight_filler=Filler("gaussian", std=0.01)), "pool", "fc"),
+    ]
+    return Net(entries, (1, 8, 8), name="bn-digits", seed=seed)
+
+
+def test_batchnorm_running_sums_beyond_the_weight_limit_are_not_divergence():
+    # Caffe's BatchNorm keeps running *sums*: about batch × variance / (1 − 0.999) on 0-255 pixels,
+    # far beyond the size at which a weight counts as exploding; training goes on at its rate
+    d = load_digits()
+    X, y = (d.data * 16).astype(np.float32).reshape(-1, 1, 8, 8), d.target  # Caffe's 0-255 scale
+    knobs = {**COMMON, "net": bn_net(), "input_shape": None, "n_groups": 1, "learning_rate": 0.01}
+    with pytest.warns(UserWarning, match="unscaled"):
+        est = DistributedCNN(**knobs, batch_size=64, max_epochs=3, random_state=0).fit(X, y)
+    assert "rollback" not in set(est.decisions_["action"])
+    sums = list(bn_net().statistics)  # conv/bn.mean, .variance, .scale_factor
+    assert float(est.state_.params["conv/bn.variance"].max()) > checkpoint.WEIGHT_LIMIT
+    assert checkpoint.healthy(est.state_, statistics=sums)
+    assert not checkpoint.healthy(est.state_)  # the premise: the old check called this divergence
+    assert est.score(X, y) >= 0.9

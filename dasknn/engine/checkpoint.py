@@ -17,6 +17,7 @@ import os
 import shutil
 import uuid
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,12 +73,17 @@ class Checkpoint:
     path: Path | None = None
 
 
-def healthy(state: TrainState, limit: float = WEIGHT_LIMIT) -> bool:
-    """True when every weight and momentum buffer is finite and no |weight| exceeds `limit`."""
+def healthy(state: TrainState, limit: float = WEIGHT_LIMIT, statistics: Iterable[str] = ()) -> bool:
+    """True when every weight and momentum buffer is finite and no |weight| exceeds `limit`. The
+    blobs named in `statistics` (`Net.statistics`: BatchNorm's running sums, which reach about
+    1/(1 − moving_average_fraction) times a batch's variance) need only be finite."""
+    sums = set(statistics)
     for group in (state.params, state.momentum):
-        for value in group.values():
+        for key, value in group.items():
             a = np.asarray(value)
-            if a.size and not (np.isfinite(a).all() and float(np.abs(a).max()) <= limit):
+            if not a.size or (key in sums and np.isfinite(a).all()):
+                continue
+            if not (np.isfinite(a).all() and float(np.abs(a).max()) <= limit):
                 return False
     return True
 
