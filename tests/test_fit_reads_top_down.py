@@ -31,6 +31,7 @@ ALLOWED = {
             "watched_run",
             "observe_range",
             "restarted",
+            "spike_rule",
         )
     },
     "dasknn.nn.export": "one emitter per Caffe layer type, looked up by type in `EMITTERS`; the graph is "

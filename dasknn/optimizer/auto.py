@@ -13,8 +13,9 @@ from the first iteration and only ever spends a bounded share of the run on anyt
    first worse, rising or non-finite window is undone (the run before it is the start of the next)
    and the previous η kept (an undone × 4 step tries × 2 next; one that blew the loss up ends the
    ramp one step lower, `ramp.end_rate`). Every run asks the loop's loss limit
-   (`NextRun.loss_limit`): a window that blows the loss up is rolled back, never kept, and the
-   run after it restarts momentum; a training window rolled back is retried at η ÷ 4 before a
+   (`NextRun.loss_limit`), and a batch loss that spiked above twice the level the run started from
+   and above uniform guessing's (`spike_rule`) blows it up too: such a window is rolled back, never
+   kept, and the run after it restarts momentum; a training window rolled back is retried at η ÷ 4 before a
    span at that η, ÷ 3 after (`decide.back_off`).
 3. Training windows, each judged by the plateau rule (`optimizer.plateau`: η ÷ 3 when progress
    falls below a tenth of the first span's at that η carried to the loss level now, as the ramp
@@ -38,6 +39,7 @@ checkpoints, so a fit stopped mid-ramp or mid-trial resumes exactly.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -518,6 +520,7 @@ class AutoPolicy(Tuner):
             checkpoint=checkpoint,
             note={"lr": config.lr, "event": ""},
             loss_limit=True,  # a window that blows the loss up is rolled back, never kept (fitting.py)
+            diverges=spike_rule(self),
             hold=hold,
             eval_share=eval_share,
         )
@@ -749,6 +752,26 @@ def remember(policy: AutoPolicy, config: RunConfig) -> None:
         cache.put(policy.cache_key, config.n_groups, policy.s.peak_lr, config.momentum)
     except OSError as err:  # a read-only cache folder costs the next fit its prior, not this fit
         policy.fit.log.record("auto", "cache", config, f"prior cache not written: {err}")
+
+
+def spike_rule(policy: AutoPolicy) -> Callable[[pd.DataFrame, float], bool]:
+    """The run's own divergence rule (`NextRun.diverges`, `decide.spiked`): batch losses, averaged
+    over `decide.SPIKE_SAMPLES` samples (at least 3 batches), above twice the tuner's samples' loss
+    before the run (else the run's first batch loss) and above ln(n_classes). A window at 2η that
+    kills the net (the loss jumps in one update, then sits at uniform guessing's with the ReLUs
+    dead) ends below the loop's end-of-run limit; kept, it left the ramp at the previous η with
+    the dead net's momentum, and every later run at chance (experiments/README.md, bench_suite)."""
+    before, fit = policy.s.eval_loss, policy.fit
+    floor = getattr(fit, "loss_limit", math.inf) / getattr(fit, "diverged_loss", 2.0)
+    span = max(3, math.ceil(decide.SPIKE_SAMPLES / max(1, getattr(fit, "batch_size", 1))))
+
+    def diverges(seg: pd.DataFrame, score: float) -> bool:
+        if not len(seg):
+            return False
+        reference = before if before is not None else float(seg["loss"].iloc[0])
+        return decide.spiked(seg["loss"].to_numpy(dtype=float), reference, floor, span=span)
+
+    return diverges
 
 
 def held_out(fit) -> float | None:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import numpy as np
+
 __all__ = [
     "back_off",
     "choose_groups",
@@ -37,6 +39,8 @@ __all__ = [
     "trial_bar",
     "regroup",
     "scale_lr",
+    "SPIKE_SAMPLES",
+    "spiked",
     "steer_momentum",
 ]
 
@@ -164,6 +168,26 @@ def explore_allowed(explored: float, trial_seconds: float, time_to_target: float
 def diverging(score_start: float, score_end: float, limit: float = 2.0) -> bool:
     """A run diverges when its end score is not finite or `limit` times its start score."""
     return not math.isfinite(score_end) or (math.isfinite(score_start) and score_end > limit * score_start)
+
+
+SPIKE_SAMPLES = 64
+"""Samples a spike's loss is averaged over (`spiked`): one batch of 8 swings from 0.3 to 4 in
+steady training on 32 simulated groups."""
+
+
+def spiked(losses, reference: float, floor: float, limit: float = 2.0, span: int = 3) -> bool:
+    """Whether a run's batch losses blew up on the way, even when they came back down: the mean of
+    `span` consecutive batch losses above both `limit` × `reference` (the loss level the run started
+    from) and `floor` (the loss of uniform guessing, ln(n_classes)). A net that blows up in one
+    update and comes back at that floor with its ReLUs dead ends its run below any end-of-run limit,
+    and its momentum buffers carry the blow-up into every retry from the run's end."""
+    x = np.asarray(losses, dtype=float)
+    x = x[np.isfinite(x)]
+    span = max(1, int(span))
+    if len(x) < span:
+        return False
+    means = np.convolve(x, np.full(span, 1.0 / span), mode="valid")
+    return float(means.max()) > max(limit * float(reference), float(floor))
 
 
 ROLLBACK_FACTOR = 3.0

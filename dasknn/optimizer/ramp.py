@@ -198,7 +198,7 @@ class LrRamp:
         if self.done:
             raise RuntimeError("the ramp is over: no more windows to judge")
         if not math.isfinite(p):
-            return self._undo(p, "a loss was not finite")
+            return self._undo(p, "a loss was not finite, or blew up (the loop rolled the window back)")
         rose = p < -self.z * se  # beyond the window's noise
         calibrating = len(self.calibration) < self.calibrations
         if calibrating and rose:
