@@ -48,6 +48,7 @@ from dasknn.estimator_input import (
 from dasknn.estimator_params import (
     SIMULATED_GFLOPS,
     check_params,
+    engine_averaging,
     optimizer_class,
     parameters_doc,
     tuner_name,
@@ -184,10 +185,10 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
             **resolved,
         )
 
-    def _engine(self, stack: ExitStack, net: Net, start=None):
-        """The fit's engine and its Dask client (None on the simulator); `start`: the state the fit
-        goes on from, if any (`engine_averaging`)."""
-        return self._settings().engine_for(stack, net, start)
+    def _engine(self, stack: ExitStack, net: Net, averaging: str | None = None):
+        """The fit's engine and its Dask client (None on the simulator), keeping the weight average
+        `averaging` (the fit's `averaging_`)."""
+        return self._settings().engine_for(stack, net, averaging)
 
     def _validation(self, y_all: np.ndarray, with_selection: bool, partial: bool, sample_shape):
         """The parts of X (`dasknn.data.split`) and the given validation data, checked like X."""
@@ -299,8 +300,9 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
             previous = getattr(self, "simulated_gflops_", None) if warm else None
             self.simulated_gflops_ = simulated_gflops(self.simulated_gflops, ckpt, previous)
         self.max_wall_time_ = wall_bound(self.max_wall_time, self.engine, self.time_budget)
+        self.averaging_ = engine_averaging(self.get_params(deep=False), start)
         with ExitStack() as stack:
-            engine, client = self._engine(stack, net, start)
+            engine, client = self._engine(stack, net, self.averaging_)
             if callable(getattr(engine, "warm_up", None)):  # the workers' kernels, beside the set-up below
                 engine.warm_up(net, self.batch_size_)
             is_merged = merged(self.strategy, self.physical_map)
@@ -500,6 +502,10 @@ data_ : str
     How the workers got the batches: "persist" or "stream" (None on the simulator).
 augment_ : Augment or None
     The augmentation the fit used.
+averaging_ : str or None
+    The weight average the engine kept and the model is: ``averaging``, with "auto" resolved
+    ("ema" on Omnivore's groups on the merged map, None elsewhere or where the fit went on from a
+    state trained without one).
 max_wall_time_ : float or None
     The wall-clock bound the fit used.
 simulated_gflops_ : float

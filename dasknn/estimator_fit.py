@@ -91,7 +91,7 @@ class FitSettings:
         limit = f"max_epochs={epochs}" if partial_epochs is None else f"partial_fit's {epochs:g} epoch(s)"
         return Plan(auto, max_iterations, limit, partial_epochs is not None)
 
-    def engine_for(self, stack: ExitStack, net: Net, start=None):
+    def engine_for(self, stack: ExitStack, net: Net, averaging: str | None = None):
         """The fit's engine, and its Dask client (None on the simulator, whose timing model is the HE
         model of `net` on `n_workers` devices of `simulated_gflops`: by default as many as its first
         groups can split a batch over); a cluster started for the fit closes with `stack`."""
@@ -100,9 +100,6 @@ class FitSettings:
         strategy = Strategy(
             name=self.strategy, physical_map=self.physical_map, aggregation=self.aggregation, split=self.split
         )
-        from dasknn.estimator_params import engine_averaging
-
-        averaging = engine_averaging(self.__dict__, start)
         options = {
             "verbose": max(0, self.verbose - 1),
             "strategy": strategy,

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dasknn.engine.averaging import AVERAGING
 from dasknn.engine.checkpoint import MAX_COUNT, check_state, decode, decode_table
 from dasknn.engine.trace import TrainState
 from dasknn.estimator_params import BY_NAME, PARAMS, TUNERS, check_params, defaults
@@ -268,6 +269,7 @@ def _check_field(name: str, value: Any, fitted: dict[str, Any]) -> str:
         "report_": lambda: _table(value, fitted),
         "tradeoff_": lambda: "" if value is None or isinstance(value, xr.Dataset) else "is not a record",
         "augment_": lambda: "" if value is None or isinstance(value, Augment) else "is not an Augment",
+        "averaging_": lambda: "" if value is None or value in AVERAGING else f"is not None or in {AVERAGING}",
         "config_": lambda: _config(value, RunConfig),
         "parts_": lambda: (
             ""
@@ -291,10 +293,10 @@ def _check_field(name: str, value: Any, fitted: dict[str, Any]) -> str:
     return rules[name]() if name in rules else ""
 
 
-FITTED_NAMES = ("_loop_", "augment_", "batch_size_", "best_iteration_", "checkpoint_", "classes_", "config_",
-                "data_", "decisions_", "history_", "max_wall_time_", "n_features_in_", "n_iter_",
-                "n_train_samples_", "net_", "parts_", "report_", "simulated_gflops_", "state_", "stopped_by_",
-                "trace_", "tradeoff_", "tuner_")  # fmt: skip
+FITTED_NAMES = ("_loop_", "augment_", "averaging_", "batch_size_", "best_iteration_", "checkpoint_",
+                "classes_", "config_", "data_", "decisions_", "history_", "max_wall_time_", "n_features_in_",
+                "n_iter_", "n_train_samples_", "net_", "parts_", "report_", "simulated_gflops_", "state_",
+                "stopped_by_", "trace_", "tradeoff_", "tuner_")  # fmt: skip
 """The learned attributes a saved model may hold (`checkpoint_`, a path, is never restored)."""
 REQUIRED = {"classes_", "n_features_in_", "net_", "state_"}
 

@@ -134,10 +134,8 @@ class BenchCNN(DistributedCNN):
     """DistributedCNN on the engine the benchmark built (`bench_engine`), averaging as the
     estimator's `averaging` says."""
 
-    def _engine(self, stack, net, start=None):
-        from dasknn.estimator_params import engine_averaging
-
-        self.bench_engine.averaging = engine_averaging(self.get_params(deep=False), start)
+    def _engine(self, stack, net, averaging=None):
+        self.bench_engine.averaging = averaging
         return self.bench_engine, None
 
 

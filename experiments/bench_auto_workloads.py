@@ -124,13 +124,11 @@ class SimulatedCNN(DistributedCNN):
     the timing model `engine_for` builds (the net's HE model on n_workers devices of
     simulated_gflops, 1.25 GB/s), k times cheaper in real time for a group of k."""
 
-    def _engine(self, stack, net, start=None):
+    def _engine(self, stack, net, averaging=None):
         model = HEModel.estimate(
             net, self.batch_size, self.n_workers, self.simulated_gflops_, bandwidth_bytes_per_s=1.25e9
         )
-        from dasknn.estimator_params import engine_averaging
-
-        return GroupDevices(model, averaging=engine_averaging(self.get_params(deep=False), start)), None
+        return GroupDevices(model, averaging=averaging), None
 
 
 def estimator(w: Workload, seed: int, knobs: dict) -> DistributedCNN:

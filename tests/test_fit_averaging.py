@@ -104,9 +104,9 @@ def test_the_default_averages_where_the_servers_can_and_resumes_a_state_as_it_tr
     params = {**COMMON, "averaging": "auto", "max_epochs": 1}
     assert DistributedCNN().averaging == "auto"
     est = DistributedCNN(**params).fit(X, y)
-    assert est.state_.extra["averaging"]["conv_count"] == est.n_iter_
+    assert est.state_.extra["averaging"]["conv_count"] == est.n_iter_ and est.averaging_ == "ema"
     sma = DistributedCNN(**{**params, "strategy": "sma"}).fit(X, y)
-    assert "averaging" not in sma.state_.extra
+    assert "averaging" not in sma.state_.extra and sma.averaging_ is None
     plain = DistributedCNN(**{**params, "averaging": None, "checkpoint_dir": tmp_path}).fit(X, y)
     assert "averaging" not in plain.state_.extra
     resumed = DistributedCNN(**{**params, "max_epochs": 2, "checkpoint_dir": tmp_path, "resume": True})

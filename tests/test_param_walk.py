@@ -156,10 +156,13 @@ def test_the_engine_flags_reach_the_simulated_engine(tmp_path):
     from dasknn.data.augment import as_augment
     from dasknn.nn import zoo
 
+    from dasknn.estimator_params import engine_averaging
+
     groups = _walked(tmp_path).set_params(strategy="omnivore", physical_map="merged")
+    averaging = engine_averaging(groups.get_params(deep=False))  # what the fit sets as averaging_
     with ExitStack() as stack:
-        engine, _ = _settings(groups, batch_size=32).engine_for(stack, zoo.lenet(seed=0))
-    assert engine.averaging == "ema"
+        engine, _ = _settings(groups, batch_size=32).engine_for(stack, zoo.lenet(seed=0), averaging)
+    assert averaging == engine.averaging == "ema"
     est = _walked(tmp_path).set_params(averaging=None)  # SMA keeps no average
     shift = as_augment("shift")
     s = _settings(est, augment=shift, batch_size=32)

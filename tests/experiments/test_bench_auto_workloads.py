@@ -39,12 +39,13 @@ def test_summary_ratios_are_ratios_of_medians_over_seeds():
     assert math.isclose(table.loc["g=1 η=0.001 (solver)", "auto ÷ it"], 35.0 / 60.0)
 
 
-def test_its_engine_takes_the_averaging_the_estimator_resolves():
+def test_its_engine_keeps_the_average_the_fit_resolved():
     """The estimator's "auto" (the default) reaches the benchmark's engine as the EMA, None as None."""
-    from dasknn.nn import zoo
-
-    w = next(iter(bench.WORKLOADS.values()))
-    est = bench.estimator(w, 0, {"tuner": "auto"})
-    est.simulated_gflops_ = 10.0
-    assert est._engine(None, zoo.lenet())[0].averaging == "ema"
-    assert est.set_params(averaging=None)._engine(None, zoo.lenet())[0].averaging is None
+    w = bench.WORKLOADS["lenet128"]
+    X, y = w.data()
+    for averaging, kept in (("auto", "ema"), (None, None)):
+        est = bench.estimator(w, 0, {"n_groups": 1, "learning_rate": 0.01, "momentum": 0.9})
+        est.set_params(averaging=averaging, max_epochs=1, time_budget=None, target_accuracy=None)
+        est.fit(X[:512], y[:512])
+        assert est.averaging_ == kept
+        assert ("averaging" in est.state_.extra) is (kept is not None)
