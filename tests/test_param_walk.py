@@ -154,9 +154,8 @@ def test_the_engine_flags_reach_the_simulated_engine(tmp_path):
     """--strategy, --physical-map, --aggregation, --split, --shuffle-window and the resolved augment
     make the simulated engine; --n-workers its workers; --averaging too, on Omnivore's groups."""
     from dasknn.data.augment import as_augment
-    from dasknn.nn import zoo
-
     from dasknn.estimator_params import engine_averaging
+    from dasknn.nn import zoo
 
     groups = _walked(tmp_path).set_params(strategy="omnivore", physical_map="merged")
     averaging = engine_averaging(groups.get_params(deep=False))  # what the fit sets as averaging_

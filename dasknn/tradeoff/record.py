@@ -244,11 +244,24 @@ def with_decisions(ds: xr.Dataset, decisions: pd.DataFrame) -> xr.Dataset:
 
 
 def save(ds: xr.Dataset, path: str | Path) -> Path:
-    """Write a record as a netCDF-4 file (engine `NETCDF_ENGINE`); `load` reads it back identically."""
+    """Write a record as a netCDF-4 file (engine `NETCDF_ENGINE`); `load` reads it back identically.
+
+    The write takes a local lock (`local_writes`), never the cluster's: with a Dask client as the
+    default, xarray locks the file through the scheduler, and a cluster closing after a fit (the
+    CLI writes the record then) failed the write of a finished fit ("ConnectionPool is closed")."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    ds.to_netcdf(path, engine=NETCDF_ENGINE)
+    with local_writes():
+        ds.to_netcdf(path, engine=NETCDF_ENGINE)
     return path
+
+
+def local_writes():
+    """A context in which xarray writes with a process-local lock: dask's synchronous scheduler
+    (a record's arrays are in memory, so nothing is computed on it)."""
+    import dask
+
+    return dask.config.set(scheduler="synchronous")
 
 
 def load(path: str | Path) -> xr.Dataset:

@@ -13,6 +13,7 @@ from dasknn.engine.simulated import SimulatedEngine
 from dasknn.engine.trace import Budget, RunConfig, make_trace
 from dasknn.nn.layers import Convolution, InnerProduct, ReLU
 from dasknn.nn.net import Net
+from dasknn.tradeoff import record
 from dasknn.tradeoff.hardware import HEModel
 from dasknn.tradeoff.record import load, record_from_traces, save
 
@@ -100,3 +101,19 @@ def test_traces_of_different_engines_cannot_share_a_record():
     b.attrs["engine"], b.attrs["time_unit"] = "dask", "s"
     with pytest.raises(ValueError, match="different engines"):
         record_from_traces({(1, 0.1, 0.0, 0): a, (2, 0.1, 0.0, 0): b}, net="n", dataset="d")
+
+
+def test_a_record_is_written_under_a_local_lock_while_a_dask_client_is_the_default(tmp_path):
+    # xarray locks a file through the scheduler of the default client; a record is in memory, and a
+    # cluster closing after a fit failed that lock's release and with it the finished fit's write
+    from distributed import Client, LocalCluster
+    from distributed.lock import Lock as ClusterLock
+    from xarray.backends.locks import get_write_lock
+
+    ds = xr.Dataset({"a": (("x",), np.arange(3.0))})
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, Client(cluster):
+        assert isinstance(get_write_lock("k"), ClusterLock)  # the premise
+        with record.local_writes():
+            assert not isinstance(get_write_lock("k"), ClusterLock)
+        path = record.save(ds, tmp_path / "r.nc")
+    xr.testing.assert_identical(record.load(path), ds)
