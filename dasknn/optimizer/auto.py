@@ -756,11 +756,16 @@ def remember(policy: AutoPolicy, config: RunConfig) -> None:
 
 def spike_rule(policy: AutoPolicy) -> Callable[[pd.DataFrame, float], bool]:
     """The run's own divergence rule (`NextRun.diverges`, `decide.spiked`): batch losses, averaged
-    over `decide.SPIKE_SAMPLES` samples (at least 3 batches), above twice the tuner's samples' loss
-    before the run (else the run's first batch loss) and above ln(n_classes). A window at 2η that
-    kills the net (the loss jumps in one update, then sits at uniform guessing's with the ReLUs
-    dead) ends below the loop's end-of-run limit; kept, it left the ramp at the previous η with
-    the dead net's momentum, and every later run at chance (experiments/README.md, bench_suite)."""
+    over `decide.SPIKE_SAMPLES` samples (at least 3 batches), above twice the level the run starts
+    from (the tuner's samples' loss before it, or its first batch loss when higher) and above
+    ln(n_classes). The first batch loss counts because with weight averaging the samples score the
+    average, while the batches run on the trained weights: a run that starts from trained weights
+    already at uniform guessing's loss (killed by the last update of the run before, unseen) sits
+    there, and judged against the average's low loss every retry from that state would count as a
+    spike, down to the loop's limit on rollbacks. A window at 2η that kills the net (the loss jumps
+    in one update, then sits at uniform guessing's with the ReLUs dead) ends below the loop's
+    end-of-run limit; kept, it left the ramp at the previous η with the dead net's momentum, and
+    every later run at chance (experiments/README.md, bench_suite)."""
     before, fit = policy.s.eval_loss, policy.fit
     floor = getattr(fit, "loss_limit", math.inf) / getattr(fit, "diverged_loss", 2.0)
     span = max(3, math.ceil(decide.SPIKE_SAMPLES / max(1, getattr(fit, "batch_size", 1))))
@@ -768,7 +773,10 @@ def spike_rule(policy: AutoPolicy) -> Callable[[pd.DataFrame, float], bool]:
     def diverges(seg: pd.DataFrame, score: float) -> bool:
         if not len(seg):
             return False
-        reference = before if before is not None else float(seg["loss"].iloc[0])
+        levels = [v for v in (before, float(seg["loss"].iloc[0])) if v is not None and math.isfinite(v)]
+        if not levels:
+            return False  # non-finite losses are the loop's own rule
+        reference = max(levels)  # the first batch: where the trained weights start (not the average)
         return decide.spiked(seg["loss"].to_numpy(dtype=float), reference, floor, span=span)
 
     return diverges
