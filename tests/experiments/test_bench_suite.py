@@ -17,7 +17,7 @@ def test_the_full_suite_fixes_seven_workloads_with_their_grid_and_solver_point()
     assert set(workloads) == {
         "main_job", "long", "sim32", "sim_lenet128", "sim_cifar10_quick", "resnet20", "lenet128",
     }  # fmt: skip
-    assert set(suite.workloads("quick")) == set(workloads)
+    assert set(suite.workloads("quick")) == set(workloads) - {"resnet20"}  # out of its budgets' reach
     for w in workloads.values():
         assert max(w.lrs) / min(w.lrs) >= 100, f"{w.name}: η over at least two decades"
         assert set(w.momenta) == {0.6, 0.9}
