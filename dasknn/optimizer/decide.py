@@ -171,8 +171,8 @@ def diverging(score_start: float, score_end: float, limit: float = 2.0) -> bool:
 
 
 SPIKE_SAMPLES = 64
-"""Samples a spike's loss is averaged over (`spiked`): one batch of 8 swings from 0.3 to 4 in
-steady training on 32 simulated groups."""
+"""Samples a spike's loss is averaged over (`spiked`): a small batch's loss alone swings several-fold
+in steady training (batches of 8 on many asynchronous groups)."""
 
 
 def spiked(losses, reference: float, floor: float, limit: float = 2.0, span: int = 3) -> bool:
