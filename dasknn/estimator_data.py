@@ -20,17 +20,12 @@ import numpy as np
 from dasknn.data.augment import Augment, as_augment
 from dasknn.data.chunks import is_dask_array, own_keys
 from dasknn.data.split import Carved, Parts, carve
-from dasknn.estimator_params import tuner_name, tunes
+from dasknn.estimator_params import merged, tuner_name, tunes
 
 if TYPE_CHECKING:
     import dask.array as da
 
 __all__ = ["carved", "choose_data", "class_indices", "label_index", "merged", "placed", "resolve_augment"]
-
-
-def merged(strategy: Any, physical_map: str) -> bool:
-    """Omnivore's merged map: the layout whose groups stream and augment their batches."""
-    return strategy == "omnivore" and physical_map == "merged"
 
 
 def resolve_augment(augment: Any, net: Any, engine: str, strategy: Any, physical_map: str) -> Augment | None:

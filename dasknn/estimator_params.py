@@ -488,8 +488,7 @@ def _check_combinations(params: dict[str, Any], partial: bool) -> None:
     )
     _check_tls(params["scheduler"], params["security"])
     _check_data(params)
-    groups = params["strategy"] == "omnivore" and params["physical_map"] == "merged"
-    if params["averaging"] == "ema" and not groups:
+    if params["averaging"] == "ema" and not merged(params["strategy"], params["physical_map"]):
         raise ValueError(
             f"averaging={params['averaging']!r} runs on Omnivore's compute groups: strategy='omnivore' "
             f"and physical_map='merged'; got strategy={params['strategy']!r}, "
@@ -503,6 +502,12 @@ def _check_combinations(params: dict[str, Any], partial: bool) -> None:
         )
 
 
+def merged(strategy: Any, physical_map: str) -> bool:
+    """Omnivore's compute groups on the merged map: the layout whose groups stream and augment their
+    batches, and whose servers keep a weight average."""
+    return strategy == "omnivore" and physical_map == "merged"
+
+
 def engine_averaging(params: dict[str, Any], start=None) -> str | None:
     """The weight average the engine keeps (`engine.averaging`): `averaging`, with "auto" the EMA
     where the servers keep one (Omnivore's compute groups on the merged map) and None elsewhere,
@@ -510,7 +515,7 @@ def engine_averaging(params: dict[str, Any], start=None) -> str | None:
     before averaging, or by a fit without it: it resumes as it ran)."""
     if params["averaging"] != "auto":
         return params["averaging"]
-    groups = params["strategy"] == "omnivore" and params["physical_map"] == "merged"
+    groups = merged(params["strategy"], params["physical_map"])
     trained = start is not None and getattr(start, "iterations_done", 0) > 0
     if trained and "averaging" not in getattr(start, "extra", {}):
         return None

@@ -412,7 +412,8 @@ class Loop:
         self.evaluator, self.should_stop, self.selection = evaluate, should_stop, selection
         self.notify = notify or (lambda hook, info: False)
         self.target_accuracy, self.verbose = target_accuracy, verbose
-        self.loss_limit = DIVERGED_LOSS * math.log(max(2, n_classes))
+        self.chance_loss = math.log(max(2, n_classes))  # uniform guessing's
+        self.loss_limit = DIVERGED_LOSS * self.chance_loss
         self.diverged_loss = DIVERGED_LOSS
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.meta = dict(meta or {})

@@ -19,6 +19,7 @@ import numpy as np
 from dasknn.backend import to_device, to_numpy
 
 if TYPE_CHECKING:
+    from dasknn.engine.strategy import Strategy
     from dasknn.engine.trace import TrainState
 
 AVERAGING = ("ema",)
@@ -27,10 +28,18 @@ EMA_DECAY = 0.999
 """β, the largest decay of the average: an average over about the last 1,000 updates at most."""
 
 
-def check_averaging(averaging: Any) -> str | None:
-    """`averaging` as given (None or one of `AVERAGING`), or a ValueError naming the choices."""
+def check_averaging(averaging: Any, strategy: Strategy | None = None) -> str | None:
+    """`averaging` as given (None or one of `AVERAGING`), or a ValueError naming the choices; with
+    a `strategy`, one that keeps an average: Omnivore's compute groups on the merged map (SMA, model
+    averaging and the unmerged map keep none)."""
     if averaging is not None and averaging not in AVERAGING:
         raise ValueError(f"averaging must be None or one of {AVERAGING}, got {averaging!r}")
+    groups = strategy is None or (not strategy.synchronous and strategy.physical_map == "merged")
+    if averaging is not None and not groups:
+        raise ValueError(
+            f"averaging={averaging!r} runs on Omnivore's compute groups on the merged map; "
+            f"strategy {strategy.name!r} on the {strategy.physical_map} map keeps no average"
+        )
     return averaging
 
 

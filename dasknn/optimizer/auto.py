@@ -767,7 +767,7 @@ def spike_rule(policy: AutoPolicy) -> Callable[[pd.DataFrame, float], bool]:
     end-of-run limit; kept, it left the ramp at the previous η with the dead net's momentum, and
     every later run at chance (experiments/README.md, bench_suite)."""
     before, fit = policy.s.eval_loss, policy.fit
-    floor = getattr(fit, "loss_limit", math.inf) / getattr(fit, "diverged_loss", 2.0)
+    floor = getattr(fit, "chance_loss", math.inf)
     span = max(3, math.ceil(decide.SPIKE_SAMPLES / max(1, getattr(fit, "batch_size", 1))))
 
     def diverges(seg: pd.DataFrame, score: float) -> bool:

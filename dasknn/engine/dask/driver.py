@@ -307,12 +307,7 @@ class DaskEngine:
         averaging: str | None = None,
     ) -> None:
         strategy = strategy if strategy is not None else Strategy()
-        self.averaging = check_averaging(averaging)
-        if self.averaging is not None and (strategy.synchronous or strategy.physical_map == "unmerged"):
-            raise ValueError(
-                f"averaging={averaging!r} runs on Omnivore's compute groups on the merged map; "
-                f"strategy {strategy.name!r} on the {strategy.physical_map} map keeps no average"
-            )
+        self.averaging = check_averaging(averaging, strategy)
         if shard_reads not in SHARD_READS:
             raise ValueError(f"shard_reads must be one of {SHARD_READS}, got {shard_reads!r}")
         self.shard_reads = shard_reads

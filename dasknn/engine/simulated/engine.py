@@ -131,13 +131,7 @@ class SimulatedEngine:
             raise ValueError(
                 f"worker_schedule runs Omnivore's compute groups, not strategy {self.strategy.name!r}"
             )
-        self.averaging = check_averaging(averaging)
-        groups = not self.strategy.synchronous and self.strategy.physical_map == "merged"
-        if self.averaging is not None and not groups:
-            raise ValueError(
-                f"averaging={averaging!r} runs on Omnivore's compute groups on the merged map; "
-                f"strategy {self.strategy.name!r} on the {self.strategy.physical_map} map keeps no average"
-            )
+        self.averaging = check_averaging(averaging, self.strategy)
         self.wall_deadline: float | None = None
         """A `time.perf_counter()` value after which every run ends at its next update, whatever
         its budget (the fitting loop's max_wall_time): simulated seconds may take far longer."""
