@@ -785,7 +785,10 @@ def engine_run(engine, net, X, y, step: NextRun, start: TrainState, control: Run
 
 def run_policy(policy: Policy, engine, net, X, y, *, start: TrainState | None = None, **options) -> FitResult:
     """Run `policy` on a `Loop` without evaluation data (the tuners' own `optimize`); sets the
-    final weights on `net`."""
+    final weights on `net`. Without `n_classes`, the labels' (0 … max(y)): uniform guessing's loss,
+    which the divergence rules measure from, is ln of it."""
+    if "n_classes" not in options and len(y):
+        options["n_classes"] = int(np.max(np.asarray(y))) + 1
     loop = Loop(engine, net, X, y, **options)
     return loop.run(policy, start.copy() if start is not None else TrainState.from_net(net))
 

@@ -32,6 +32,7 @@ ALLOWED = {
             "observe_range",
             "restarted",
             "spike_rule",
+            "keep_level",
         )
     },
     "dasknn.nn.export": "one emitter per Caffe layer type, looked up by type in `EMITTERS`; the graph is "

@@ -272,7 +272,7 @@ class AutoPolicy(Tuner):
         if last.diverged:  # a training window or a trial the loop rolled back
             return self._observe_diverged(last, config, phase)
         s.last_kept = last.snapshot
-        s.eval_loss = loss_now
+        keep_level(self, loss_now, trace)
         rate = p * n / last.seconds if last.seconds > 0 and math.isfinite(p) else math.nan  # per second
         rate_se = se * n / last.seconds if last.seconds > 0 and math.isfinite(se) else 0.0
         tpi = measure.seconds_per_iteration(trace)
@@ -335,12 +335,12 @@ class AutoPolicy(Tuner):
             log.kept.discard(last.run)  # the window is undone: its run is not in the model
             s.restore = before_window
         elif not step.restore:
-            s.eval_loss = loss_now
+            keep_level(self, loss_now, last.trace)
         if step.undo_look:  # the rate's first window (its loss rose) is undone with the second
             first = s.look
             log.kept.discard(first["run"])
             s.restore = s.last_kept = first["start"]
-            s.eval_loss = first["eval_loss"]
+            s.eval_loss, s.batch_level = first["eval_loss"], None  # the earlier state's level: unknown
         look = ramp.second_look and not step.restore  # a first window kept for a second look
         s.look = {"run": last.run, "start": before_window, "eval_loss": loss_before} if look else None
         log.record(
@@ -587,7 +587,8 @@ def observe_range(policy: AutoPolicy, last: Outcome, loss_now: float | None) -> 
         log.kept.discard(last.run)  # the segment is undone: its run is not in the model
         s.restore = s.last_kept or START
     elif not verdict.restore:
-        s.last_kept, s.eval_loss = last.snapshot, loss_now
+        s.last_kept = last.snapshot
+        keep_level(policy, loss_now, trace)
     action = ("rollback" if last.diverged else "undo") if verdict.restore else "segment"
     log.record(
         "range", action, s.config, verdict.reason, iterations=len(trace),
@@ -754,29 +755,49 @@ def remember(policy: AutoPolicy, config: RunConfig) -> None:
         policy.fit.log.record("auto", "cache", config, f"prior cache not written: {err}")
 
 
+def spike_span(fit) -> int:
+    """Batches a spike's mean spans: `decide.SPIKE_SAMPLES` samples, at least 3 batches."""
+    return max(3, math.ceil(decide.SPIKE_SAMPLES / max(1, getattr(fit, "batch_size", 1))))
+
+
+def keep_level(policy: AutoPolicy, loss_now: float | None, trace: pd.DataFrame) -> None:
+    """A kept run's levels, which the next run's spike rule starts from: the tuner's samples' loss
+    (`eval_loss`) and the mean of its last span of batch losses (`batch_level`, the trained
+    weights' own level, which weight averaging's evaluations do not see)."""
+    s = policy.s
+    s.eval_loss = loss_now
+    losses = trace.sort_values("iteration", kind="stable")["loss"].to_numpy(dtype=float) if len(trace) else []
+    tail = [v for v in losses[-spike_span(policy.fit) :] if math.isfinite(v)]
+    s.batch_level = sum(tail) / len(tail) if tail else None
+
+
 def spike_rule(policy: AutoPolicy) -> Callable[[pd.DataFrame, float], bool]:
     """The run's own divergence rule (`NextRun.diverges`, `decide.spiked`): batch losses, averaged
     over `decide.SPIKE_SAMPLES` samples (at least 3 batches), above twice the level the run starts
-    from (the tuner's samples' loss before it, or its first batch loss when higher) and above
-    ln(n_classes). The first batch loss counts because with weight averaging the samples score the
-    average, while the batches run on the trained weights: a run that starts from trained weights
-    already at uniform guessing's loss (killed by the last update of the run before, unseen) sits
-    there, and judged against the average's low loss every retry from that state would count as a
-    spike, down to the loop's limit on rollbacks. A window at 2η that kills the net (the loss jumps
-    in one update, then sits at uniform guessing's with the ReLUs dead) ends below the loop's
-    end-of-run limit; kept, it left the ramp at the previous η with the dead net's momentum, and
-    every later run at chance (experiments/README.md, bench_suite)."""
-    before, fit = policy.s.eval_loss, policy.fit
+    from and above ln(n_classes). The level is the highest of the tuner's samples' loss before the
+    run, the mean of the last span of batch losses of the run it goes on from (`keep_level`), and
+    its own first batch loss. The batch levels count because with weight averaging the samples
+    score the average, while the batches run on the trained weights, noisier and higher: judged
+    against the average's low loss, a run whose batches went on at their own level counted as a
+    spike. The first batch counts for a run that starts from trained weights already at uniform
+    guessing's loss (killed by the last update of the run before, unseen): it sits there, and
+    every retry from that state would count as a spike, down to the loop's limit on rollbacks. A
+    window at 2η that kills the net (the loss jumps in one update, then sits at uniform guessing's
+    with the ReLUs dead) ends below the loop's end-of-run limit; kept, it left the ramp at the
+    previous η with the dead net's momentum, and every later run at chance (experiments/README.md,
+    bench_suite)."""
+    before, level, fit = policy.s.eval_loss, policy.s.batch_level, policy.fit
     floor = getattr(fit, "chance_loss", math.inf)
-    span = max(3, math.ceil(decide.SPIKE_SAMPLES / max(1, getattr(fit, "batch_size", 1))))
+    span = spike_span(fit)
 
     def diverges(seg: pd.DataFrame, score: float) -> bool:
         if not len(seg):
             return False
-        levels = [v for v in (before, float(seg["loss"].iloc[0])) if v is not None and math.isfinite(v)]
+        first = float(seg["loss"].iloc[0])
+        levels = [v for v in (before, level, first) if v is not None and math.isfinite(v)]
         if not levels:
             return False  # non-finite losses are the loop's own rule
-        reference = max(levels)  # the first batch: where the trained weights start (not the average)
+        reference = max(levels)
         return decide.spiked(seg["loss"].to_numpy(dtype=float), reference, floor, span=span)
 
     return diverges

@@ -37,7 +37,8 @@ class AutoState:
     error and iterations (the "A" of A-B-A); `restore`: the snapshot the next run starts from
     (an undone window's start); `next`: the run about to start (what a resumed fit runs first);
     `checkpoint_epoch`: the epoch of the last checkpoint; `rejected`: trials rejected in a row per
-    key; `eval_loss`: the tuner's samples' loss at the last kept state; `tpi`, `overhead`: seconds
+    key; `eval_loss`: the tuner's samples' loss at the last kept state; `batch_level`: the mean of
+    the last batch losses of the run that reached it (`auto.keep_level`); `tpi`, `overhead`: seconds
     per iteration and a run's cost beyond its iterations; `lr_ceiling`: the lowest rate that
     diverged; `stopped`: why the fit ends ("" while it goes on); `n_workers`: the conv workers of
     the last run; `last_kept`: the snapshot of the last kept window; `look`: a raised rate's first
@@ -65,6 +66,7 @@ class AutoState:
     checkpoint_epoch: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     eval_loss: float | None = None
+    batch_level: float | None = None
     tpi: float | None = None
     overhead: float = 0.0
     lr_ceiling: float | None = None

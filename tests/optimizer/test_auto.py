@@ -96,6 +96,26 @@ def test_a_spike_is_above_twice_the_start_level_and_above_uniform_guessing(losse
     assert spiked(losses, reference, np.log(10), span=3) is blown
 
 
+def test_the_spike_rule_starts_from_the_trained_weights_batch_level_not_the_averages_loss(digits8):
+    # with weight averaging the samples score the average (loss 0.6) while the batches run on the
+    # trained weights, at 2.0 near uniform guessing's ln(10) at a small batch: a run that goes on at
+    # that level, from a lucky first batch, is not a spike; one that doubles it is
+    from dasknn.optimizer.auto import keep_level, spike_rule
+
+    X, y = digits8
+    policy = AutoPolicy(window=16).for_fit()
+    run_policy(policy, SimulatedEngine(TIMING, verbose=0), small_net(), X, y, batch_size=32, time_budget=20.0)
+    assert policy.fit.chance_loss == pytest.approx(np.log(10))  # the labels' classes
+    kept = pd.DataFrame({"iteration": np.arange(1, 41), "loss": np.r_[np.full(38, 2.0), 1.9, 2.1]})
+    keep_level(policy, 0.6, kept)
+    assert policy.s.eval_loss == 0.6 and policy.s.batch_level == pytest.approx(2.0)
+    goes_on = pd.DataFrame({"loss": [0.5, 2.4, 2.6, 2.5, 2.2]})
+    blown = pd.DataFrame({"loss": [0.5, 2.4, 7.0, 6.5, 6.0, 2.3]})
+    assert not spike_rule(policy)(goes_on, np.nan) and spike_rule(policy)(blown, np.nan)
+    policy.s.batch_level = None  # the level before: the average's loss and the first batch's
+    assert spike_rule(policy)(goes_on, np.nan)
+
+
 def test_the_same_seed_gives_the_same_decisions(digits8):
     a, b = fit(digits8, budget=150.0), fit(digits8, budget=150.0)
     pd.testing.assert_frame_equal(a.decisions, b.decisions)
