@@ -104,7 +104,7 @@ def loss_exponent(p0: float, p1: float, level0: float, level1: float) -> float:
     return float(min(MAX_GAMMA, max(0.0, math.log(p0 / p1) / math.log(level0 / level1))))
 
 
-def end_rate(lr: float, factor: float, blown: bool) -> float:
+def end_rate(lr: float, factor: float, blown: bool, beat_lr: float = math.nan) -> float:
     """The η a ramp ends at when the window at `lr` (one step of `factor` above the last kept η)
     is undone: the last kept η, lr ÷ factor, when the window only made less progress than it (the
     loss stopped falling faster there: the range test's "below where the loss stopped falling");
@@ -112,8 +112,15 @@ def end_rate(lr: float, factor: float, blown: bool) -> float:
     down, lr ÷ factor²: the last kept η is then itself at the edge of stability (its window's
     progress did not tell it: a rate just below the divergence point still falls fast in a short
     window, then diverges in longer training as the loss sharpens), and the range test ends a
-    margin (× 4) below the rate where the loss blew up (Smith 2017; `range_test.judge_range`)."""
-    return lr / factor**2 if blown else lr / factor
+    margin (× 4) below the rate where the loss blew up (Smith 2017; `range_test.judge_range`).
+    After a blow-up the ramp also ends a step below `beat_lr`, the highest η whose window beat
+    the one below it, when that is lower: rates kept only within the noise above it did not
+    train faster, so the progress had levelled off there, and the edge of stability of a long run
+    lies below that of a short window (experiments/README.md, bench_suite: simulated CIFAR-10
+    quick, where a ramp ended at the edge)."""
+    if not blown:
+        return lr / factor
+    return min(lr / factor**2, beat_lr / factor) if beat_lr > 0 else lr / factor**2
 
 
 def expected_ratio(gamma: float, level_before: float, level_now: float) -> float:
@@ -173,6 +180,7 @@ class LrRamp:
     look_iterations: int = 0  # that first window's iterations
     done: bool = False
     final_progress: float = math.nan  # progress of the last kept window: the plateau rule's baseline
+    beat_lr: float = math.nan  # the highest η whose window beat the one below (the start η at first)
 
     def __post_init__(self) -> None:
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -205,6 +213,7 @@ class LrRamp:
             return self._undo(p, "the loss rose")
         if calibrating:  # windows at the start η measure how progress decays
             self._keep(p, level, n)
+            self.beat_lr = self.lr
             self.calibration.append([p, level])
             if len(self.calibration) < self.calibrations:
                 return RampStep(self.lr, False, False, f"calibration window at η = {self.lr:g}: {p:.3g}/it")
@@ -226,6 +235,7 @@ class LrRamp:
                 why = f"η = {self.lr * self.factor:g} was worse: the ramp ends at η = {self.lr:g}"
                 return self._finish(why)
             if p > expected * (1 + self.margin):
+                self.beat_lr = self.lr
                 why = f"progress {p:.3g}/it beat the previous η's expected {expected:.3g}/it"
             else:  # short of it, but not beyond the window's noise
                 why = f"progress {p:.3g}±{se:.2g}/it: within the noise of the old η's {expected:.3g}/it"
@@ -295,8 +305,12 @@ class LrRamp:
                 f"{why}: window restored, η {start:g} × {self.factor:g} = {self.lr:g} next",
             )
         blown, top = not math.isfinite(p), self.lr
-        self.lr = end_rate(top, self.factor, blown)
+        self.lr = end_rate(top, self.factor, blown, self.beat_lr)
         self.done = True
+        if blown and self.lr < top / self.factor**2:
+            why = f"{why}: window restored, ramp ends a step below η = {self.beat_lr:g}"
+            why = f"{why}, the last rate that beat the one below it (those above only matched it)"
+            return RampStep(self.lr, True, True, f"{why}: {self.lr:g}")
         if blown:
             why = f"{why}: window restored, ramp ends a margin below it, at η = {top:g} ÷ {top / self.lr:g}"
             return RampStep(self.lr, True, True, f"{why} = {self.lr:g}")

@@ -339,3 +339,19 @@ def test_a_window_that_blows_up_ends_the_ramp_a_margin_below_it_one_that_only_ri
     assert rose.restore and rose.done and rose.lr == pytest.approx(0.08)
     assert end_rate(0.16, 2.0, blown=True) == pytest.approx(0.04)
     assert end_rate(0.16, 2.0, blown=False) == pytest.approx(0.08)
+
+
+@pytest.mark.parametrize(("p_below", "end"), [(0.0029, 0.002), (0.0090, 0.004)])
+def test_after_a_blow_up_the_ramp_ends_a_step_below_the_last_rate_that_beat_the_one_below(p_below, end):
+    # the planted simulated CIFAR-10 quick ramp: 0.004 beat 0.001; 0.008 only matched 0.004 (kept
+    # within the noise) or beat it too; 0.016 blew up. Levelled progress puts the edge lower
+    ramp = LrRamp(lr=0.001, window=16, calibrations=1, first_factor=4.0)
+    ramp.judge(0.0016, 0.0003, 2.2, 32)  # the start η: doubled × 4
+    ramp.judge(0.0063, 0.001, 2.0, 16)  # 0.004 beat the expected 0.00145/it
+    kept = ramp.judge(p_below, 0.0042, 1.95, 16)
+    assert ("within the noise" in kept.reason) is (end == 0.002) and ramp.lr == pytest.approx(0.016)
+    blown = ramp.judge(-math.inf, 0.0, math.nan, 16)
+    assert blown.restore and blown.done and ramp.lr == pytest.approx(end)
+    assert end_rate(0.016, 2.0, blown=True, beat_lr=0.004) == pytest.approx(0.002)
+    assert end_rate(0.016, 2.0, blown=True, beat_lr=0.008) == pytest.approx(0.004)
+    assert LrRamp.from_dict(ramp.to_dict()) == ramp  # and the state resumes
