@@ -9,6 +9,7 @@ run's changes of η and µ again; the snapshots the old servers kept are gone wi
 
 from __future__ import annotations
 
+import logging
 import time
 
 from dasknn.engine.control import (
@@ -22,6 +23,8 @@ from dasknn.engine.control import (
 )
 from dasknn.engine.dask.recovery import state_of
 from dasknn.engine.trace import RunConfig, TrainState
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["DaskControl"]
 
@@ -58,8 +61,9 @@ class DaskControl:
                 self.reschedules.append(Reschedule(cmd.lr, cmd.momentum, at))
             elif isinstance(cmd, TakeSnapshot):
                 at = self._snapshot(seg, cmd.name)
-                if cmd.fetch:
-                    self._deliver(cmd.name, self._fetch(seg, cmd.name))
+                fetched = self._fetch(seg, cmd.name) if cmd.fetch else None
+                if fetched is not None:
+                    self._deliver(cmd.name, fetched)
             else:
                 at, version = self._both(seg, "restore_snapshot", cmd.name)
                 self.rewound += seg.iterations0 + version - self.rewound - at  # the server's count now
@@ -90,15 +94,23 @@ class DaskControl:
             raise TypeError(f"{who} asked to fetch snapshot {name!r} but has no fetched(name, state)")
         fetched(name, state)
 
-    def _fetch(self, seg, name: str) -> TrainState:
+    def _fetch(self, seg, name: str) -> TrainState | None:
         """The snapshot `name` as a TrainState at the driver: the conv model server's copy once the
-        update it waits for has landed (at most the engine's timeout), the FC server's, and the data
-        cursor after the iterations it holds (the rows drained until then)."""
+        update it waits for has landed, the FC server's, and the data cursor after the iterations
+        it holds (the rows drained until then). None when that update will not come: the groups'
+        loops all returned first, or the engine's timeout passed. The control is then not handed
+        the snapshot (an evaluation skipped, asked for again at a later poll), where a TimeoutError
+        had ended the whole fit."""
         p = seg.placement
         deadline = time.monotonic() + seg.engine.timeout
         while (conv := seg._await(seg.conv_server.kept_state(name), p.conv_server_worker)) is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"snapshot {name!r}: the update it waits for did not come")
+            if all(f.done() for f in seg.loops) or time.monotonic() > deadline:
+                if all(f.done() for f in seg.loops):  # a last look: the update may have just landed
+                    conv = seg._await(seg.conv_server.kept_state(name), p.conv_server_worker)
+                if conv is None:
+                    logger.info("snapshot %r: the update it waits for did not come; not fetched", name)
+                    return None
+                break
             time.sleep(0.002)
         fc = seg._await(seg.fc_server.kept_state(name), p.fc_worker)
         seg._read(False)  # the rows of the updates the snapshot holds
