@@ -312,7 +312,8 @@ class DistributedCNN(SavedModel, ClassifierMixin, BaseEstimator):
                 X, y_idx, parts, given, train_from, classes=self.classes_, augment=self.augment_,
                 batch_size=self.batch_size_, eval_size=self.eval_size, seed=self.random_state,
                 tuner_size=tuner_samples(
-                    self.get_params(deep=False), held_out=given is not None or len(parts.validation) > 0
+                    self.get_params(deep=False), held_out=given is not None or len(parts.validation) > 0,
+                    statistics=bool(net.statistics),
                 ),
             )  # fmt: skip
             self.n_train_samples_ = int(data.X.shape[0])

@@ -95,16 +95,29 @@ def placed(mode: str, client: Any, X, y, y_all: np.ndarray, stored):
     return X, y, X
 
 
-def tuner_samples(params: dict[str, Any], held_out: bool = True) -> int:
+STATISTICS_SAMPLES = 512
+"""Training samples a net's BatchNorm statistics are recomputed from before it is scored
+(`nn.scoring.Statistics`): four batches of 128."""
+
+
+def tuner_samples(params: dict[str, Any], held_out: bool = True, statistics: bool = False) -> int:
     """The training samples to carve (`optimizer.auto.MEASURED_SAMPLES`): for the "auto" tuner's
     measure when the fit's tuner is "auto" and a knob is "auto", and to check a `target_accuracy`
-    judged on training batches (no `held_out` data) before the fit stops; else 0."""
+    judged on training batches (no `held_out` data) before the fit stops; at least
+    `STATISTICS_SAMPLES` for a net with running `statistics` (BatchNorm's); else 0."""
     auto = tuner_name(params.get("tuner", "auto")) == "auto" and tunes(params)
+    floor = STATISTICS_SAMPLES if statistics else 0
     if not auto and (held_out or params.get("target_accuracy") is None):
-        return 0
+        return floor
     from dasknn.optimizer.auto import MEASURED_SAMPLES
 
-    return MEASURED_SAMPLES
+    return max(MEASURED_SAMPLES, floor)
+
+
+def statistics_samples(tuner: tuple[Any, Any] | None) -> Any:
+    """The carved training samples (`Carved.tuner`) that BatchNorm's statistics are recomputed from:
+    the first `STATISTICS_SAMPLES` of them (a seeded draw), None without any."""
+    return None if tuner is None else tuner[0][:STATISTICS_SAMPLES]
 
 
 def carved(

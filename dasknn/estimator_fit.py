@@ -19,6 +19,7 @@ import pandas as pd
 from dasknn.data.batching import n_batches
 from dasknn.data.split import Carved
 from dasknn.engine.trace import COLD_START, RunConfig, TrainState, time_unit
+from dasknn.estimator_data import statistics_samples
 from dasknn.estimator_params import KNOBS, PARAMS, tunes
 from dasknn.fitting import Evaluator, Loop, runs_by_config
 from dasknn.stopping import end_reason
@@ -159,7 +160,7 @@ class FitSettings:
             seed=self.random_state,
             time_budget=self.time_budget if p.auto else None,
             max_iterations=p.max_iterations if p.auto else None,
-            evaluate=Evaluator(net, X_val, y_val, scored_for_tuner, confirm),
+            evaluate=Evaluator(net, X_val, y_val, scored_for_tuner, confirm, statistics_samples(data.tuner)),
             selection=SelectionLoss(net, *data.selection) if p.auto and data.selection else None,
             notify=notify,
             target_accuracy=self.target_accuracy,

@@ -69,11 +69,15 @@ class Evaluator:
 
     The history's training figures come from the trace (`training_scores`). The batches of both
     sets run side by side on the process's threads (`nn.scoring.Scorer`), which counts the
-    samples it scores."""
+    samples it scores. A net with BatchNorm is scored with its running statistics recomputed for
+    the state's weights on the fixed training samples `statistics` (`model`,
+    `nn.scoring.Statistics`), and the fit returns that model."""
 
-    def __init__(self, net, X_val=None, y_val=None, tuner=None, confirm=None) -> None:
-        from dasknn.nn.scoring import Scorer
+    def __init__(self, net, X_val=None, y_val=None, tuner=None, confirm=None, statistics=None) -> None:
+        from dasknn.nn.scoring import Scorer, Statistics
         from dasknn.nn.train import scoring_batch_size
+
+        self.model = Statistics(net, None if statistics is None else np.asarray(statistics))
 
         self.X_val = None if X_val is None else np.asarray(X_val)
         self.y_val = None if y_val is None else np.asarray(y_val)
@@ -101,7 +105,7 @@ class Evaluator:
         (that mean averages weights that moved while it was taken)."""
         assert self.confirmer is not None
         with np.errstate(over="ignore", invalid="ignore"):
-            _, accuracy = self.confirmer(state.params)["confirm_"]
+            _, accuracy = self.confirmer(self.model(state.params))["confirm_"]
         return float(accuracy), len(self.confirmer.sets["confirm_"][1])
 
     @property
@@ -116,7 +120,7 @@ class Evaluator:
         scorer = self.held_scorer if held_out else self.scorer
         if scorer is None:
             return scores
-        for prefix, (loss, acc) in scorer(state.params).items():
+        for prefix, (loss, acc) in scorer(self.model(state.params)).items():
             scores[f"{prefix}loss"], scores[f"{prefix}accuracy"] = loss, acc
         return scores
 
@@ -664,7 +668,8 @@ class Loop:
         return self.result(state, config, session)
 
     def result(self, state: TrainState, config: RunConfig, session: dict[str, Any]) -> FitResult:
-        self.net.set_params(state.params)
+        model = getattr(self.evaluator, "model", None)  # BatchNorm's statistics as they were scored
+        self.net.set_params(model(state.params) if model is not None else state.params)
         trace = self.log.trace()
         return FitResult(state, config, trace, self.log.decisions(), session, self.history, self.stopped_by)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import queue
+import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,7 +26,7 @@ from dasknn.backend import array_module, cpu_cores, to_device
 from dasknn.nn.loss import softmax_with_loss
 from dasknn.nn.net import Net
 
-__all__ = ["Scorer", "batch_scores", "process_threads", "threads_per_batch", "totals"]
+__all__ = ["Scorer", "Statistics", "batch_scores", "process_threads", "threads_per_batch", "totals"]
 
 
 def batch_scores(net: Net, X, y) -> tuple[float, int]:
@@ -133,3 +134,55 @@ class Scorer:
             for i, future in futures.items():
                 scores[i] = future.result()
         return scores
+
+
+class Statistics:
+    """The running statistics of a net's BatchNorm layers recomputed for given weights ("precise
+    BatchNorm", Wu & Johnson 2021): forwards in training mode over fixed training samples `X`,
+    `batch_size` images at a time, each BatchNorm's batch statistics summed over them as the solver
+    sums its contributions (n·mean, n·unbiased variance, n), so the running estimate is their
+    mean over the samples. During training the running statistics trail weights that change
+    quickly (a moving average over past weights), and the average of weight averaging holds
+    averaged sums that no weights produced; scored with either, a net with BatchNorm is judged
+    below what its weights do. `__call__` returns the parameters with those blobs replaced (the
+    same mapping when the net has no running statistics to recompute)."""
+
+    def __init__(self, net: Net, X, batch_size: int = 128) -> None:
+        self.layers = [
+            (i, layer.name) for i, layer in enumerate(net.layers) if getattr(layer, "statistics", None)
+        ]
+        self.X = None if X is None or not len(X) or not self.layers else X
+        self.batch_size = int(batch_size)
+        self.net = net.copy() if self.X is not None else None
+        self._lock = threading.Lock()
+
+    @property
+    def applies(self) -> bool:
+        """Whether the net has running statistics and there are samples to recompute them from."""
+        return self.X is not None
+
+    def __call__(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        if self.X is None:
+            return params
+        with self._lock:
+            return self._recompute(params)
+
+    def _recompute(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        net, X = self.net, self.X
+        net.set_params(params)
+        xp = array_module(next(iter(net.params.values()), None))
+        rng = np.random.default_rng(0)  # a dropout layer's masks, if any: the same every time
+        sums: dict[str, Any] = {}
+        for start in range(0, int(X.shape[0]), self.batch_size):
+            batch = to_device(X[start : start + self.batch_size], xp)
+            _, caches = net.forward_heads(batch, train=True, rng=rng)
+            for i, name in self.layers:
+                stats = caches[i][2] if isinstance(caches[i], tuple) and len(caches[i]) == 3 else None
+                for blob, value in (stats or {}).items():  # None: a layer using its global statistics
+                    key = f"{name}.{blob}"
+                    sums[key] = value if key not in sums else sums[key] + value
+        out = dict(params)
+        for key, value in sums.items():
+            like = params[key]
+            out[key] = to_device(value, array_module(like)).astype(like.dtype, copy=False).reshape(like.shape)
+        return out
