@@ -184,9 +184,10 @@ def _state(obj: Any, arrays, fitted: dict[str, Any]) -> TrainState:
     theirs = net.get_params()
     if not isinstance(state.params, dict) or set(state.params) != set(theirs):
         _fail(f"{where}: its weights are not net_'s")
-    for key, a in state.params.items():
-        same = isinstance(a, np.ndarray) and a.dtype == theirs[key].dtype and np.array_equal(a, theirs[key])
-        if not same:
+    statistics = net.statistics  # BatchNorm's: net_ holds them recomputed for its weights, the
+    for key, a in state.params.items():  # state the solver's running sums (fitting.Evaluator)
+        like = isinstance(a, np.ndarray) and a.dtype == theirs[key].dtype and a.shape == theirs[key].shape
+        if not like or (key not in statistics and not np.array_equal(a, theirs[key])):
             _fail(f"{where}: weight {key} is not net_'s")
     if not isinstance(state.momentum, dict) or not isinstance(state.extra, dict):
         _fail(f"{where}: momentum and extra must be mappings")

@@ -63,7 +63,7 @@ def test_nets_without_running_statistics_and_global_statistics_layers_are_left_a
     assert Statistics(first_layer_bn(), None)(params) is params  # no samples: nothing to recompute
 
 
-def test_a_fit_scores_and_returns_its_batchnorm_net_with_statistics_recomputed():
+def test_a_fit_scores_and_returns_its_batchnorm_net_with_statistics_recomputed(tmp_path):
     # Caffe's moving_average_fraction 0.999 over a few hundred iterations: the running sums weigh
     # the first batches' statistics as much as the last; the history's held-out accuracy is the
     # returned model's, whose statistics are those of the samples at its weights
@@ -88,3 +88,5 @@ def test_a_fit_scores_and_returns_its_batchnorm_net_with_statistics_recomputed()
         assert not np.allclose(ours, trained[key] / trained[factor][0], rtol=1e-3)
     assert returned["conv/bn.scale_factor"][0] == pytest.approx(512)  # STATISTICS_SAMPLES, summed
     assert all(np.array_equal(returned[k], trained[k]) for k in trained if not k.startswith("conv/bn."))
+    loaded = DistributedCNN.load(est.save(tmp_path / "bn"))  # saved as returned, statistics included
+    np.testing.assert_array_equal(loaded.predict_proba(X[val]), est.predict_proba(X[val]))
