@@ -150,6 +150,7 @@ class FitSettings:
         # without held-out data a target is judged on the batches' running mean, then checked on
         # the carved training samples before the fit stops
         confirm = data.tuner if X_val is None and self.target_accuracy is not None else None
+        evaluator = Evaluator(net, X_val, y_val, scored_for_tuner, confirm, statistics_samples(data.tuner))
         return Loop(
             engine,
             net,
@@ -160,8 +161,10 @@ class FitSettings:
             seed=self.random_state,
             time_budget=self.time_budget if p.auto else None,
             max_iterations=p.max_iterations if p.auto else None,
-            evaluate=Evaluator(net, X_val, y_val, scored_for_tuner, confirm, statistics_samples(data.tuner)),
-            selection=SelectionLoss(net, *data.selection) if p.auto and data.selection else None,
+            evaluate=evaluator,
+            selection=SelectionLoss(net, *data.selection, statistics=evaluator.model)
+            if p.auto and data.selection
+            else None,
             notify=notify,
             target_accuracy=self.target_accuracy,
             n_classes=n_classes,

@@ -105,21 +105,23 @@ class SelectionLoss:
     batch noise can exceed the difference between configurations; a fixed sample removes that
     noise from the comparison. The samples are never trained on, and are not the validation data
     that held-out accuracy is reported on (`dasknn.data.split`), so no choice is made on those.
-    `n_samples` lets the optimizer charge the forward passes to a simulated clock."""
+    `n_samples` lets the optimizer charge the forward passes to a simulated clock. `statistics`:
+    what recomputes a BatchNorm net's running statistics for the weights it scores
+    (`nn.scoring.Statistics`, shared with the fit's held-out scores), else they are scored as held."""
 
-    def __init__(self, net, X, y, batch_size: int = 256) -> None:
+    def __init__(self, net, X, y, batch_size: int = 256, statistics=None) -> None:
         X, y = np.asarray(X), np.asarray(y)
         check(
             X.ndim >= 2 and len(X) == len(y) and len(y) > 0,
             f"SelectionLoss needs matching X, y; got {X.shape}, {y.shape}",
         )
         self.net, self.X, self.y, self.batch_size = net.copy(), X, y, int(batch_size)
-        self.n_samples = len(y)
+        self.n_samples, self.statistics = len(y), statistics
 
     def __call__(self, state: TrainState) -> float:
         from dasknn.nn.train import evaluate
 
-        self.net.set_params(state.params)
+        self.net.set_params(state.params if self.statistics is None else self.statistics(state.params))
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             loss, _ = evaluate(self.net, self.X, self.y, self.batch_size)
         return float(loss) if math.isfinite(loss) else math.inf

@@ -90,3 +90,19 @@ def test_a_fit_scores_and_returns_its_batchnorm_net_with_statistics_recomputed(t
     assert all(np.array_equal(returned[k], trained[k]) for k in trained if not k.startswith("conv/bn."))
     loaded = DistributedCNN.load(est.save(tmp_path / "bn"))  # saved as returned, statistics included
     np.testing.assert_array_equal(loaded.predict_proba(X[val]), est.predict_proba(X[val]))
+
+
+def test_the_grid_tuners_selection_loss_scores_with_the_statistics_recomputed():
+    from dasknn.engine.trace import TrainState
+    from dasknn.nn.train import evaluate
+    from dasknn.optimizer.search import SelectionLoss
+
+    net, X = first_layer_bn(), channels()
+    y = (X[:, 0, 0, 0] > 5).astype(np.int64)
+    state = TrainState.from_net(net)  # running sums zero: the estimate divides by nothing
+    statistics = Statistics(net, X)
+    scored = net.copy()
+    scored.set_params(statistics(state.params))
+    expected, _ = evaluate(scored, X, y, 256)
+    assert SelectionLoss(net, X, y, statistics=statistics)(state) == pytest.approx(expected)
+    assert SelectionLoss(net, X, y)(state) != pytest.approx(expected)
