@@ -53,3 +53,16 @@ def test_the_state_goes_to_json_and_back_and_a_foreign_one_is_refused_by_name():
         AutoState.from_dict({**session, "optimizer": "online"})
     with pytest.raises(ValueError, match="phase 'cold'"):
         AutoState.from_dict({**session, "phase": "cold"})
+
+
+def test_a_session_written_before_the_batch_level_and_the_ramps_beat_rate_resumes_with_neither():
+    from dasknn.optimizer.ramp import LrRamp
+
+    ramp = LrRamp(0.01, window=16).to_dict()
+    del ramp["beat_lr"]  # a ramp state as written before the field existed
+    state = AutoState("ramp", RunConfig(1, 0.01, 0.9), 0.9, ramp, None, 0.01, eval_loss=0.5, batch_level=1.5)
+    session = json.loads(json.dumps(state.to_dict()))
+    del session["batch_level"]
+    old = AutoState.from_dict(session)
+    assert old.batch_level is None and old.eval_loss == 0.5
+    assert np.isnan(LrRamp.from_dict(old.ramp).beat_lr)  # the blow-up margin alone, as it was
