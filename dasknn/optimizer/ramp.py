@@ -251,7 +251,7 @@ class LrRamp:
             self.windows += 1
             self.iterations += n
             return RampStep(self.lr, False, False, f"{short}: kept, a second look at η = {self.lr:g}")
-        return self._undo(p, f"{short} again")
+        return self._undo(p, f"{short} again", rose=rose or self.look_rose)
 
     def _keep(self, p: float, level: float, n: int) -> None:
         self.windows += 1
@@ -266,7 +266,7 @@ class LrRamp:
         self.steps += 1
         return RampStep(self.lr, False, False, f"{why}: η {old:g} -> {self.lr:g}")
 
-    def _undo(self, p: float, why: str) -> RampStep:
+    def _undo(self, p: float, why: str, rose: bool = False) -> RampStep:
         """The window is rolled back. Before any doubling, the start η was too high: halve it and
         calibrate again; after one, keep the previous η and end the ramp.
 
@@ -281,11 +281,11 @@ class LrRamp:
             self.iterations -= self.look_iterations
             why = f"{why}; the rate's first window (its loss rose) undone too"
         self.second_look, self.look_rose, self.look_iterations = False, False, 0
-        step = self._undo_window(p, why)
+        step = self._undo_window(p, why, rose)
         step.undo_look = undo_look
         return step
 
-    def _undo_window(self, p: float, why: str) -> RampStep:
+    def _undo_window(self, p: float, why: str, rose: bool = False) -> RampStep:
         if self.steps == 0:
             self.halvings += 1
             if self.halvings > MAX_HALVINGS:
@@ -307,6 +307,14 @@ class LrRamp:
         blown, top = not math.isfinite(p), self.lr
         self.lr = end_rate(top, self.factor, blown, self.beat_lr)
         self.done = True
+        if not blown and rose and self.steps == 2 and self.first_factor > self.factor:
+            # the only rate kept above the start is the first step's, on one window, and the loss
+            # rose one step above it: the edge lies between the start and that rate
+            kept, self.lr = self.lr, self.lr / math.sqrt(self.first_factor)
+            why = f"{why}: window restored; the loss rose one step above η = {kept:g}, the first step's"
+            return RampStep(
+                self.lr, True, True, f"{why} rate: the ramp ends between it and the start, at {self.lr:g}"
+            )
         if blown and self.lr < top / self.factor**2:
             why = f"{why}: window restored, ramp ends a step below η = {self.beat_lr:g}"
             why = f"{why}, the last rate that beat the one below it (those above only matched it)"

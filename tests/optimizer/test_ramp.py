@@ -355,3 +355,27 @@ def test_after_a_blow_up_the_ramp_ends_a_step_below_the_last_rate_that_beat_the_
     assert end_rate(0.016, 2.0, blown=True, beat_lr=0.004) == pytest.approx(0.002)
     assert end_rate(0.016, 2.0, blown=True, beat_lr=0.008) == pytest.approx(0.004)
     assert LrRamp.from_dict(ramp.to_dict()) == ramp  # and the state resumes
+
+
+@pytest.mark.parametrize(("first_look", "end"), [(-0.0107, 0.002), (0.0030, 0.004)])
+def test_a_rise_one_step_above_the_first_steps_rate_ends_the_ramp_between_it_and_the_start(first_look, end):
+    # the planted CIFAR-10 quick ramp (bench_suite's long, simulated seeds 1 and 2): 0.001 × 4 =
+    # 0.004 beat the start on one window; at 0.008 the loss rose, then fell short again. The only
+    # evidence for 0.004 is that window, and the edge lies below 0.008: the ramp ends at the
+    # geometric middle of the start and the first step's rate. A doubling that only fell short
+    # (no rise) ends at the rate below it, as before
+    ramp = LrRamp(lr=0.001, window=16, calibrations=1, first_factor=4.0)
+    ramp.judge(0.0016, 0.0003, 2.2, 32)
+    ramp.judge(0.0085, 0.001, 2.0, 16)
+    assert ramp.lr == pytest.approx(0.008)
+    look = ramp.judge(first_look, 0.0061 if first_look < 0 else 0.0001, 1.95, 16)
+    assert "second look" in look.reason and not look.restore
+    again = ramp.judge(0.00082, 0.00033, 1.9, 32)
+    assert again.restore and again.done and ramp.lr == pytest.approx(end)
+    # two doublings above the first step: the last kept rate, whatever rose above it
+    ramp = LrRamp(lr=0.001, window=16, calibrations=1, first_factor=4.0)
+    for p, level in ((0.0016, 2.2), (0.0085, 2.0), (0.012, 1.6)):
+        ramp.judge(p, 0.0005, level, 16)
+    assert ramp.lr == pytest.approx(0.016)
+    assert "second look" in ramp.judge(-0.004, 0.003, 1.62, 16).reason  # rose, within a transient's
+    assert ramp.judge(0.0001, 0.0001, 1.61, 16).done and ramp.lr == pytest.approx(0.008)
