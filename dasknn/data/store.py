@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -262,7 +263,11 @@ def write_store(
         y = y.astype(np.int64).rechunk({0: per_chunk})
         zx = _create_array(group, "X", X.shape, (per_chunk, *X.shape[1:]), X.dtype)
         zy = _create_array(group, "y", y.shape, (per_chunk,), y.dtype)
-        da.store([X, y], [zx, zy], lock=False)
+        # on threads of our own, so that an error waits for the writes in flight: dask raises the
+        # first error at once while other threads still write chunks, which would land in the
+        # temporary folder after it was removed
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            da.store([X, y], [zx, zy], lock=False, scheduler="threads", pool=pool)
         group.attrs["index"] = store_index(group)
         group.attrs["complete"] = True
         if path.exists():
