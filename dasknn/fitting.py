@@ -376,9 +376,11 @@ class Loop:
     `evaluate(state) -> scores` (an `Evaluator`), else `should_stop(state, trace) -> bool` (the
     tuners' own `optimize`), decides what a kept run's evaluation records; `selection(state) ->
     loss` scores states for the policy (the selection part, `optimizer.search.SelectionLoss`);
-    `notify(hook, info) -> bool` calls the callbacks (True: a callback asks to stop);
-    `target_accuracy` stops the fit when the held-out metric (else the training one, the batches'
-    running mean, confirmed on the Evaluator's training samples where it has them) reaches it;
+    `notify(hook, info) -> bool` calls the callbacks (True: a callback asks to stop); `n_classes`
+    (default: the labels', 0 … max(y)) sets uniform guessing's loss, ln(n_classes), that the
+    divergence rules measure from (`chance_loss`, `loss_limit`); `target_accuracy` stops the fit
+    when the held-out metric (else the training one, the batches' running mean, confirmed on the
+    Evaluator's training samples where it has them) reaches it;
     `max_wall_time` (real seconds since `wall_start`, default the loop's creation) stops it at the
     first evaluation after that much wall time (and makes an engine with a `wall_deadline`, the
     simulator, end its runs there). `verbose` shows the loop's and the policy's messages for a
@@ -402,7 +404,7 @@ class Loop:
         selection: Callable[[TrainState], float] | None = None,
         notify: Callable[[str, dict[str, Any]], bool] | None = None,
         target_accuracy: float | None = None,
-        n_classes: int = 2,
+        n_classes: int | None = None,
         checkpoint_dir: str | Path | None = None,
         meta: dict[str, Any] | None = None,
         verbose: int = 0,
@@ -416,6 +418,8 @@ class Loop:
         self.evaluator, self.should_stop, self.selection = evaluate, should_stop, selection
         self.notify = notify or (lambda hook, info: False)
         self.target_accuracy, self.verbose = target_accuracy, verbose
+        if n_classes is None:  # the labels' classes, 0 … max(y)
+            n_classes = int(np.max(y)) + 1 if len(y) else 2
         self.chance_loss = math.log(max(2, n_classes))  # uniform guessing's
         self.loss_limit = DIVERGED_LOSS * self.chance_loss
         self.diverged_loss = DIVERGED_LOSS
@@ -790,10 +794,7 @@ def engine_run(engine, net, X, y, step: NextRun, start: TrainState, control: Run
 
 def run_policy(policy: Policy, engine, net, X, y, *, start: TrainState | None = None, **options) -> FitResult:
     """Run `policy` on a `Loop` without evaluation data (the tuners' own `optimize`); sets the
-    final weights on `net`. Without `n_classes`, the labels' (0 … max(y)): uniform guessing's loss,
-    which the divergence rules measure from, is ln of it."""
-    if "n_classes" not in options and len(y):
-        options["n_classes"] = int(np.max(np.asarray(y))) + 1
+    final weights on `net`."""
     loop = Loop(engine, net, X, y, **options)
     return loop.run(policy, start.copy() if start is not None else TrainState.from_net(net))
 

@@ -89,6 +89,12 @@ class BatchNorm(Layer):
         }
         return xhat, (xhat, inv_std, stats)
 
+    @staticmethod
+    def contribution(cache) -> dict:
+        """What the forward that left `cache` contributes to the running statistics ({} when it
+        normalised by them: test mode, or `use_global_stats`); `backward` returns the same."""
+        return dict(cache[2]) if cache[2] is not None else {}
+
     def backward(self, dy, cache, need_dx=True):
         xhat, inv_std, stats = cache
         view = _channel_view(dy.shape)

@@ -305,16 +305,17 @@ class LrRamp:
                 f"{why}: window restored, η {start:g} × {self.factor:g} = {self.lr:g} next",
             )
         blown, top = not math.isfinite(p), self.lr
-        self.lr = end_rate(top, self.factor, blown, self.beat_lr)
         self.done = True
         if not blown and rose and self.steps == 2 and self.first_factor > self.factor:
             # the only rate kept above the start is the first step's, on one window, and the loss
             # rose one step above it: the edge lies between the start and that rate
-            kept, self.lr = self.lr, self.lr / math.sqrt(self.first_factor)
+            kept = top / self.factor
+            self.lr = kept / math.sqrt(self.first_factor)
             why = f"{why}: window restored; the loss rose one step above η = {kept:g}, the first step's"
             return RampStep(
                 self.lr, True, True, f"{why} rate: the ramp ends between it and the start, at {self.lr:g}"
             )
+        self.lr = end_rate(top, self.factor, blown, self.beat_lr)
         if blown and self.lr < top / self.factor**2:
             why = f"{why}: window restored, ramp ends a step below η = {self.beat_lr:g}"
             why = f"{why}, the last rate that beat the one below it (those above only matched it)"

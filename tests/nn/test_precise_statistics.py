@@ -46,6 +46,11 @@ def test_the_running_estimate_is_the_samples_statistics_and_normalises_them():
     assert bn.mean(axis=(0, 2, 3)) == pytest.approx([0.0, 0.0], abs=1e-3)
     assert bn.std(axis=(0, 2, 3)) == pytest.approx([1.0, 1.0], abs=0.02)
     assert params["bn.mean"].sum() == 0  # the parameters given are not changed
+    statistics = Statistics(first_layer_bn(), X, batch_size=64)
+    once = statistics(params)
+    assert statistics(params) is once  # the same arrays: computed once (an evaluation, the model)
+    again = statistics({k: v.copy() for k, v in params.items()})
+    assert again is not once and all(np.array_equal(again[k], once[k]) for k in once)
     assert set(normalised) == {"fc"}
 
 

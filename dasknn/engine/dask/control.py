@@ -103,14 +103,14 @@ class DaskControl:
         had ended the whole fit."""
         p = seg.placement
         deadline = time.monotonic() + seg.engine.timeout
-        while (conv := seg._await(seg.conv_server.kept_state(name), p.conv_server_worker)) is None:
-            if all(f.done() for f in seg.loops) or time.monotonic() > deadline:
-                if all(f.done() for f in seg.loops):  # a last look: the update may have just landed
-                    conv = seg._await(seg.conv_server.kept_state(name), p.conv_server_worker)
-                if conv is None:
-                    logger.info("snapshot %r: the update it waits for did not come; not fetched", name)
-                    return None
+        while True:
+            finished = all(f.done() for f in seg.loops)  # before the look: no update comes after it
+            conv = seg._await(seg.conv_server.kept_state(name), p.conv_server_worker)
+            if conv is not None:
                 break
+            if finished or time.monotonic() > deadline:
+                logger.info("snapshot %r: the update it waits for did not come; not fetched", name)
+                return None
             time.sleep(0.002)
         fc = seg._await(seg.fc_server.kept_state(name), p.fc_worker)
         seg._read(False)  # the rows of the updates the snapshot holds
